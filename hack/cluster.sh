@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# A real Kubernetes control plane on loopback for the tests and the demo: etcd, kube-apiserver and
+# kube-controller-manager built by hack/tools.sh. No kubelet, no scheduler.
+#
+#   hack/cluster.sh up [DIR]     start; writes DIR/kubeconfig (DIR defaults to $SVC_CLUSTER_DIR or
+#                                ${TMPDIR:-/tmp}/shared-volume-controller-cluster)
+#   hack/cluster.sh down [DIR]   stop every process and remove DIR
+#   hack/cluster.sh env [DIR]    print `export KUBECONFIG=...`
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cmd=${1:-}
+dir=${2:-${SVC_CLUSTER_DIR:-${TMPDIR:-/tmp}/shared-volume-controller-cluster}}
+log() { printf '[cluster] %s\n' "$*" >&2; }
+
+# Controllers the tests rely on: garbage collection (owner references), EndpointSlice mirroring,
+# namespace deletion, and the default ServiceAccount every namespace needs for Pod admission.
+controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+down() {
+  [[ -d "$dir" ]] || return 0
+  for pidfile in "$dir"/*.pid; do
+    [[ -f "$pidfile" ]] || continue
+    local pid
+    pid=$(cat "$pidfile")
+    kill "$pid" 2>/dev/null || true
+  done
+  for pidfile in "$dir"/*.pid; do
+    [[ -f "$pidfile" ]] || continue
+    local pid
+    pid=$(cat "$pidfile")
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  done
+  rm -rf "$dir"
+  log "stopped and removed $dir"
+}
+
+make_pki() {
+  local pki=$dir/pki
+  mkdir -p "$pki"
+  (
+    cd "$pki"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj "/CN=svc-test-ca" 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj "/CN=kube-apiserver" 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n' >apiserver.ext
+    openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 2 \
+      -extfile apiserver.ext 2>/dev/null
+    openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj "/O=system:masters/CN=admin" 2>/dev/null
+    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out admin.crt -days 2 2>/dev/null
+    openssl genrsa -out sa.key 2048 2>/dev/null
+    openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
+  )
+}
+
+write_kubeconfig() {
+  local port=$1 pki=$dir/pki
+  cat >"$dir/kubeconfig" <<KC
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster:
+    server: https://127.0.0.1:$port
+    certificate-authority-data: $(base64 -w0 <"$pki/ca.crt")
+users:
+- name: admin
+  user:
+    client-certificate-data: $(base64 -w0 <"$pki/admin.crt")
+    client-key-data: $(base64 -w0 <"$pki/admin.key")
+contexts:
+- name: local
+  context: {cluster: local, user: admin}
+current-context: local
+KC
+}
+
+start() { # name, command...
+  local name=$1
+  shift
+  setsid "$@" >"$dir/$name.log" 2>&1 </dev/null &
+  echo $! >"$dir/$name.pid"
+}
+
+wait_for() { # what, seconds, command...
+  local what=$1 seconds=$2
+  shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "FAILED: $what not ready after ${seconds}s; last lines of its log:"
+      tail -n 20 "$dir/$what.log" >&2 || true
+      return 1
+    fi
+    sleep 0.3
+  done
+}
+
+up() {
+  local bin
+  bin=$("$here/tools.sh")
+  if [[ -f "$dir/kubeconfig" ]] && "$bin/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; then
+    log "already up: export KUBECONFIG=$dir/kubeconfig"
+    return 0
+  fi
+  down
+  mkdir -p "$dir"
+  make_pki
+  local pki=$dir/pki etcd_port peer_port api_port
+  etcd_port=$(free_port)
+  peer_port=$(free_port)
+  api_port=$(free_port)
+
+  log "starting etcd on 127.0.0.1:$etcd_port"
+  start etcd "$bin/etcd" --data-dir "$dir/etcd" --unsafe-no-fsync \
+    --listen-client-urls "http://127.0.0.1:$etcd_port" --advertise-client-urls "http://127.0.0.1:$etcd_port" \
+    --listen-peer-urls "http://127.0.0.1:$peer_port" --initial-advertise-peer-urls "http://127.0.0.1:$peer_port" \
+    --initial-cluster "default=http://127.0.0.1:$peer_port" --listen-metrics-urls "" --log-level warn
+  wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
+
+  log "starting kube-apiserver on 127.0.0.1:$api_port"
+  start kube-apiserver "$bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$etcd_port" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
+    --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
+    --client-ca-file "$pki/ca.crt" --authorization-mode RBAC \
+    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged \
+    --service-account-issuer https://kubernetes.default.svc \
+    --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
+    --enable-priority-and-fairness=false --profiling=false
+  write_kubeconfig "$api_port"
+  wait_for kube-apiserver 90 "$bin/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz
+
+  log "starting kube-controller-manager ($controllers)"
+  start kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$dir/kubeconfig" --controllers "$controllers" --leader-elect=false \
+    --secure-port 0 --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
+    --concurrent-gc-syncs 10
+  wait_for kube-controller-manager 60 "$bin/kubectl" --kubeconfig "$dir/kubeconfig" \
+    get serviceaccount default -n default
+  log "up: export KUBECONFIG=$dir/kubeconfig"
+}
+
+case "$cmd" in
+  up) up ;;
+  down) down ;;
+  env) echo "export KUBECONFIG=$dir/kubeconfig" ;;
+  *)
+    echo "usage: $0 up|down|env [DIR]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Builds the pinned test tools (hack/versions.env) from their Go modules into a cache outside the
+# work tree, and installs the Debian packages the tests use. Idempotent: a warm cache takes seconds.
+#
+#   hack/tools.sh            build whatever is missing, print the bin folder
+#   hack/tools.sh --print    print the bin folder only (no building)
+#
+# Cache root: $SVC_TOOLS_CACHE (default ~/.cache/shared-volume-controller/tools).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+
+cache_root=${SVC_TOOLS_CACHE:-$HOME/.cache/shared-volume-controller/tools}
+bin_dir="$cache_root/bin-k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
+
+if [[ "${1:-}" == "--print" ]]; then
+  echo "$bin_dir"
+  exit 0
+fi
+
+log() { printf '[tools] %s\n' "$*" >&2; }
+fail() {
+  printf '[tools] FAILED: %s\n[tools] Retry with: hack/tools.sh (already built tools are kept in %s)\n' "$1" "$cache_root" >&2
+  exit 1
+}
+
+mkdir -p "$bin_dir"
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
+
+# A throwaway module per tool, kept in the cache so that its go.sum makes rebuilds fast.
+work_module() {
+  local dir="$cache_root/modules/$1"
+  mkdir -p "$dir"
+  echo "$dir"
+}
+
+build_kubernetes() {
+  local want=(kube-apiserver kube-controller-manager kubectl)
+  local missing=0
+  for b in "${want[@]}"; do [[ -x "$bin_dir/$b" ]] || missing=1; done
+  ((missing)) || return 0
+
+  local v=$KUBERNETES_VERSION staging_v="v0.${KUBERNETES_VERSION#v1.}"
+  local dir
+  dir=$(work_module "kubernetes-$v")
+  log "building kube-apiserver, kube-controller-manager, kubectl $v from k8s.io/kubernetes (cold: 15-30 minutes)"
+  (
+    cd "$dir"
+    # k8s.io/kubernetes replaces its staging modules with local paths; a module that depends on it
+    # must pin every one of them to the matching published v0.X.Y itself. Read the list from the
+    # release's own go.mod so it never goes stale.
+    local k8s_mod
+    k8s_mod=$(go mod download -json "k8s.io/kubernetes@$v" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+    [[ -f "$k8s_mod" ]] || fail "could not download k8s.io/kubernetes@$v from the Go module proxy"
+    {
+      echo "module svc-tools/kubernetes"
+      echo
+      echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/').0"
+      echo
+      echo "require k8s.io/kubernetes $v"
+      echo
+      echo "replace ("
+      awk '/=> \.\/staging\/src\//{print "\t" $1 " => " $1 " '"$staging_v"'"}' "$k8s_mod"
+      echo ")"
+    } >go.mod
+    cat >tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+    go mod tidy -e >/dev/null 2>&1 || true
+    go get "k8s.io/kubernetes@$v" >&2 || fail "go get k8s.io/kubernetes@$v"
+    local pkg=k8s.io/component-base/version
+    local minor
+    minor=$(echo "${v#v1.}" | cut -d. -f1)
+    local ldflags="-s -w -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    for b in "${want[@]}"; do
+      [[ -x "$bin_dir/$b" ]] && continue
+      log "  go build $b"
+      go build -tags tools -ldflags "$ldflags" -o "$bin_dir/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2 ||
+        fail "go build k8s.io/kubernetes/cmd/$b@$v"
+      mv "$bin_dir/$b.tmp" "$bin_dir/$b"
+    done
+  )
+}
+
+build_etcd() {
+  [[ -x "$bin_dir/etcd" ]] && return 0
+  local v=$ETCD_VERSION dir
+  dir=$(work_module "etcd-$v")
+  log "building etcd $v from go.etcd.io/etcd/server/v3 (cold: 2-5 minutes)"
+  (
+    cd "$dir"
+    cat >go.mod <<MOD
+module svc-tools/etcd
+
+go 1.24
+
+require go.etcd.io/etcd/server/v3 $v
+
+replace (
+	go.etcd.io/etcd/api/v3 => go.etcd.io/etcd/api/v3 $v
+	go.etcd.io/etcd/client/pkg/v3 => go.etcd.io/etcd/client/pkg/v3 $v
+	go.etcd.io/etcd/client/v3 => go.etcd.io/etcd/client/v3 $v
+	go.etcd.io/etcd/pkg/v3 => go.etcd.io/etcd/pkg/v3 $v
+)
+MOD
+    cat >tools.go <<'GO'
+//go:build tools
+
+package tools
+
+import _ "go.etcd.io/etcd/server/v3"
+GO
+    go get "go.etcd.io/etcd/server/v3@$v" >&2 || fail "go get go.etcd.io/etcd/server/v3@$v"
+    go mod tidy -e >/dev/null 2>&1 || true
+    go build -tags tools -ldflags "-s -w" -o "$bin_dir/etcd.tmp" go.etcd.io/etcd/server/v3 >&2 ||
+      fail "go build etcd $v"
+    mv "$bin_dir/etcd.tmp" "$bin_dir/etcd"
+  )
+}
+
+build_helm() {
+  [[ -x "$bin_dir/helm" ]] && return 0
+  local v=$HELM_VERSION
+  log "building helm $v from helm.sh/helm/v3 (cold: 3-6 minutes)"
+  local k8s_minor
+  k8s_minor=$(echo "${KUBERNETES_VERSION#v1.}" | cut -d. -f1)
+  GOBIN="$bin_dir" go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v \
+-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$k8s_minor \
+-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor" \
+    "helm.sh/helm/v3/cmd/helm@$v" >&2 || fail "go install helm.sh/helm/v3/cmd/helm@$v"
+}
+
+install_debian_packages() {
+  local need=()
+  command -v prometheus >/dev/null || need+=(prometheus)
+  command -v promtool >/dev/null || need+=(prometheus)
+  command -v jq >/dev/null || need+=(jq)
+  command -v openssl >/dev/null || need+=(openssl)
+  ((${#need[@]})) || return 0
+  log "installing Debian packages: ${need[*]}"
+  local sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo=sudo
+  $sudo apt-get update -qq >&2 || fail "apt-get update"
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    $(printf '%s\n' "${need[@]}" | sort -u) >&2 || fail "apt-get install ${need[*]}"
+}
+
+install_debian_packages
+build_etcd
+build_kubernetes
+build_helm
+log "tools ready in $bin_dir"
+echo "$bin_dir"

@@ -1,0 +1,37 @@
+//! shared-volume-controller: stable NFS addresses for ReadWriteMany volumes replicated with DRBD.
+//!
+//! Two loops share this crate: the shared-volume controller (`controller` subcommand) and the
+//! per-node DRBD HA agent (`agent` subcommand). See `README.md` for how they fit together.
+
+pub mod admin;
+pub mod cli;
+pub mod metrics;
+pub mod shutdown;
+pub mod telemetry;
+
+use anyhow::Result;
+
+use crate::cli::{Cli, Command};
+
+/// Runs the chosen subcommand until it fails or a termination signal arrives.
+pub async fn run(cli: Cli) -> Result<()> {
+    let shutdown = shutdown::on_signals();
+    let probes = admin::Probes::default();
+    let registry = metrics::new_registry()?;
+    let admin = admin::serve(cli.common.admin_addr, registry.clone(), probes.clone(), shutdown.clone()).await?;
+    let result = match cli.command {
+        Command::Controller(_args) => run_placeholder("controller", &probes, &shutdown).await,
+        Command::Agent(_args) => run_placeholder("agent", &probes, &shutdown).await,
+    };
+    shutdown.cancel();
+    admin.await??;
+    result
+}
+
+async fn run_placeholder(name: &str, probes: &admin::Probes, shutdown: &shutdown::Shutdown) -> Result<()> {
+    tracing::info!(subcommand = name, "started");
+    probes.set_ready(true);
+    shutdown.cancelled().await;
+    tracing::info!(subcommand = name, "stopped");
+    Ok(())
+}
