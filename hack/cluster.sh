@@ -14,8 +14,9 @@ dir=${2:-${SVC_CLUSTER_DIR:-${TMPDIR:-/tmp}/shared-volume-controller-cluster}}
 log() { printf '[cluster] %s\n' "$*" >&2; }
 
 # Controllers the tests rely on: garbage collection (owner references), EndpointSlice mirroring,
-# namespace deletion, and the default ServiceAccount every namespace needs for Pod admission.
-controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller
+# namespace deletion, the default ServiceAccount every namespace needs for Pod admission, and the
+# PVC/PV protection finalizers (without them a deleted claim never goes away).
+controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -40,6 +41,13 @@ down() {
   log "stopped and removed $dir"
 }
 
+all_running() {
+  local name
+  for name in etcd kube-apiserver kube-controller-manager; do
+    [[ -f "$dir/$name.pid" ]] && kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null || return 1
+  done
+}
+
 make_pki() {
   local pki=$dir/pki
   mkdir -p "$pki"
@@ -47,11 +55,14 @@ make_pki() {
     cd "$pki"
     openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 -subj "/CN=svc-test-ca" 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -keyout apiserver.key -out apiserver.csr -subj "/CN=kube-apiserver" 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n' >apiserver.ext
+    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n' >apiserver.ext
     openssl x509 -req -in apiserver.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out apiserver.crt -days 2 \
       -extfile apiserver.ext 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -keyout admin.key -out admin.csr -subj "/O=system:masters/CN=admin" 2>/dev/null
-    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out admin.crt -days 2 2>/dev/null
+    # An extension makes it an X.509 v3 certificate, the only version rustls accepts.
+    printf 'extendedKeyUsage=clientAuth\n' >admin.ext
+    openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out admin.crt -days 2 \
+      -extfile admin.ext 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
   )
@@ -103,7 +114,7 @@ wait_for() { # what, seconds, command...
 up() {
   local bin
   bin=$("$here/tools.sh")
-  if [[ -f "$dir/kubeconfig" ]] && "$bin/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; then
+  if all_running && "$bin/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; then
     log "already up: export KUBECONFIG=$dir/kubeconfig"
     return 0
   fi

@@ -131,7 +131,10 @@ fn respond(req: &Request<Incoming>, registry: &Registry, probes: &Probes) -> Res
         },
         "/readyz" if probes.is_ready() => text(StatusCode::OK, "ok\n".into()),
         "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
-        _ => text(StatusCode::NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n".into()),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz or /readyz\n".into(),
+        ),
     }
 }
 
@@ -153,7 +156,10 @@ mod tests {
         let mut raw = String::new();
         stream.read_to_string(&mut raw).await.unwrap();
         let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let body = raw
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         (status, body)
     }
 
@@ -181,6 +187,9 @@ mod tests {
 
         shutdown.cancel();
         task.await.unwrap().unwrap();
-        assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "listener still open");
+        assert!(
+            tokio::net::TcpStream::connect(addr).await.is_err(),
+            "listener still open"
+        );
     }
 }

@@ -18,7 +18,13 @@ pub async fn run(cli: Cli) -> Result<()> {
     let shutdown = shutdown::on_signals();
     let probes = admin::Probes::default();
     let registry = metrics::new_registry()?;
-    let admin = admin::serve(cli.common.admin_addr, registry.clone(), probes.clone(), shutdown.clone()).await?;
+    let admin = admin::serve(
+        cli.common.admin_addr,
+        registry.clone(),
+        probes.clone(),
+        shutdown.clone(),
+    )
+    .await?;
     let result = match cli.command {
         Command::Controller(_args) => run_placeholder("controller", &probes, &shutdown).await,
         Command::Agent(_args) => run_placeholder("agent", &probes, &shutdown).await,

@@ -8,7 +8,10 @@ pub fn new_registry() -> Result<Registry> {
     let registry = Registry::new();
     registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
     let build_info = IntGaugeVec::new(
-        Opts::new("shared_volume_controller_build_info", "Build of the running binary; always 1."),
+        Opts::new(
+            "shared_volume_controller_build_info",
+            "Build of the running binary; always 1.",
+        ),
         &["version"],
     )?;
     build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);

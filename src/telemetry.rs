@@ -17,7 +17,9 @@ pub fn init(format: &LogFormat, filter: &str) -> Result<()> {
         _ => filter.to_owned(),
     };
     let filter = EnvFilter::try_new(&filter).with_context(|| format!("bad log filter {filter:?}"))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
