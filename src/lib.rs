@@ -4,10 +4,15 @@
 //! per-node DRBD HA agent (`agent` subcommand). See `README.md` for how they fit together.
 
 pub mod admin;
+pub mod apply;
 pub mod cli;
+pub mod events;
 pub mod metrics;
+pub mod names;
+pub mod sharedvolume;
 pub mod shutdown;
 pub mod telemetry;
+pub mod volume;
 
 use anyhow::Result;
 
@@ -26,7 +31,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     )
     .await?;
     let result = match cli.command {
-        Command::Controller(_args) => run_placeholder("controller", &probes, &shutdown).await,
+        Command::Controller(args) => sharedvolume::run(args, registry, probes.clone(), shutdown.clone()).await,
         Command::Agent(_args) => run_placeholder("agent", &probes, &shutdown).await,
     };
     shutdown.cancel();

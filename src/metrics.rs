@@ -1,7 +1,20 @@
 //! The process's one Prometheus registry. Every metric name the project exports is defined here.
 
 use anyhow::Result;
-use prometheus::{IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+
+/// Dashboards already use this name: never change it.
+pub const RECONCILE_DURATION: &str = "storageos_shared_volume_reconcile_duration_seconds";
+pub const RECONCILES: &str = "storageos_shared_volume_reconciles_total";
+pub const RECONCILE_ERRORS: &str = "storageos_shared_volume_reconcile_errors_total";
+pub const SHARED_VOLUMES: &str = "storageos_shared_volumes";
+pub const MOUNT_ENDPOINT_PUBLISHES: &str = "storageos_shared_volume_mount_endpoint_publishes_total";
+pub const CONTROLLER_LEADER: &str = "storageos_shared_volume_controller_leader";
+
+/// Reconcile-duration buckets, 1 ms to 30 s.
+const RECONCILE_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
 
 /// Creates the registry with the process collector and the build-info gauge.
 pub fn new_registry() -> Result<Registry> {
@@ -26,4 +39,59 @@ pub fn render(registry: &Registry) -> String {
         tracing::warn!(error = %err, "cannot encode metrics");
     }
     out
+}
+
+fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: M) -> Result<M> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
+
+/// Metrics of the shared-volume loop.
+#[derive(Clone)]
+pub struct ControllerMetrics {
+    pub reconcile_duration: Histogram,
+    /// By `result`: `shared`, `skipped`, `invalid`, `error`.
+    pub reconciles: IntCounterVec,
+    /// By `reason`: the Warning event reason, or the failing dependency.
+    pub reconcile_errors: IntCounterVec,
+    pub shared_volumes: IntGauge,
+    pub publishes: IntCounter,
+    pub leader: IntGauge,
+}
+
+impl ControllerMetrics {
+    pub fn register(registry: &Registry) -> Result<Self> {
+        Ok(Self {
+            reconcile_duration: register(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(RECONCILE_DURATION, "Time to reconcile one shared volume.")
+                        .buckets(RECONCILE_BUCKETS.to_vec()),
+                )?,
+            )?,
+            reconciles: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(RECONCILES, "Shared-volume reconciles by result."),
+                    &["result"],
+                )?,
+            )?,
+            reconcile_errors: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(RECONCILE_ERRORS, "Failed shared-volume reconciles by reason."),
+                    &["reason"],
+                )?,
+            )?,
+            shared_volumes: register(registry, IntGauge::new(SHARED_VOLUMES, "Shared volumes managed now.")?)?,
+            publishes: register(
+                registry,
+                IntCounter::new(MOUNT_ENDPOINT_PUBLISHES, "Mount endpoints published to volumes.")?,
+            )?,
+            leader: register(
+                registry,
+                IntGauge::new(CONTROLLER_LEADER, "1 while this replica is the leader.")?,
+            )?,
+        })
+    }
 }

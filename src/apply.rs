@@ -1,0 +1,85 @@
+//! The one way we write Kubernetes objects: server-side apply under a field manager, and only when
+//! the object in the cluster differs from what we want (a converged object costs no write).
+
+use std::fmt::Debug;
+
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+/// True when every field set in `desired` has the same value in `current`. Maps may carry extra
+/// keys (other writers' labels, defaulted fields); lists must match element by element.
+pub fn is_subset(desired: &Value, current: &Value) -> bool {
+    match (desired, current) {
+        (Value::Object(want), Value::Object(have)) => want
+            .iter()
+            .all(|(key, value)| have.get(key).is_some_and(|current| is_subset(value, current))),
+        (Value::Array(want), Value::Array(have)) => {
+            want.len() == have.len() && want.iter().zip(have).all(|(w, h)| is_subset(w, h))
+        }
+        _ => desired == current,
+    }
+}
+
+/// Whether `current` (if any) already has every field of `desired`.
+pub fn is_converged<K: Serialize>(desired: &K, current: Option<&K>) -> bool {
+    let Some(current) = current else { return false };
+    match (serde_json::to_value(desired), serde_json::to_value(current)) {
+        (Ok(desired), Ok(current)) => is_subset(&desired, &current),
+        _ => false,
+    }
+}
+
+/// Applies `desired` with `field_manager` unless `current` already matches it. Returns the object
+/// as stored after the write, or `None` when nothing was written.
+pub async fn apply_if_changed<K>(
+    api: &Api<K>,
+    field_manager: &str,
+    desired: &K,
+    current: Option<&K>,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    if is_converged(desired, current) {
+        return Ok(None);
+    }
+    let params = PatchParams::apply(field_manager).force();
+    let applied = api.patch(&desired.name_any(), &params, &Patch::Apply(desired)).await?;
+    Ok(Some(applied))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn subsets() {
+        let want = json!({"metadata": {"labels": {"a": "1"}}, "spec": {"ports": [{"port": 2049}]}});
+        let cases = [
+            (
+                json!({"metadata": {"labels": {"a": "1", "b": "2"}}, "spec": {"ports": [{"port": 2049, "protocol": "TCP"}], "clusterIP": "10.0.0.1"}}),
+                true,
+            ),
+            (
+                json!({"metadata": {"labels": {"a": "2"}}, "spec": {"ports": [{"port": 2049}]}}),
+                false,
+            ),
+            (json!({"metadata": {}, "spec": {"ports": [{"port": 2049}]}}), false),
+            (
+                json!({"metadata": {"labels": {"a": "1"}}, "spec": {"ports": [{"port": 2049}, {"port": 111}]}}),
+                false,
+            ),
+            (
+                json!({"metadata": {"labels": {"a": "1"}}, "spec": {"ports": [{"port": 2050}]}}),
+                false,
+            ),
+        ];
+        for (current, expected) in cases {
+            assert_eq!(is_subset(&want, &current), expected, "{current}");
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! Kubernetes events (events.k8s.io/v1), each also logged. Warnings about bad input are posted
+//! once per change of message, so a claim that stays broken does not flood the event stream.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+pub struct EventSink {
+    recorder: Recorder,
+    /// Last warning note posted, by (object uid, reason).
+    last_warning: Mutex<HashMap<(String, &'static str), String>>,
+}
+
+impl EventSink {
+    pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: controller.to_owned(),
+            instance,
+        };
+        Self {
+            recorder: Recorder::new(client, reporter),
+            last_warning: Mutex::default(),
+        }
+    }
+
+    /// Posts a Normal event.
+    pub async fn normal(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
+        tracing::info!(object = describe(regarding), reason, "{note}");
+        self.post(regarding, EventType::Normal, reason, action, note).await;
+    }
+
+    /// Posts a Warning event every time it is called.
+    pub async fn warning(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
+        tracing::warn!(object = describe(regarding), reason, "{note}");
+        self.post(regarding, EventType::Warning, reason, action, note).await;
+    }
+
+    /// Posts a Warning event unless the same one was the last posted for this object and reason.
+    pub async fn warning_once(&self, regarding: &ObjectReference, reason: &'static str, action: &str, note: String) {
+        let key = (regarding.uid.clone().unwrap_or_default(), reason);
+        {
+            let mut last = self.last_warning.lock().expect("event cache poisoned");
+            if last.get(&key) == Some(&note) {
+                tracing::debug!(object = describe(regarding), reason, "{note} (already reported)");
+                return;
+            }
+            last.insert(key, note.clone());
+        }
+        self.warning(regarding, reason, action, note).await;
+    }
+
+    /// Forgets the warnings posted for an object, so that a recurrence is reported again.
+    pub fn clear_warnings(&self, uid: &str) {
+        self.last_warning
+            .lock()
+            .expect("event cache poisoned")
+            .retain(|(u, _), _| u != uid);
+    }
+
+    async fn post(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: action.into(),
+            secondary: None,
+        };
+        if let Err(err) = self.recorder.publish(&event, regarding).await {
+            tracing::warn!(object = describe(regarding), reason, error = %err, "cannot post event");
+        }
+    }
+}
+
+fn describe(reference: &ObjectReference) -> String {
+    format!(
+        "{}/{}/{}",
+        reference.kind.as_deref().unwrap_or(""),
+        reference.namespace.as_deref().unwrap_or(""),
+        reference.name.as_deref().unwrap_or("")
+    )
+}

@@ -1,0 +1,37 @@
+//! Every well-known name the project reads or writes: annotations, labels, ports, field managers.
+
+/// PV annotation where the storage system (or our agent) writes where the NFS server listens.
+pub const SERVICE_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs/service-endpoint";
+/// PV annotation where the controller publishes the address clients mount.
+pub const MOUNT_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs/mount-endpoint";
+/// Label on every object we create, naming the volume it serves.
+pub const VOLUME_ID_LABEL: &str = "storageos.com/volume-id";
+
+/// The `app.kubernetes.io/*` labels we put on every object we create.
+pub const APP_NAME_LABEL: &str = "app.kubernetes.io/name";
+pub const APP_COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+pub const APP_MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const APP_NAME: &str = "shared-volume";
+pub const APP_COMPONENT: &str = "nfs-endpoint";
+/// Also the EndpointSlice `managed-by` value and the events' reporting controller.
+pub const CONTROLLER_NAME: &str = "shared-volume-controller";
+
+/// Tells the EndpointSlice mirroring controller to leave our Endpoints alone.
+pub const SKIP_MIRROR_LABEL: &str = "endpointslice.kubernetes.io/skip-mirror";
+pub const SLICE_SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+/// The EndpointSlice `managed-by` label value (must look like a domain-qualified name).
+pub const SLICE_MANAGER: &str = "shared-volume-controller.storageos.com";
+
+/// The Service port clients mount, and its name.
+pub const NFS_PORT: u16 = 2049;
+pub const NFS_PORT_NAME: &str = "nfs";
+
+/// Server-side apply field managers, one per writer.
+pub const CONTROLLER_FIELD_MANAGER: &str = "shared-volume-controller";
+pub const AGENT_FIELD_MANAGER: &str = "shared-volume-agent";
+
+/// Selects every object the shared-volume loop manages.
+pub fn managed_selector() -> String {
+    format!("{APP_MANAGED_BY_LABEL}={CONTROLLER_NAME}")
+}

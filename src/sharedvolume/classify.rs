@@ -1,0 +1,265 @@
+//! Pure decisions: is this claim a shared volume we manage, and if so, what is it built from?
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::{Resource, ResourceExt};
+
+use super::desired::{SharedVolume, label_value, service_name};
+use crate::volume::{NfsEndpoint, VolumeInfo};
+
+/// Optional filters on which volumes are ours (`--storage-class`, `--csi-driver`).
+#[derive(Clone, Debug, Default)]
+pub struct Filters {
+    pub storage_classes: Vec<String>,
+    pub csi_drivers: Vec<String>,
+}
+
+/// Why a claim is left alone; none of these is an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Skip {
+    Deleting,
+    NotBound,
+    NotReadWriteMany,
+    StorageClassFiltered,
+    CsiDriverFiltered,
+    NoServiceEndpoint,
+}
+
+/// A claim we should manage but cannot, because of bad input. Reported as a Warning event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Invalid {
+    /// Event reason and error-metric label.
+    pub reason: &'static str,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl Invalid {
+    fn new(reason: &'static str, message: String) -> Self {
+        Self { reason, message }
+    }
+}
+
+/// The step before asking the volume backend: the claim's bound PV, if the claim is a candidate.
+pub fn candidate_volume<'a>(
+    claim: &PersistentVolumeClaim,
+    pv: Option<&'a PersistentVolume>,
+    filters: &Filters,
+) -> Result<Result<&'a PersistentVolume, Skip>, Invalid> {
+    if claim.metadata.deletion_timestamp.is_some() {
+        return Ok(Err(Skip::Deleting));
+    }
+    let spec = claim.spec.as_ref();
+    let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
+    let Some(pv_name) = spec
+        .and_then(|s| s.volume_name.as_deref())
+        .filter(|_| phase == Some("Bound"))
+    else {
+        return Ok(Err(Skip::NotBound));
+    };
+    let rwx = |modes: Option<&Vec<String>>| modes.is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"));
+    if !rwx(spec.and_then(|s| s.access_modes.as_ref())) {
+        return Ok(Err(Skip::NotReadWriteMany));
+    }
+    let Some(pv) = pv else {
+        return Err(Invalid::new(
+            "VolumeMissing",
+            format!(
+                "claim is bound to PersistentVolume {pv_name:?}, which does not exist; restore the volume or recreate the claim"
+            ),
+        ));
+    };
+    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let bound_here = claim_ref.is_some_and(|r| {
+        r.name.as_deref() == Some(claim.name_any().as_str())
+            && r.namespace.as_deref() == claim.namespace().as_deref()
+            && (r.uid.is_none() || r.uid == claim.uid())
+    });
+    if !bound_here {
+        let holder = claim_ref
+            .map(|r| {
+                format!(
+                    "{}/{}",
+                    r.namespace.as_deref().unwrap_or(""),
+                    r.name.as_deref().unwrap_or("")
+                )
+            })
+            .unwrap_or_else(|| "no claim".into());
+        return Err(Invalid::new(
+            "VolumeBoundElsewhere",
+            format!("PersistentVolume {pv_name:?} is bound to {holder}, not to this claim; fix the volume's claimRef"),
+        ));
+    }
+    if !filters.storage_classes.is_empty() {
+        let class = spec
+            .and_then(|s| s.storage_class_name.as_deref())
+            .or_else(|| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()))
+            .unwrap_or("");
+        if !filters.storage_classes.iter().any(|c| c == class) {
+            return Ok(Err(Skip::StorageClassFiltered));
+        }
+    }
+    if !filters.csi_drivers.is_empty() {
+        let driver = pv
+            .spec
+            .as_ref()
+            .and_then(|s| s.csi.as_ref())
+            .map(|c| c.driver.as_str())
+            .unwrap_or("");
+        if !filters.csi_drivers.iter().any(|d| d == driver) {
+            return Ok(Err(Skip::CsiDriverFiltered));
+        }
+    }
+    Ok(Ok(pv))
+}
+
+/// The step after: what the Service and endpoints are built from, given the volume's state.
+pub fn shared_volume(
+    claim: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+    volume: &VolumeInfo,
+) -> Result<Result<SharedVolume, Skip>, Invalid> {
+    let Some(raw) = volume.service_endpoint.as_deref() else {
+        return Ok(Err(Skip::NoServiceEndpoint));
+    };
+    let server: NfsEndpoint = raw.parse().map_err(|err| {
+        Invalid::new(
+            "InvalidServiceEndpoint",
+            format!(
+                "the volume's NFS service endpoint is unusable: {err}; fix it on the volume (PV {:?})",
+                pv.name_any()
+            ),
+        )
+    })?;
+    Ok(Ok(SharedVolume {
+        namespace: claim.namespace().unwrap_or_default(),
+        service_name: service_name(&pv.name_any()),
+        volume_id: label_value(&volume.id),
+        owner: claim_owner(claim),
+        server,
+    }))
+}
+
+/// Controller reference to the claim, without `blockOwnerDeletion` (which would need the
+/// claims' finalizers permission on clusters that enforce it, and is not needed here).
+pub fn claim_owner(claim: &PersistentVolumeClaim) -> OwnerReference {
+    OwnerReference {
+        block_owner_deletion: None,
+        ..claim.controller_owner_ref(&()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claim(modes: &[&str], phase: &str) -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "apps", "uid": "uid-1"},
+            "spec": {"accessModes": modes, "volumeName": "pvc-1", "storageClassName": "replicated"},
+            "status": {"phase": phase},
+        }))
+        .unwrap()
+    }
+
+    fn pv(claim_ns: &str, claim_name: &str, driver: &str) -> PersistentVolume {
+        serde_json::from_value(json!({
+            "metadata": {"name": "pvc-1"},
+            "spec": {
+                "claimRef": {"namespace": claim_ns, "name": claim_name, "uid": "uid-1"},
+                "storageClassName": "replicated",
+                "csi": {"driver": driver, "volumeHandle": "pvc-1"},
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn candidates() {
+        let ours = pv("apps", "data", "linstor.csi.linbit.com");
+        let elsewhere = pv("other", "data", "linstor.csi.linbit.com");
+        let none = Filters::default();
+        let by_class = Filters {
+            storage_classes: vec!["fast".into()],
+            ..Default::default()
+        };
+        let by_driver = Filters {
+            csi_drivers: vec!["linstor.csi.linbit.com".into()],
+            ..Default::default()
+        };
+        let rwx = claim(&["ReadWriteMany"], "Bound");
+        type Case<'a> = (
+            &'a str,
+            PersistentVolumeClaim,
+            Option<&'a PersistentVolume>,
+            &'a Filters,
+            Result<Result<(), Skip>, &'a str>,
+        );
+        let cases: Vec<Case> = vec![
+            ("rwx bound", rwx.clone(), Some(&ours), &none, Ok(Ok(()))),
+            (
+                "rwo",
+                claim(&["ReadWriteOnce"], "Bound"),
+                Some(&ours),
+                &none,
+                Ok(Err(Skip::NotReadWriteMany)),
+            ),
+            (
+                "pending",
+                claim(&["ReadWriteMany"], "Pending"),
+                Some(&ours),
+                &none,
+                Ok(Err(Skip::NotBound)),
+            ),
+            ("pv missing", rwx.clone(), None, &none, Err("VolumeMissing")),
+            (
+                "pv elsewhere",
+                rwx.clone(),
+                Some(&elsewhere),
+                &none,
+                Err("VolumeBoundElsewhere"),
+            ),
+            (
+                "class filtered",
+                rwx.clone(),
+                Some(&ours),
+                &by_class,
+                Ok(Err(Skip::StorageClassFiltered)),
+            ),
+            ("driver kept", rwx.clone(), Some(&ours), &by_driver, Ok(Ok(()))),
+        ];
+        for (name, claim, pv, filters, expected) in cases {
+            let got = candidate_volume(&claim, pv, filters)
+                .map(|r| r.map(|_| ()))
+                .map_err(|i| i.reason);
+            assert_eq!(got, expected, "{name}");
+        }
+    }
+
+    #[test]
+    fn shared_volumes() {
+        let claim = claim(&["ReadWriteMany"], "Bound");
+        let pv = pv("apps", "data", "d");
+        let info = |endpoint: Option<&str>| VolumeInfo {
+            id: "pvc-1".into(),
+            service_endpoint: endpoint.map(Into::into),
+            ..Default::default()
+        };
+        assert_eq!(
+            shared_volume(&claim, &pv, &info(None)),
+            Ok(Err(Skip::NoServiceEndpoint))
+        );
+        let invalid = shared_volume(&claim, &pv, &info(Some("nfs.local:2049"))).unwrap_err();
+        assert_eq!(invalid.reason, "InvalidServiceEndpoint");
+        assert!(invalid.message.contains("nfs.local:2049"), "{}", invalid.message);
+        let volume = shared_volume(&claim, &pv, &info(Some("10.0.0.5:2049")))
+            .unwrap()
+            .unwrap();
+        assert_eq!(volume.service_name, "pvc-1");
+        assert_eq!(volume.namespace, "apps");
+        assert_eq!(volume.owner.uid, "uid-1");
+        assert_eq!(volume.owner.controller, Some(true));
+        assert_eq!(volume.owner.block_owner_deletion, None);
+    }
+}

@@ -1,0 +1,294 @@
+//! The imperative shell of the shared-volume loop: fetch, decide (pure code), apply, publish.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, PersistentVolume, PersistentVolumeClaim, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::controller::Action;
+use kube::{Api, Client, Resource, ResourceExt};
+
+use super::classify::{self, Filters, Invalid, Skip};
+use super::desired::{self, SharedVolume};
+use crate::apply::apply_if_changed;
+use crate::events::EventSink;
+use crate::metrics::ControllerMetrics;
+use crate::names::CONTROLLER_FIELD_MANAGER;
+use crate::volume::{VolumeBackend, VolumeError};
+
+/// Settings of one reconcile, from the command line.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub filters: Filters,
+    pub create_poll_interval: Duration,
+    pub create_wait_duration: Duration,
+    pub resync_interval: Duration,
+    pub error_requeue: Duration,
+}
+
+pub struct Context {
+    pub client: Client,
+    pub backend: Arc<dyn VolumeBackend>,
+    pub settings: Settings,
+    pub metrics: ControllerMetrics,
+    pub events: EventSink,
+    /// Claims (by uid) whose shared volume is managed now.
+    shared: Mutex<HashSet<String>>,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        backend: Arc<dyn VolumeBackend>,
+        settings: Settings,
+        metrics: ControllerMetrics,
+        events: EventSink,
+    ) -> Self {
+        Self {
+            client,
+            backend,
+            settings,
+            metrics,
+            events,
+            shared: Mutex::default(),
+        }
+    }
+
+    fn track(&self, uid: &str, shared: bool) {
+        let mut set = self.shared.lock().expect("shared set poisoned");
+        if shared {
+            set.insert(uid.to_owned());
+        } else {
+            set.remove(uid);
+        }
+        self.metrics.shared_volumes.set(set.len() as i64);
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("volume backend: {0}")]
+    Volume(#[from] VolumeError),
+    #[error("Service {0} has no ClusterIP after {1:?}")]
+    NoClusterIp(String, Duration),
+}
+
+impl ReconcileError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "KubernetesApi",
+            Self::Volume(_) => "VolumeBackend",
+            Self::NoClusterIp(..) => "NoClusterIP",
+        }
+    }
+}
+
+/// What one reconcile ended with (for metrics and tests).
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    Skipped(Skip),
+    Invalid(&'static str),
+    Shared { mount_endpoint: String, published: bool },
+}
+
+pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let started = Instant::now();
+    let result = reconcile_claim(&claim, &ctx).await;
+    ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+    let label = match &result {
+        Ok(Outcome::Skipped(_)) => "skipped",
+        Ok(Outcome::Invalid(_)) => "invalid",
+        Ok(Outcome::Shared { .. }) => "shared",
+        Err(_) => "error",
+    };
+    ctx.metrics.reconciles.with_label_values(&[label]).inc();
+    tracing::debug!(claim = %claim_key(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
+    result.map(|_| Action::requeue(ctx.settings.resync_interval))
+}
+
+pub fn error_policy(claim: Arc<PersistentVolumeClaim>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
+    ctx.metrics.reconcile_errors.with_label_values(&[err.reason()]).inc();
+    tracing::warn!(claim = %claim_key(&claim), error = %err, "reconcile failed; retrying in {:?}", ctx.settings.error_requeue);
+    Action::requeue(ctx.settings.error_requeue)
+}
+
+fn claim_key(claim: &PersistentVolumeClaim) -> String {
+    format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any())
+}
+
+async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ReconcileError> {
+    let uid = claim.uid().unwrap_or_default();
+    let pv = match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
+        Some(name) => Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await?,
+        None => None,
+    };
+    let pv = match classify::candidate_volume(claim, pv.as_ref(), &ctx.settings.filters) {
+        Ok(Ok(pv)) => pv,
+        Ok(Err(skip)) => return Ok(skipped(ctx, &uid, skip)),
+        Err(invalid) => return Ok(report_invalid(ctx, claim, invalid).await),
+    };
+    let Some(volume) = ctx.backend.volume(pv).await? else {
+        let invalid = Invalid {
+            reason: "VolumeNotFound",
+            message: format!(
+                "the storage system has no volume for PV {:?}; check the volume's CSI labels and that it still exists",
+                pv.name_any()
+            ),
+        };
+        return Ok(report_invalid(ctx, claim, invalid).await);
+    };
+    let shared = match classify::shared_volume(claim, pv, &volume) {
+        Ok(Ok(shared)) => shared,
+        Ok(Err(skip)) => return Ok(skipped(ctx, &uid, skip)),
+        Err(invalid) => return Ok(report_invalid(ctx, claim, invalid).await),
+    };
+
+    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &shared.namespace);
+    let existing = services.get_opt(&shared.service_name).await?;
+    if let Some(service) = &existing
+        && !service.owner_references().iter().any(|o| o.uid == uid)
+    {
+        let invalid = Invalid {
+            reason: "ServiceNameTaken",
+            message: format!(
+                "Service {}/{} exists and does not belong to this claim; it was left alone. Rename or delete it",
+                shared.namespace, shared.service_name
+            ),
+        };
+        return Ok(report_invalid(ctx, claim, invalid).await);
+    }
+    let cluster_ip = ensure_service(ctx, &services, &shared, existing.as_ref()).await?;
+    ensure_endpoints(ctx, &shared).await?;
+    ctx.track(&uid, true);
+    ctx.events.clear_warnings(&uid);
+
+    let mount_endpoint = desired::mount_endpoint(&cluster_ip)
+        .ok_or_else(|| ReconcileError::NoClusterIp(shared.service_name.clone(), ctx.settings.create_wait_duration))?;
+    if volume.mount_endpoint.as_deref() == Some(mount_endpoint.as_str()) {
+        return Ok(Outcome::Shared {
+            mount_endpoint,
+            published: false,
+        });
+    }
+    let reference = claim.object_ref(&());
+    if existing.is_none()
+        && let Some(previous) = &volume.mount_endpoint
+    {
+        let note = format!(
+            "Service {} was missing and has been recreated: the mount endpoint moved from {previous} to {mount_endpoint}; clients must remount",
+            shared.service_name
+        );
+        ctx.events
+            .warning(&reference, "ServiceRecreated", "RecreateService", note)
+            .await;
+    }
+    ctx.backend.publish_mount_endpoint(pv, &volume, &mount_endpoint).await?;
+    ctx.metrics.publishes.inc();
+    let note = format!(
+        "mount endpoint {mount_endpoint} published (NFS server {})",
+        shared.server
+    );
+    ctx.events
+        .normal(&reference, "MountEndpointPublished", "PublishMountEndpoint", note)
+        .await;
+    Ok(Outcome::Shared {
+        mount_endpoint,
+        published: true,
+    })
+}
+
+fn skipped(ctx: &Context, uid: &str, skip: Skip) -> Outcome {
+    ctx.track(uid, false);
+    if skip == Skip::Deleting {
+        ctx.events.clear_warnings(uid);
+    }
+    Outcome::Skipped(skip)
+}
+
+async fn report_invalid(ctx: &Context, claim: &PersistentVolumeClaim, invalid: Invalid) -> Outcome {
+    ctx.track(&claim.uid().unwrap_or_default(), false);
+    ctx.metrics.reconcile_errors.with_label_values(&[invalid.reason]).inc();
+    let reference: ObjectReference = claim.object_ref(&());
+    ctx.events
+        .warning_once(&reference, invalid.reason, "ReconcileSharedVolume", invalid.message)
+        .await;
+    Outcome::Invalid(invalid.reason)
+}
+
+/// Applies the Service if it drifted, and returns its ClusterIP, waiting for one after a create.
+async fn ensure_service(
+    ctx: &Context,
+    services: &Api<Service>,
+    shared: &SharedVolume,
+    existing: Option<&Service>,
+) -> Result<String, ReconcileError> {
+    let desired = desired::service(shared);
+    let applied = apply_if_changed(services, CONTROLLER_FIELD_MANAGER, &desired, existing).await?;
+    if existing.is_none() {
+        tracing::info!(service = %format!("{}/{}", shared.namespace, shared.service_name), "Service created");
+    }
+    let current = applied.as_ref().or(existing);
+    if let Some(ip) = current.and_then(cluster_ip) {
+        return Ok(ip);
+    }
+    wait_for_cluster_ip(ctx, services, &shared.service_name).await
+}
+
+fn cluster_ip(service: &Service) -> Option<String> {
+    service
+        .spec
+        .as_ref()?
+        .cluster_ip
+        .clone()
+        .filter(|ip| !ip.is_empty() && ip != "None")
+}
+
+async fn wait_for_cluster_ip(ctx: &Context, services: &Api<Service>, name: &str) -> Result<String, ReconcileError> {
+    let deadline = Instant::now() + ctx.settings.create_wait_duration;
+    loop {
+        if let Some(ip) = services.get_opt(name).await?.as_ref().and_then(cluster_ip) {
+            return Ok(ip);
+        }
+        if Instant::now() >= deadline {
+            return Err(ReconcileError::NoClusterIp(
+                name.to_owned(),
+                ctx.settings.create_wait_duration,
+            ));
+        }
+        tokio::time::sleep(ctx.settings.create_poll_interval).await;
+    }
+}
+
+/// Applies the Endpoints and EndpointSlice if they drifted. Shared with the HA agent.
+pub async fn write_endpoints(client: &Client, field_manager: &str, shared: &SharedVolume) -> Result<bool, kube::Error> {
+    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), &shared.namespace);
+    let current = endpoints.get_opt(&shared.service_name).await?;
+    let wrote_endpoints = apply_if_changed(&endpoints, field_manager, &desired::endpoints(shared), current.as_ref())
+        .await?
+        .is_some();
+    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &shared.namespace);
+    let current = slices.get_opt(&shared.service_name).await?;
+    let wrote_slice = apply_if_changed(
+        &slices,
+        field_manager,
+        &desired::endpoint_slice(shared),
+        current.as_ref(),
+    )
+    .await?
+    .is_some();
+    Ok(wrote_endpoints || wrote_slice)
+}
+
+async fn ensure_endpoints(ctx: &Context, shared: &SharedVolume) -> Result<(), ReconcileError> {
+    if write_endpoints(&ctx.client, CONTROLLER_FIELD_MANAGER, shared).await? {
+        tracing::info!(
+            service = %format!("{}/{}", shared.namespace, shared.service_name),
+            server = %shared.server,
+            "endpoints written"
+        );
+    }
+    Ok(())
+}
