@@ -32,6 +32,7 @@ pub struct CommonArgs {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once at start-up; boxing buys nothing
 pub enum Command {
     /// Shared-volume loop: Service, Endpoints and EndpointSlice per RWX volume (leader-elected).
     Controller(ControllerArgs),
@@ -41,7 +42,7 @@ pub enum Command {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum VolumeBackendKind {
-    /// PersistentVolume annotations storageos.com/nfs/{service,mount}-endpoint.
+    /// PersistentVolume annotations storageos.com/nfs-{service,mount}-endpoint.
     Kubernetes,
 }
 
@@ -56,6 +57,9 @@ pub struct ControllerArgs {
     /// Manage only volumes of this CSI driver (repeatable; env: comma-separated). Default: all.
     #[arg(long, env = "CSI_DRIVER", value_delimiter = ',')]
     pub csi_driver: Vec<String>,
+    /// Manage only claims in this namespace. Default: every namespace.
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
     /// Claims reconciled at once.
     #[arg(long, env = "CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,

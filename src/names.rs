@@ -1,9 +1,14 @@
 //! Every well-known name the project reads or writes: annotations, labels, ports, field managers.
 
+// The StorageOS keys are `storageos.com/nfs/service-endpoint` and `storageos.com/nfs/mount-endpoint`,
+// but an annotation key may hold only one `/`: the apiserver rejects those on a PV. The nearest
+// valid keys replace the second `/` with `-`.
 /// PV annotation where the storage system (or our agent) writes where the NFS server listens.
-pub const SERVICE_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs/service-endpoint";
+pub const SERVICE_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs-service-endpoint";
 /// PV annotation where the controller publishes the address clients mount.
-pub const MOUNT_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs/mount-endpoint";
+pub const MOUNT_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs-mount-endpoint";
+/// StorageOS volume label holding the published mount endpoint (StorageOS labels allow the `/`).
+pub const STORAGEOS_MOUNT_ENDPOINT_LABEL: &str = "storageos.com/nfs/mount-endpoint";
 /// Label on every object we create, naming the volume it serves.
 pub const VOLUME_ID_LABEL: &str = "storageos.com/volume-id";
 

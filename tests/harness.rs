@@ -17,14 +17,13 @@ use serde_json::json;
 async fn control_plane_allocates_mirrors_and_collects_garbage() {
     let _ = NEEDS_CLUSTER;
     let env = common::setup("harness").await;
-    let (pvc, _pv) = env
-        .bound_rwx_claim("data", "pvc-harness-data", Default::default())
-        .await;
+    let (pvc, pv) = env.bound_rwx_claim("data", Default::default()).await;
+    let name = pv.metadata.name.unwrap();
     let owner = pvc.controller_owner_ref(&()).unwrap();
 
     let services = env.api::<Service>();
     let service: Service = serde_json::from_value(json!({
-        "metadata": {"name": "pvc-harness-data", "ownerReferences": [owner]},
+        "metadata": {"name": name, "ownerReferences": [owner]},
         "spec": {"type": "ClusterIP", "ports": [{"name": "nfs", "port": 2049, "protocol": "TCP", "targetPort": 2050}]}
     }))
     .unwrap();
@@ -38,14 +37,14 @@ async fn control_plane_allocates_mirrors_and_collects_garbage() {
 
     let endpoints = env.api::<Endpoints>();
     let eps: Endpoints = serde_json::from_value(json!({
-        "metadata": {"name": "pvc-harness-data", "ownerReferences": [owner]},
+        "metadata": {"name": name, "ownerReferences": [owner]},
         "subsets": [{"addresses": [{"ip": "192.0.2.10"}], "ports": [{"name": "nfs", "port": 2050}]}]
     }))
     .unwrap();
     endpoints.create(&PostParams::default(), &eps).await.unwrap();
 
     let slices = env.api::<EndpointSlice>();
-    let by_service = ListParams::default().labels("kubernetes.io/service-name=pvc-harness-data");
+    let by_service = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
     let slice = eventually("a mirrored EndpointSlice", Duration::from_secs(20), || async {
         slices.list(&by_service).await.unwrap().items.into_iter().next()
     })
@@ -60,8 +59,8 @@ async fn control_plane_allocates_mirrors_and_collects_garbage() {
         "garbage collection of the Service and Endpoints",
         Duration::from_secs(30),
         || async {
-            let gone = services.get_opt("pvc-harness-data").await.unwrap().is_none()
-                && endpoints.get_opt("pvc-harness-data").await.unwrap().is_none();
+            let gone =
+                services.get_opt(&name).await.unwrap().is_none() && endpoints.get_opt(&name).await.unwrap().is_none();
             gone.then_some(())
         },
     )

@@ -6,6 +6,7 @@ pub mod desired;
 pub mod reconcile;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use futures::StreamExt;
@@ -51,7 +52,7 @@ pub async fn run(args: ControllerArgs, registry: Registry, probes: Probes, shutd
 
     if !args.leader_elect {
         metrics.leader.set(1);
-        run_controller(ctx, args.concurrency, probes, shutdown).await;
+        run_controller(ctx, args.namespace.clone(), args.concurrency, probes, shutdown).await;
         return Ok(());
     }
     lead_and_run(client, &args, ctx, metrics, probes, shutdown).await
@@ -88,6 +89,7 @@ async fn lead_and_run(
         let stop = shutdown.child_token();
         let task = tokio::spawn(run_controller(
             ctx.clone(),
+            args.namespace.clone(),
             args.concurrency,
             probes.clone(),
             stop.clone(),
@@ -118,34 +120,44 @@ async fn lead_and_run(
     Ok(())
 }
 
-async fn run_controller(ctx: Arc<Context>, concurrency: u16, probes: Probes, stop: Shutdown) {
+async fn run_controller(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    concurrency: u16,
+    probes: Probes,
+    stop: Shutdown,
+) {
     let client = ctx.client.clone();
     let managed = watcher::Config::default().labels(&managed_selector());
-    let controller = Controller::new(
-        Api::<PersistentVolumeClaim>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(Api::<Service>::all(client.clone()), managed.clone())
-    .owns(Api::<Endpoints>::all(client.clone()), managed.clone())
-    .owns(Api::<EndpointSlice>::all(client.clone()), managed)
-    .watches(
-        Api::<PersistentVolume>::all(client),
-        watcher::Config::default(),
-        claim_of_volume,
-    )
-    .with_config(controller::Config::default().concurrency(concurrency))
-    .graceful_shutdown_on({
-        let stop = stop.clone();
-        async move { stop.cancelled().await }
-    });
+    let controller = Controller::new(scoped(&client, namespace.as_deref()), watcher::Config::default())
+        .owns(scoped::<Service>(&client, namespace.as_deref()), managed.clone())
+        .owns(scoped::<Endpoints>(&client, namespace.as_deref()), managed.clone())
+        .owns(scoped::<EndpointSlice>(&client, namespace.as_deref()), managed)
+        .watches(
+            Api::<PersistentVolume>::all(client),
+            watcher::Config::default(),
+            claim_of_volume,
+        )
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on({
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        });
     let store = controller.store();
     let readiness = {
         let probes = probes.clone();
         tokio::spawn(async move {
-            if store.wait_until_ready().await.is_ok() {
-                tracing::info!("claim cache synced; reconciling");
-                probes.set_ready(true);
+            // The store's readiness signal wakes only its most recent waiter, and the controller
+            // itself waits on it too: poll again now and then instead of waiting once.
+            loop {
+                match tokio::time::timeout(Duration::from_millis(250), store.wait_until_ready()).await {
+                    Ok(Ok(())) => break,
+                    Ok(Err(_)) => return,
+                    Err(_) => continue,
+                }
             }
+            tracing::info!("claim cache synced; reconciling");
+            probes.set_ready(true);
         })
     };
     controller
@@ -157,6 +169,18 @@ async fn run_controller(ctx: Arc<Context>, concurrency: u16, probes: Probes, sto
         })
         .await;
     readiness.abort();
+}
+
+/// An Api over one namespace, or over all of them.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
 }
 
 /// A PV change is a change of the claim it is bound to.

@@ -2,6 +2,8 @@
 //! `KUBECONFIG` (started by `make test`), each test in a namespace of its own.
 #![allow(dead_code)]
 
+pub mod process;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
@@ -9,6 +11,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{
     Namespace, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec, VolumeResourceRequirements,
 };
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -21,6 +24,8 @@ pub const NEEDS_CLUSTER: &str = "needs a control plane: run `make test`, or `hac
 pub struct TestEnv {
     pub client: Client,
     pub ns: String,
+    /// Random suffix of the namespace, also used to make cluster-scoped names unique.
+    pub id: String,
 }
 
 /// Connects to the cluster in KUBECONFIG and creates a fresh namespace named after the test.
@@ -32,12 +37,12 @@ pub async fn setup(test: &str) -> TestEnv {
     let client = Client::try_default()
         .await
         .expect("cannot build a client from KUBECONFIG");
-    let suffix: u32 = std::process::id()
-        ^ (std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos());
-    let ns = format!("{}-{:x}", test.replace('_', "-"), suffix % 0xfffff);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    let id = format!("{:05x}", (std::process::id() ^ nanos) % 0xfffff);
+    let ns = format!("{}-{id}", test.replace('_', "-"));
     let namespace = Namespace {
         metadata: ObjectMeta {
             name: Some(ns.clone()),
@@ -49,8 +54,16 @@ pub async fn setup(test: &str) -> TestEnv {
         .create(&PostParams::default(), &namespace)
         .await
         .expect("cannot create the test namespace: is the control plane up?");
-    TestEnv { client, ns }
+    TestEnv { client, ns, id }
 }
+
+/// Annotations that make a PV report its NFS server at `endpoint`.
+pub fn serving(endpoint: &str) -> BTreeMap<String, String> {
+    [(SERVICE_ENDPOINT.to_string(), endpoint.to_string())].into()
+}
+
+pub const SERVICE_ENDPOINT: &str = "storageos.com/nfs-service-endpoint";
+pub const MOUNT_ENDPOINT: &str = "storageos.com/nfs-mount-endpoint";
 
 impl TestEnv {
     pub fn api<K>(&self) -> Api<K>
@@ -61,35 +74,77 @@ impl TestEnv {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    /// Deletes the namespace (cluster-scoped objects the test made are its own to delete).
+    pub fn pvs(&self) -> Api<PersistentVolume> {
+        Api::all(self.client.clone())
+    }
+
+    /// A PV name unique to this test: `pvc-<id>-<name>`, a valid Service name.
+    pub fn pv_name(&self, name: &str) -> String {
+        format!("pvc-{}-{name}", self.id)
+    }
+
+    /// Deletes the namespace and the PVs this test made.
     pub async fn cleanup(self) {
+        let pvs = self.pvs();
+        if let Ok(list) = pvs.list(&Default::default()).await {
+            let prefix = self.pv_name("");
+            for pv in list
+                .items
+                .iter()
+                .filter(|pv| pv.metadata.name.as_deref().unwrap_or("").starts_with(&prefix))
+            {
+                let _ = pvs
+                    .delete(pv.metadata.name.as_deref().unwrap(), &DeleteParams::default())
+                    .await;
+            }
+        }
         let _ = Api::<Namespace>::all(self.client.clone())
             .delete(&self.ns, &DeleteParams::default())
             .await;
     }
 
-    /// Creates an RWX claim and its PV, bound to each other (status included, as the PV controller
-    /// would leave them), with `pv_annotations` on the PV.
+    /// Creates an RWX claim `claim` and its PV `pv_name(claim)`, bound to each other (status
+    /// included, as the PV controller would leave them), with `pv_annotations` on the PV.
     pub async fn bound_rwx_claim(
         &self,
         claim: &str,
-        pv_name: &str,
         pv_annotations: BTreeMap<String, String>,
     ) -> (PersistentVolumeClaim, PersistentVolume) {
-        self.bound_claim(claim, pv_name, "ReadWriteMany", "replicated", pv_annotations)
+        self.bound_claim(claim, "ReadWriteMany", "replicated", pv_annotations)
             .await
     }
 
     pub async fn bound_claim(
         &self,
         claim: &str,
-        pv_name: &str,
         access_mode: &str,
         storage_class: &str,
         pv_annotations: BTreeMap<String, String>,
     ) -> (PersistentVolumeClaim, PersistentVolume) {
-        let claims: Api<PersistentVolumeClaim> = self.api();
-        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let pv_name = self.pv_name(claim);
+        let pvc = self.create_claim(claim, &pv_name, access_mode, storage_class).await;
+        let pv = self
+            .create_pv(
+                &pv_name,
+                claim,
+                pvc.metadata.uid.as_deref(),
+                access_mode,
+                storage_class,
+                pv_annotations,
+            )
+            .await;
+        let pvc = self.mark_bound(claim).await;
+        (pvc, pv)
+    }
+
+    /// A claim naming `pv_name` as its volume (not yet bound).
+    pub async fn create_claim(
+        &self,
+        claim: &str,
+        pv_name: &str,
+        access_mode: &str,
+        storage_class: &str,
+    ) -> PersistentVolumeClaim {
         let pvc = PersistentVolumeClaim {
             metadata: ObjectMeta {
                 name: Some(claim.into()),
@@ -107,30 +162,86 @@ impl TestEnv {
             }),
             ..Default::default()
         };
-        let pvc = claims.create(&PostParams::default(), &pvc).await.expect("create claim");
+        self.api::<PersistentVolumeClaim>()
+            .create(&PostParams::default(), &pvc)
+            .await
+            .expect("create claim")
+    }
+
+    /// A bound CSI PV whose claimRef names `claim` in this namespace.
+    pub async fn create_pv(
+        &self,
+        pv_name: &str,
+        claim: &str,
+        claim_uid: Option<&str>,
+        access_mode: &str,
+        storage_class: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> PersistentVolume {
         let pv: PersistentVolume = serde_json::from_value(json!({
-            "metadata": {"name": pv_name, "annotations": pv_annotations},
+            "metadata": {"name": pv_name, "annotations": annotations},
             "spec": {
                 "accessModes": [access_mode],
                 "capacity": {"storage": "1Gi"},
                 "storageClassName": storage_class,
                 "persistentVolumeReclaimPolicy": "Delete",
-                "claimRef": {"namespace": self.ns, "name": claim, "uid": pvc.metadata.uid},
+                "claimRef": {"namespace": self.ns, "name": claim, "uid": claim_uid},
                 "csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": pv_name},
             }
         }))
         .unwrap();
-        pvs.create(&PostParams::default(), &pv).await.expect("create PV");
-        let bound = Patch::Merge(json!({"status": {"phase": "Bound"}}));
-        let pv = pvs
-            .patch_status(pv_name, &PatchParams::default(), &bound)
+        self.pvs().create(&PostParams::default(), &pv).await.expect("create PV");
+        self.pvs()
+            .patch_status(
+                pv_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Bound"}})),
+            )
             .await
-            .expect("bind PV");
-        let pvc = claims
-            .patch_status(claim, &PatchParams::default(), &bound)
+            .expect("bind PV")
+    }
+
+    /// Sets the claim's phase to Bound, as the PV controller would.
+    pub async fn mark_bound(&self, claim: &str) -> PersistentVolumeClaim {
+        self.api::<PersistentVolumeClaim>()
+            .patch_status(
+                claim,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"phase": "Bound"}})),
+            )
             .await
-            .expect("bind claim");
-        (pvc, pv)
+            .expect("bind claim")
+    }
+
+    /// Sets (or, with `None`, removes) one annotation of a PV.
+    pub async fn annotate_pv(&self, pv_name: &str, key: &str, value: Option<&str>) {
+        self.pvs()
+            .patch(
+                pv_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+            )
+            .await
+            .expect("annotate PV");
+    }
+
+    /// An annotation of a PV as stored now.
+    pub async fn pv_annotation(&self, pv_name: &str, key: &str) -> Option<String> {
+        let pv = self.pvs().get(pv_name).await.expect("get PV");
+        pv.metadata.annotations.and_then(|a| a.get(key).cloned())
+    }
+
+    /// The events.k8s.io/v1 events about `name` in this namespace with `reason`.
+    pub async fn events(&self, name: &str, reason: &str) -> Vec<Event> {
+        self.api::<Event>()
+            .list(&Default::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect()
     }
 }
 

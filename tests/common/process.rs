@@ -1,0 +1,95 @@
+//! Runs the real binary (`controller` or `agent`) as a child process, the way a Pod would, and
+//! reads its admin endpoints.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+use super::eventually;
+
+pub struct Process {
+    child: Child,
+    pub admin: SocketAddr,
+    pub log: PathBuf,
+}
+
+/// A loopback address with a port that was free a moment ago.
+fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    listener.local_addr().unwrap()
+}
+
+impl Process {
+    /// Starts `shared-volume-controller <args>` with the test's KUBECONFIG, logging to a file named
+    /// after `name` under the system temp dir (printed, so a failing test shows where to look).
+    pub fn start(name: &str, args: &[&str]) -> Self {
+        let admin = free_addr();
+        let log = std::env::temp_dir().join(format!("svc-e2e-{name}.log"));
+        let file = std::fs::File::create(&log).expect("create log file");
+        eprintln!("{name}: logs in {}", log.display());
+        let child = Command::new(env!("CARGO_BIN_EXE_shared-volume-controller"))
+            .args(args)
+            .arg("--admin-addr")
+            .arg(admin.to_string())
+            .env("LOG_LEVEL", "info,shared_volume_controller=debug")
+            .stdout(Stdio::null())
+            .stderr(file)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start the binary");
+        Self { child, admin, log }
+    }
+
+    /// GETs `path` from the admin server: `(status code, body)`, or `None` when not serving.
+    pub async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = TcpStream::connect(self.admin).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.admin);
+        stream.write_all(request.as_bytes()).await.ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        let status = head.split_whitespace().nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
+    }
+
+    pub async fn wait_ready(&self) {
+        eventually("the process to report ready", Duration::from_secs(30), || async {
+            matches!(self.get("/readyz").await, Some((200, _))).then_some(())
+        })
+        .await;
+    }
+
+    /// The value of one sample, e.g. `metric("foo_total{reason=\"x\"}")`; 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let (_, body) = self.get("/metrics").await.expect("metrics endpoint not serving");
+        sample_value(&body, sample).unwrap_or(0.0)
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub async fn stop(mut self) {
+        let pid = self.child.id().expect("process already gone");
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {pid} failed");
+        let exit = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("process did not stop within 20s of SIGTERM")
+            .expect("wait for process");
+        assert!(exit.success(), "process exited with {exit}; see {}", self.log.display());
+    }
+}
+
+/// Finds `sample` (name plus optional `{labels}`, as printed) in a Prometheus text exposition.
+pub fn sample_value(exposition: &str, sample: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
+}

@@ -1,0 +1,489 @@
+//! End-to-end tests of the `controller` subcommand with the `kubernetes` volume backend: the real
+//! binary against the real control plane, one namespace (and one controller process) per test.
+
+mod common;
+
+use std::time::Duration;
+
+use common::process::Process;
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
+use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Starts a controller that manages only the test's namespace, without leader election.
+async fn start_controller(env: &TestEnv, extra: &[&str]) -> Process {
+    let mut args = vec!["controller", "--namespace", &env.ns, "--leader-elect", "false"];
+    args.extend_from_slice(extra);
+    let process = Process::start(&env.ns, &args);
+    process.wait_ready().await;
+    process
+}
+
+/// Waits until the PV's mount endpoint annotation is set (and differs from `not`), and returns it.
+async fn published(env: &TestEnv, pv: &str, not: Option<&str>) -> String {
+    eventually("a published mount endpoint", WAIT, || async {
+        env.pv_annotation(pv, MOUNT_ENDPOINT)
+            .await
+            .filter(|value| Some(value.as_str()) != not)
+    })
+    .await
+}
+
+fn cluster_ip(service: &Service) -> String {
+    service.spec.as_ref().unwrap().cluster_ip.clone().unwrap()
+}
+
+/// The Endpoints' and the EndpointSlice's (address, port) once both point at `ip:port`.
+async fn endpoints_at(env: &TestEnv, name: &str, ip: &str, port: i32) -> (Endpoints, EndpointSlice) {
+    let what = format!("Endpoints and EndpointSlice {name} at {ip}:{port}");
+    eventually(&what, WAIT, || async {
+        let endpoints = env.api::<Endpoints>().get_opt(name).await.unwrap()?;
+        let slice = env.api::<EndpointSlice>().get_opt(name).await.unwrap()?;
+        let subset = endpoints.subsets.as_ref()?.first()?;
+        let endpoints_ok = subset.addresses.as_ref()?.first()?.ip == ip && subset.ports.as_ref()?.first()?.port == port;
+        let slice_ok = slice.endpoints.first()?.addresses == vec![ip.to_string()]
+            && slice.ports.as_ref()?.first()?.port == Some(port);
+        (endpoints_ok && slice_ok).then_some((endpoints, slice))
+    })
+    .await
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn publishes_a_stable_address_and_follows_failover() {
+    let env = common::setup("ctl-publish").await;
+    let controller = start_controller(&env, &[]).await;
+    let (claim, pv) = env.bound_rwx_claim("data", serving("192.0.2.10:2050")).await;
+    let name = pv.metadata.name.clone().unwrap();
+    let claim_uid = claim.metadata.uid.clone().unwrap();
+
+    let mount = published(&env, &name, None).await;
+    let service = env.api::<Service>().get(&name).await.unwrap();
+    let ip = cluster_ip(&service);
+    assert_eq!(mount, format!("{ip}:2049"));
+    let spec = service.spec.as_ref().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(spec.selector, None, "the Service must not select pods");
+    let port = &spec.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            port.name.as_deref(),
+            port.port,
+            port.protocol.as_deref(),
+            port.target_port.clone()
+        ),
+        (Some("nfs"), 2049, Some("TCP"), Some(IntOrString::Int(2050)))
+    );
+    let labels = service.metadata.labels.clone().unwrap();
+    assert_eq!(labels["storageos.com/volume-id"], name);
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "shared-volume-controller");
+
+    let (endpoints, slice) = endpoints_at(&env, &name, "192.0.2.10", 2050).await;
+    assert_eq!(
+        endpoints.metadata.labels.as_ref().unwrap()["endpointslice.kubernetes.io/skip-mirror"],
+        "true"
+    );
+    let slice_labels = slice.metadata.labels.as_ref().unwrap();
+    assert_eq!(slice_labels["kubernetes.io/service-name"], name);
+    assert_eq!(
+        slice_labels["endpointslice.kubernetes.io/managed-by"],
+        "shared-volume-controller.storageos.com"
+    );
+    assert_eq!(slice.address_type, "IPv4");
+    assert_eq!(slice.endpoints[0].conditions.as_ref().unwrap().ready, Some(true));
+    for owners in [
+        &service.metadata.owner_references,
+        &endpoints.metadata.owner_references,
+        &slice.metadata.owner_references,
+    ] {
+        let owners = owners.as_ref().expect("owner references");
+        assert_eq!((owners.len(), owners[0].uid.as_str()), (1, claim_uid.as_str()));
+    }
+    let published_events = eventually("a MountEndpointPublished event", WAIT, || async {
+        let events = env.events("data", "MountEndpointPublished").await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    assert_eq!(published_events[0].type_.as_deref(), Some("Normal"));
+    assert!(published_events[0].note.as_deref().unwrap().contains(&mount));
+
+    // Failover: the NFS server moves; the endpoints follow, the address clients mount does not.
+    env.annotate_pv(&name, SERVICE_ENDPOINT, Some("192.0.2.11:2051")).await;
+    endpoints_at(&env, &name, "192.0.2.11", 2051).await;
+    let service = eventually("the Service's targetPort to follow", WAIT, || async {
+        let service = env.api::<Service>().get(&name).await.unwrap();
+        let target = service.spec.as_ref()?.ports.as_ref()?[0].target_port.clone();
+        (target == Some(IntOrString::Int(2051))).then_some(service)
+    })
+    .await;
+    assert_eq!(cluster_ip(&service), ip, "failover must keep the ClusterIP");
+    assert_eq!(env.pv_annotation(&name, MOUNT_ENDPOINT).await, Some(mount));
+    assert_eq!(env.events("data", "MountEndpointPublished").await.len(), 1);
+    assert_eq!(
+        controller
+            .metric("storageos_shared_volume_mount_endpoint_publishes_total")
+            .await,
+        1.0
+    );
+    assert_eq!(controller.metric("storageos_shared_volumes").await, 1.0);
+    assert!(
+        controller
+            .metric("storageos_shared_volume_reconcile_duration_seconds_count")
+            .await
+            >= 2.0
+    );
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn keeps_everything_when_the_service_endpoint_goes_away() {
+    let env = common::setup("ctl-gone").await;
+    let controller = start_controller(&env, &[]).await;
+    let (_, pv) = env.bound_rwx_claim("data", serving("192.0.2.20:2049")).await;
+    let name = pv.metadata.name.clone().unwrap();
+    let mount = published(&env, &name, None).await;
+    let ip = cluster_ip(&env.api::<Service>().get(&name).await.unwrap());
+    let skipped_before = controller
+        .metric("storageos_shared_volume_reconciles_total{result=\"skipped\"}")
+        .await;
+
+    env.annotate_pv(&name, SERVICE_ENDPOINT, None).await;
+    eventually("a reconcile of the volume without endpoint", WAIT, || async {
+        let skipped = controller
+            .metric("storageos_shared_volume_reconciles_total{result=\"skipped\"}")
+            .await;
+        (skipped > skipped_before).then_some(())
+    })
+    .await;
+    let service = env.api::<Service>().get(&name).await.expect("the Service must stay");
+    assert_eq!(cluster_ip(&service), ip);
+    endpoints_at(&env, &name, "192.0.2.20", 2049).await;
+    assert_eq!(env.pv_annotation(&name, MOUNT_ENDPOINT).await, Some(mount));
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn recreates_a_deleted_service_and_warns_clients_to_remount() {
+    let env = common::setup("ctl-recreate").await;
+    let controller = start_controller(&env, &[]).await;
+    let (_, pv) = env.bound_rwx_claim("data", serving("192.0.2.30:2049")).await;
+    let name = pv.metadata.name.clone().unwrap();
+    let first = published(&env, &name, None).await;
+    let services = env.api::<Service>();
+    let old_uid = services.get(&name).await.unwrap().metadata.uid;
+
+    services.delete(&name, &DeleteParams::default()).await.unwrap();
+    let service = eventually("the Service to be recreated", WAIT, || async {
+        services
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .filter(|s| s.metadata.uid != old_uid)
+    })
+    .await;
+    let ip = cluster_ip(&service);
+    let expected = format!("{ip}:2049");
+    if expected != first {
+        assert_eq!(published(&env, &name, Some(&first)).await, expected);
+        let warnings = eventually("a ServiceRecreated warning", WAIT, || async {
+            let events = env.events("data", "ServiceRecreated").await;
+            (!events.is_empty()).then_some(events)
+        })
+        .await;
+        assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+        let note = warnings[0].note.clone().unwrap();
+        assert!(
+            note.contains(&first) && note.contains(&expected) && note.contains("remount"),
+            "{note}"
+        );
+    } else {
+        // The allocator handed out the same address again: nothing changed for clients.
+        assert!(env.events("data", "ServiceRecreated").await.is_empty());
+    }
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn repairs_hand_edited_objects() {
+    let env = common::setup("ctl-drift").await;
+    let controller = start_controller(&env, &[]).await;
+    let (_, pv) = env.bound_rwx_claim("data", serving("192.0.2.40:2050")).await;
+    let name = pv.metadata.name.clone().unwrap();
+    published(&env, &name, None).await;
+    endpoints_at(&env, &name, "192.0.2.40", 2050).await;
+
+    let edit = PatchParams::default();
+    env.api::<Service>()
+        .patch(
+            &name,
+            &edit,
+            &Patch::Merge(json!({
+                "metadata": {"labels": {"storageos.com/volume-id": null}},
+                "spec": {"ports": [{"name": "wrong", "port": 2049, "protocol": "TCP", "targetPort": 9999}]},
+            })),
+        )
+        .await
+        .unwrap();
+    env.api::<Endpoints>()
+        .patch(
+            &name,
+            &edit,
+            &Patch::Merge(
+                json!({"subsets": [{"addresses": [{"ip": "192.0.2.99"}], "ports": [{"name": "other", "port": 1}]}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    env.api::<EndpointSlice>()
+        .patch(
+            &name,
+            &edit,
+            &Patch::Merge(json!({"metadata": {"labels": {"storageos.com/volume-id": "someone-else"}}})),
+        )
+        .await
+        .unwrap();
+
+    eventually("the Service to be repaired", WAIT, || async {
+        let service = env.api::<Service>().get(&name).await.unwrap();
+        let port = service.spec.as_ref()?.ports.as_ref()?.first()?.clone();
+        let label = service
+            .metadata
+            .labels
+            .as_ref()?
+            .get("storageos.com/volume-id")
+            .cloned();
+        (port.name.as_deref() == Some("nfs")
+            && port.target_port == Some(IntOrString::Int(2050))
+            && label.as_deref() == Some(name.as_str()))
+        .then_some(())
+    })
+    .await;
+    let (endpoints, _) = endpoints_at(&env, &name, "192.0.2.40", 2050).await;
+    let subset = &endpoints.subsets.unwrap()[0];
+    assert_eq!(subset.ports.as_ref().unwrap()[0].name.as_deref(), Some("nfs"));
+    assert_eq!(subset.addresses.as_ref().unwrap().len(), 1);
+    eventually("the EndpointSlice's label to be repaired", WAIT, || async {
+        let slice = env.api::<EndpointSlice>().get(&name).await.unwrap();
+        (slice.metadata.labels?.get("storageos.com/volume-id") == Some(&name)).then_some(())
+    })
+    .await;
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn deleting_the_claim_collects_everything() {
+    let env = common::setup("ctl-gc").await;
+    let controller = start_controller(&env, &[]).await;
+    let (_, pv) = env.bound_rwx_claim("data", serving("192.0.2.50:2049")).await;
+    let name = pv.metadata.name.clone().unwrap();
+    published(&env, &name, None).await;
+    endpoints_at(&env, &name, "192.0.2.50", 2049).await;
+
+    env.api::<PersistentVolumeClaim>()
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("garbage collection of all three objects", WAIT, || async {
+        let gone = env.api::<Service>().get_opt(&name).await.unwrap().is_none()
+            && env.api::<Endpoints>().get_opt(&name).await.unwrap().is_none()
+            && env.api::<EndpointSlice>().get_opt(&name).await.unwrap().is_none();
+        gone.then_some(())
+    })
+    .await;
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn ignores_single_writer_claims_and_filtered_classes() {
+    let env = common::setup("ctl-ignore").await;
+    let controller = start_controller(&env, &["--storage-class", "replicated"]).await;
+    let (_, rwo) = env
+        .bound_claim("rwo", "ReadWriteOnce", "replicated", serving("192.0.2.60:2049"))
+        .await;
+    let (_, other) = env
+        .bound_claim("other", "ReadWriteMany", "other-class", serving("192.0.2.61:2049"))
+        .await;
+    let (_, ours) = env.bound_rwx_claim("ours", serving("192.0.2.62:2049")).await;
+    published(&env, ours.metadata.name.as_deref().unwrap(), None).await;
+    eventually("both ignored claims to be looked at", WAIT, || async {
+        let skipped = controller
+            .metric("storageos_shared_volume_reconciles_total{result=\"skipped\"}")
+            .await;
+        (skipped >= 2.0).then_some(())
+    })
+    .await;
+
+    for pv in [rwo, other] {
+        let name = pv.metadata.name.unwrap();
+        assert!(env.api::<Service>().get_opt(&name).await.unwrap().is_none(), "{name}");
+        assert!(env.api::<Endpoints>().get_opt(&name).await.unwrap().is_none(), "{name}");
+        assert_eq!(env.pv_annotation(&name, MOUNT_ENDPOINT).await, None, "{name}");
+    }
+    assert_eq!(controller.metric("storageos_shared_volumes").await, 1.0);
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn reports_bad_input_and_writes_nothing() {
+    let env = common::setup("ctl-bad").await;
+    let controller = start_controller(&env, &[]).await;
+    let bad_endpoints = [
+        ("hostname", "nfs.example.com:2049"),
+        ("noport", "192.0.2.70"),
+        ("ipv6", "fd00::70:2049"),
+        ("badport", "192.0.2.71:70000"),
+    ];
+    for (claim, endpoint) in bad_endpoints {
+        env.bound_rwx_claim(claim, serving(endpoint)).await;
+    }
+    // A claim bound to a PV that does not exist.
+    env.create_claim("missing", &env.pv_name("missing"), "ReadWriteMany", "replicated")
+        .await;
+    env.mark_bound("missing").await;
+    // A claim naming a PV that is bound to another claim.
+    env.create_claim("elsewhere", &env.pv_name("elsewhere"), "ReadWriteMany", "replicated")
+        .await;
+    env.create_pv(
+        &env.pv_name("elsewhere"),
+        "someone-else",
+        None,
+        "ReadWriteMany",
+        "replicated",
+        serving("192.0.2.72:2049"),
+    )
+    .await;
+    env.mark_bound("elsewhere").await;
+
+    let expectations = bad_endpoints
+        .iter()
+        .map(|(claim, endpoint)| (*claim, "InvalidServiceEndpoint", endpoint.to_string()))
+        .chain([
+            ("missing", "VolumeMissing", env.pv_name("missing")),
+            ("elsewhere", "VolumeBoundElsewhere", "someone-else".to_string()),
+        ]);
+    for (claim, reason, mentioned) in expectations {
+        let events = eventually(&format!("a {reason} warning on {claim}"), WAIT, || async {
+            let events = env.events(claim, reason).await;
+            (!events.is_empty()).then_some(events)
+        })
+        .await;
+        assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+        let note = events[0].note.clone().unwrap();
+        assert!(note.contains(&mentioned), "{claim}: {note:?} should name {mentioned:?}");
+    }
+    assert_eq!(
+        controller
+            .metric("storageos_shared_volume_reconcile_errors_total{reason=\"InvalidServiceEndpoint\"}")
+            .await,
+        4.0
+    );
+    assert!(
+        env.api::<Service>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        env.api::<Endpoints>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        env.api::<EndpointSlice>()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    for (claim, _) in bad_endpoints {
+        assert_eq!(env.pv_annotation(&env.pv_name(claim), MOUNT_ENDPOINT).await, None);
+    }
+    assert_eq!(controller.metric("storageos_shared_volumes").await, 0.0);
+
+    // Fixing the input is picked up without a restart.
+    env.annotate_pv(&env.pv_name("hostname"), SERVICE_ENDPOINT, Some("192.0.2.73:2049"))
+        .await;
+    published(&env, &env.pv_name("hostname"), None).await;
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+async fn reconciles(process: &Process) -> f64 {
+    process
+        .metric("storageos_shared_volume_reconcile_duration_seconds_count")
+        .await
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn only_the_leader_writes_and_a_standby_takes_over() {
+    let env = common::setup("ctl-leader").await;
+    let lease = ["--lease-namespace", &env.ns, "--lease-name", "svc-leader"];
+    let timing = ["--lease-duration-seconds", "4", "--lease-grace-seconds", "2"];
+    let start = |identity: &'static str| {
+        let mut args = vec!["controller", "--namespace", &env.ns, "--identity", identity];
+        args.extend_from_slice(&lease);
+        args.extend_from_slice(&timing);
+        Process::start(&format!("{}-{identity}", env.ns), &args)
+    };
+    let (a, b) = (start("a"), start("b"));
+    a.wait_ready().await;
+    b.wait_ready().await;
+    let leader_metric = "storageos_shared_volume_controller_leader";
+    let (leader, standby) = eventually("one leader", WAIT, || async {
+        match (a.metric(leader_metric).await, b.metric(leader_metric).await) {
+            (1.0, 0.0) => Some(("a", "b")),
+            (0.0, 1.0) => Some(("b", "a")),
+            _ => None,
+        }
+    })
+    .await;
+    let (leader_process, standby_process) = if leader == "a" { (a, b) } else { (b, a) };
+
+    let (_, pv) = env.bound_rwx_claim("first", serving("192.0.2.80:2049")).await;
+    published(&env, pv.metadata.name.as_deref().unwrap(), None).await;
+    let events = env.events("first", "MountEndpointPublished").await;
+    assert_eq!(
+        events[0].reporting_instance.as_deref(),
+        Some(leader),
+        "the leader posts the events"
+    );
+    assert!(reconciles(&leader_process).await >= 1.0);
+    assert_eq!(reconciles(&standby_process).await, 0.0, "the standby must stay idle");
+    assert_eq!(standby_process.metric(leader_metric).await, 0.0);
+
+    leader_process.stop().await;
+    eventually(&format!("{standby} to take over"), WAIT, || async {
+        (standby_process.metric(leader_metric).await == 1.0).then_some(())
+    })
+    .await;
+    let (_, pv) = env.bound_rwx_claim("second", serving("192.0.2.81:2049")).await;
+    published(&env, pv.metadata.name.as_deref().unwrap(), None).await;
+    let events = env.events("second", "MountEndpointPublished").await;
+    assert_eq!(events[0].reporting_instance.as_deref(), Some(standby));
+    standby_process.stop().await;
+    env.cleanup().await;
+}
