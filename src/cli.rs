@@ -44,6 +44,8 @@ pub enum Command {
 pub enum VolumeBackendKind {
     /// PersistentVolume annotations storageos.com/nfs-{service,mount}-endpoint.
     Kubernetes,
+    /// The StorageOS v2 REST API (polled).
+    Storageos,
 }
 
 #[derive(Debug, Args)]
@@ -51,6 +53,21 @@ pub struct ControllerArgs {
     /// Where volumes keep their NFS endpoints.
     #[arg(long, env = "VOLUME_BACKEND", value_enum, default_value = "kubernetes")]
     pub volume_backend: VolumeBackendKind,
+    /// StorageOS API address (storageos backend); the port defaults to 5705.
+    #[arg(long, env = "API_ENDPOINT", default_value = "http://storageos:5705")]
+    pub api_endpoint: String,
+    /// Directory with the files `username` and `password` for the StorageOS API (a mounted Secret).
+    #[arg(long, env = "API_SECRET_PATH", default_value = "/etc/storageos/secrets/api")]
+    pub api_secret_path: std::path::PathBuf,
+    /// How long a StorageOS token is used before it is refreshed (tokens expire after 5m).
+    #[arg(long, env = "API_REFRESH_INTERVAL", default_value = "1m")]
+    pub api_refresh_interval: Duration,
+    /// Timeout of one StorageOS API request.
+    #[arg(long, env = "API_TIMEOUT", default_value = "10s")]
+    pub api_timeout: Duration,
+    /// How often StorageOS volumes are listed to find changes (it cannot be watched).
+    #[arg(long, env = "VOLUME_POLL_INTERVAL", default_value = "5s")]
+    pub volume_poll_interval: Duration,
     /// Manage only claims of this StorageClass (repeatable; env: comma-separated). Default: all.
     #[arg(long, env = "STORAGE_CLASS", value_delimiter = ',')]
     pub storage_class: Vec<String>,

@@ -27,6 +27,8 @@ use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::shutdown::Shutdown;
 use crate::volume::VolumeBackend;
 use crate::volume::kubernetes::PvAnnotations;
+use crate::volume::storageos::StorageOs;
+use crate::volume::storageos::api::{HttpApi, HttpSettings};
 use reconcile::{Context, Settings};
 
 pub async fn run(args: ControllerArgs, registry: Registry, probes: Probes, shutdown: Shutdown) -> Result<()> {
@@ -36,6 +38,15 @@ pub async fn run(args: ControllerArgs, registry: Registry, probes: Probes, shutd
     let metrics = ControllerMetrics::register(&registry)?;
     let backend: Arc<dyn VolumeBackend> = match args.volume_backend {
         VolumeBackendKind::Kubernetes => Arc::new(PvAnnotations::new(client.clone())),
+        VolumeBackendKind::Storageos => {
+            let api = HttpApi::new(HttpSettings {
+                endpoint: args.api_endpoint.clone(),
+                secret_path: args.api_secret_path.clone(),
+                refresh_interval: *args.api_refresh_interval,
+                timeout: *args.api_timeout,
+            })?;
+            Arc::new(StorageOs::new(Arc::new(api), *args.volume_poll_interval))
+        }
     };
     let settings = Settings {
         filters: classify::Filters {
@@ -129,7 +140,7 @@ async fn run_controller(
 ) {
     let client = ctx.client.clone();
     let managed = watcher::Config::default().labels(&managed_selector());
-    let controller = Controller::new(scoped(&client, namespace.as_deref()), watcher::Config::default())
+    let mut controller = Controller::new(scoped(&client, namespace.as_deref()), watcher::Config::default())
         .owns(scoped::<Service>(&client, namespace.as_deref()), managed.clone())
         .owns(scoped::<Endpoints>(&client, namespace.as_deref()), managed.clone())
         .owns(scoped::<EndpointSlice>(&client, namespace.as_deref()), managed)
@@ -143,6 +154,9 @@ async fn run_controller(
             let stop = stop.clone();
             async move { stop.cancelled().await }
         });
+    if let Some(changes) = ctx.backend.changes() {
+        controller = controller.reconcile_on(changes.map(|claim| ObjectRef::new(&claim.name).within(&claim.namespace)));
+    }
     let store = controller.store();
     let readiness = {
         let probes = probes.clone();

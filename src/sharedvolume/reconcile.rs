@@ -130,15 +130,22 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         Ok(Err(skip)) => return Ok(skipped(ctx, &uid, skip)),
         Err(invalid) => return Ok(report_invalid(ctx, claim, invalid).await),
     };
-    let Some(volume) = ctx.backend.volume(pv).await? else {
-        let invalid = Invalid {
-            reason: "VolumeNotFound",
-            message: format!(
-                "the storage system has no volume for PV {:?}; check the volume's CSI labels and that it still exists",
-                pv.name_any()
-            ),
-        };
-        return Ok(report_invalid(ctx, claim, invalid).await);
+    let volume = match ctx.backend.volume(pv).await {
+        Ok(Some(volume)) => volume,
+        Ok(None) => {
+            let invalid = Invalid {
+                reason: "VolumeNotFound",
+                message: format!(
+                    "the storage system has no volume for PV {:?}; check that it still exists and carries the CSI labels",
+                    pv.name_any()
+                ),
+            };
+            return Ok(report_invalid(ctx, claim, invalid).await);
+        }
+        Err(VolumeError::Invalid { reason, message }) => {
+            return Ok(report_invalid(ctx, claim, Invalid { reason, message }).await);
+        }
+        Err(err) => return Err(err.into()),
     };
     let shared = match classify::shared_volume(claim, pv, &volume) {
         Ok(Ok(shared)) => shared,

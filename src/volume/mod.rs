@@ -4,8 +4,10 @@
 
 pub mod endpoint;
 pub mod kubernetes;
+pub mod storageos;
 
 use async_trait::async_trait;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::PersistentVolume;
 
 pub use endpoint::{EndpointError, NfsEndpoint};
@@ -29,6 +31,16 @@ pub enum VolumeError {
     Kube(#[from] kube::Error),
     #[error("storage API: {0}")]
     Api(String),
+    /// The storage system holds something we cannot use; reported to the user, not retried.
+    #[error("{message}")]
+    Invalid { reason: &'static str, message: String },
+}
+
+/// A claim, by namespace and name: what a backend reports when one of its volumes changed.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimKey {
+    pub namespace: String,
+    pub name: String,
 }
 
 #[cfg_attr(test, mockall::automock)]
@@ -44,6 +56,12 @@ pub trait VolumeBackend: Send + Sync {
         volume: &VolumeInfo,
         mount_endpoint: &str,
     ) -> Result<(), VolumeError>;
+
+    /// Claims whose volume changed, for backends that cannot be watched through Kubernetes. The
+    /// stream runs until it is dropped.
+    fn changes(&self) -> Option<BoxStream<'static, ClaimKey>> {
+        None
+    }
 }
 
 /// The DRBD resource (and default volume id) of a CSI volume: its volume handle without a
