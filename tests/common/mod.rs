@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod process;
+pub mod storageos;
 
 use std::collections::BTreeMap;
 use std::future::Future;

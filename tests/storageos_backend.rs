@@ -1,0 +1,141 @@
+//! End-to-end tests of the `storageos` volume backend: the controller against the real control
+//! plane and a local StorageOS API (tests/common/storageos.rs) with expiring tokens and conflicts.
+
+mod common;
+
+use std::time::Duration;
+
+use common::process::Process;
+use common::storageos::{FakeStorageOs, PASSWORD, USERNAME};
+use common::{TestEnv, eventually};
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Writes the credentials as a mounted Secret would, and starts a storageos-backed controller.
+async fn start_controller(env: &TestEnv, api: &FakeStorageOs) -> (Process, tempdir::Dir) {
+    let secret = tempdir::Dir::new(&env.ns);
+    std::fs::write(secret.path.join("username"), format!("{USERNAME}\n")).unwrap();
+    std::fs::write(secret.path.join("password"), PASSWORD).unwrap();
+    let endpoint = api.endpoint();
+    let secret_path = secret.path.to_str().unwrap().to_owned();
+    let args = [
+        "controller",
+        "--namespace",
+        &env.ns,
+        "--leader-elect",
+        "false",
+        "--volume-backend",
+        "storageos",
+        "--api-endpoint",
+        &endpoint,
+        "--api-secret-path",
+        &secret_path,
+        "--volume-poll-interval",
+        "200ms",
+        "--api-refresh-interval",
+        "500ms",
+    ];
+    let process = Process::start(&env.ns, &args);
+    process.wait_ready().await;
+    (process, secret)
+}
+
+/// A throwaway directory removed on drop.
+mod tempdir {
+    pub struct Dir {
+        pub path: std::path::PathBuf,
+    }
+    impl Dir {
+        pub fn new(name: &str) -> Self {
+            let path = std::env::temp_dir().join(format!("svc-e2e-secret-{name}"));
+            std::fs::create_dir_all(&path).unwrap();
+            Self { path }
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn publishes_through_the_storageos_api_across_token_expiry_and_conflicts() {
+    let env = common::setup("sos-publish").await;
+    let api = FakeStorageOs::start(Duration::from_secs(2)).await;
+    let (controller, _secret) = start_controller(&env, &api).await;
+    let (_, pv) = env.bound_rwx_claim("data", Default::default()).await;
+    let name = pv.metadata.name.clone().unwrap();
+    api.inject_conflicts(1);
+    api.add_volume("vol-1", &name, &env.ns, "data", "192.0.2.10:2050", true);
+
+    let mount = eventually("a mount endpoint published to StorageOS", WAIT, || async {
+        api.mount_endpoint("vol-1")
+    })
+    .await;
+    let service = env.api::<Service>().get(&name).await.unwrap();
+    let cluster_ip = service.spec.unwrap().cluster_ip.unwrap();
+    assert_eq!(mount, format!("{cluster_ip}:2049"));
+    assert_eq!(service.metadata.labels.unwrap()["storageos.com/volume-id"], "vol-1");
+    assert!(api.stats().conflicts >= 1, "{:?}", api.stats());
+    assert_eq!(api.stats().publishes, 1);
+    eventually("a MountEndpointPublished event", WAIT, || async {
+        (!env.events("data", "MountEndpointPublished").await.is_empty()).then_some(())
+    })
+    .await;
+
+    // Tokens are refreshed before they expire, and a rejected token leads to a new login.
+    eventually("a token refresh", WAIT, || async {
+        (api.stats().refreshes >= 1).then_some(())
+    })
+    .await;
+    api.expire_tokens();
+    // Failover seen through polling: the endpoints follow, the mount endpoint stays.
+    api.set_service_endpoint("vol-1", "192.0.2.11:2051");
+    eventually("Endpoints at the new NFS server", WAIT, || async {
+        let endpoints = env.api::<Endpoints>().get(&name).await.unwrap();
+        let subset = endpoints.subsets?.into_iter().next()?;
+        let at = (subset.addresses?.first()?.ip.clone(), subset.ports?.first()?.port);
+        (at == ("192.0.2.11".to_string(), 2051)).then_some(())
+    })
+    .await;
+    let stats = api.stats();
+    assert!(stats.rejected_tokens >= 1 && stats.logins >= 2, "{stats:?}");
+    assert_eq!(api.mount_endpoint("vol-1"), Some(mount));
+    assert_eq!(
+        api.stats().publishes,
+        1,
+        "an unchanged mount endpoint is not published again"
+    );
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn warns_about_volumes_without_csi_labels() {
+    let env = common::setup("sos-labels").await;
+    let api = FakeStorageOs::start(Duration::from_secs(60)).await;
+    let (controller, _secret) = start_controller(&env, &api).await;
+    let (_, pv) = env.bound_rwx_claim("bare", Default::default()).await;
+    let name = pv.metadata.name.clone().unwrap();
+    api.add_volume("vol-bare", &name, &env.ns, "bare", "192.0.2.20:2049", false);
+
+    let events = eventually("a VolumeWithoutCsiLabels warning", WAIT, || async {
+        let events = env.events("bare", "VolumeWithoutCsiLabels").await;
+        (!events.is_empty()).then_some(events)
+    })
+    .await;
+    let note = events[0].note.clone().unwrap();
+    assert!(
+        note.contains("csi.storage.k8s.io/pvc/name") && note.contains("vol-bare"),
+        "{note}"
+    );
+    assert!(env.api::<Service>().get_opt(&name).await.unwrap().is_none());
+    assert_eq!(api.mount_endpoint("vol-bare"), None);
+    assert_eq!(api.stats().publishes, 0);
+    controller.stop().await;
+    env.cleanup().await;
+}
