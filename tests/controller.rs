@@ -104,11 +104,7 @@ async fn publishes_a_stable_address_and_follows_failover() {
         let owners = owners.as_ref().expect("owner references");
         assert_eq!((owners.len(), owners[0].uid.as_str()), (1, claim_uid.as_str()));
     }
-    let published_events = eventually("a MountEndpointPublished event", WAIT, || async {
-        let events = env.events("data", "MountEndpointPublished").await;
-        (!events.is_empty()).then_some(events)
-    })
-    .await;
+    let published_events = env.wait_for_events("data", "MountEndpointPublished").await;
     assert_eq!(published_events[0].type_.as_deref(), Some("Normal"));
     assert!(published_events[0].note.as_deref().unwrap().contains(&mount));
 
@@ -194,11 +190,7 @@ async fn recreates_a_deleted_service_and_warns_clients_to_remount() {
     let expected = format!("{ip}:2049");
     if expected != first {
         assert_eq!(published(&env, &name, Some(&first)).await, expected);
-        let warnings = eventually("a ServiceRecreated warning", WAIT, || async {
-            let events = env.events("data", "ServiceRecreated").await;
-            (!events.is_empty()).then_some(events)
-        })
-        .await;
+        let warnings = env.wait_for_events("data", "ServiceRecreated").await;
         assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
         let note = warnings[0].note.clone().unwrap();
         assert!(
@@ -379,11 +371,7 @@ async fn reports_bad_input_and_writes_nothing() {
             ("elsewhere", "VolumeBoundElsewhere", "someone-else".to_string()),
         ]);
     for (claim, reason, mentioned) in expectations {
-        let events = eventually(&format!("a {reason} warning on {claim}"), WAIT, || async {
-            let events = env.events(claim, reason).await;
-            (!events.is_empty()).then_some(events)
-        })
-        .await;
+        let events = env.wait_for_events(claim, reason).await;
         assert_eq!(events[0].type_.as_deref(), Some("Warning"));
         let note = events[0].note.clone().unwrap();
         assert!(note.contains(&mentioned), "{claim}: {note:?} should name {mentioned:?}");
@@ -394,30 +382,9 @@ async fn reports_bad_input_and_writes_nothing() {
             .await,
         4.0
     );
-    assert!(
-        env.api::<Service>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
-    assert!(
-        env.api::<Endpoints>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
-    assert!(
-        env.api::<EndpointSlice>()
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    assert!(env.names::<Service>().await.is_empty());
+    assert!(env.names::<Endpoints>().await.is_empty());
+    assert!(env.names::<EndpointSlice>().await.is_empty());
     for (claim, _) in bad_endpoints {
         assert_eq!(env.pv_annotation(&env.pv_name(claim), MOUNT_ENDPOINT).await, None);
     }

@@ -81,10 +81,7 @@ async fn publishes_through_the_storageos_api_across_token_expiry_and_conflicts()
     assert_eq!(service.metadata.labels.unwrap()["storageos.com/volume-id"], "vol-1");
     assert!(api.stats().conflicts >= 1, "{:?}", api.stats());
     assert_eq!(api.stats().publishes, 1);
-    eventually("a MountEndpointPublished event", WAIT, || async {
-        (!env.events("data", "MountEndpointPublished").await.is_empty()).then_some(())
-    })
-    .await;
+    env.wait_for_events("data", "MountEndpointPublished").await;
 
     // Tokens are refreshed before they expire, and a rejected token leads to a new login.
     eventually("a token refresh", WAIT, || async {
@@ -123,11 +120,7 @@ async fn warns_about_volumes_without_csi_labels() {
     let name = pv.metadata.name.clone().unwrap();
     api.add_volume("vol-bare", &name, &env.ns, "bare", "192.0.2.20:2049", false);
 
-    let events = eventually("a VolumeWithoutCsiLabels warning", WAIT, || async {
-        let events = env.events("bare", "VolumeWithoutCsiLabels").await;
-        (!events.is_empty()).then_some(events)
-    })
-    .await;
+    let events = env.wait_for_events("bare", "VolumeWithoutCsiLabels").await;
     let note = events[0].note.clone().unwrap();
     assert!(
         note.contains("csi.storage.k8s.io/pvc/name") && note.contains("vol-bare"),

@@ -232,6 +232,32 @@ impl TestEnv {
         pv.metadata.annotations.and_then(|a| a.get(key).cloned())
     }
 
+    /// Waits for at least one event about `name` with `reason`, and returns them all.
+    pub async fn wait_for_events(&self, name: &str, reason: &str) -> Vec<Event> {
+        let what = format!("a {reason} event about {name}");
+        eventually(&what, Duration::from_secs(30), || async {
+            let events = self.events(name, reason).await;
+            (!events.is_empty()).then_some(events)
+        })
+        .await
+    }
+
+    /// Names of the objects of kind `K` in this namespace.
+    pub async fn names<K>(&self) -> Vec<String>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        let list = self.api::<K>().list(&Default::default()).await.expect("list objects");
+        list.items
+            .iter()
+            .map(|o| o.meta().name.clone().unwrap_or_default())
+            .collect()
+    }
+
     /// The events.k8s.io/v1 events about `name` in this namespace with `reason`.
     pub async fn events(&self, name: &str, reason: &str) -> Vec<Event> {
         self.api::<Event>()
