@@ -1,0 +1,187 @@
+//! DRBD state as `drbdsetup status --json` and `drbdsetup show --json` print it, parsed into only
+//! the fields the agent uses. Unknown fields are ignored and counters are never parsed, so values
+//! such as `"ap-in-flight": 18446744073709551608` cannot break it.
+
+use std::collections::HashSet;
+
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct Resource {
+    pub name: String,
+    #[serde(default)]
+    pub role: String,
+    #[serde(default)]
+    pub suspended: bool,
+    #[serde(rename = "force-io-failures", default)]
+    pub force_io_failures: bool,
+    #[serde(default)]
+    pub devices: Vec<Device>,
+    #[serde(default)]
+    pub connections: Vec<Connection>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct Device {
+    #[serde(default)]
+    pub volume: u32,
+    #[serde(default)]
+    pub quorum: bool,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct Connection {
+    /// The peer's LINSTOR node name.
+    pub name: String,
+    #[serde(rename = "connection-state", default)]
+    pub connection_state: String,
+    #[serde(rename = "peer-role", default)]
+    pub peer_role: String,
+}
+
+pub const PRIMARY: &str = "Primary";
+pub const CONNECTED: &str = "Connected";
+
+impl Resource {
+    pub fn is_primary(&self) -> bool {
+        self.role == PRIMARY
+    }
+
+    /// Every local device has quorum.
+    pub fn has_quorum(&self) -> bool {
+        self.devices.iter().all(|d| d.quorum)
+    }
+
+    /// Every local device has quorum and no peer is Primary: this node could take over.
+    pub fn may_promote(&self) -> bool {
+        self.has_quorum() && !self.connections.iter().any(|c| c.peer_role == PRIMARY)
+    }
+
+    pub fn peer(&self, name: &str) -> Option<&Connection> {
+        self.connections.iter().find(|c| c.name == name)
+    }
+}
+
+impl Connection {
+    pub fn is_connected(&self) -> bool {
+        self.connection_state == CONNECTED
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct ShownResource {
+    resource: String,
+    #[serde(default)]
+    options: ShownOptions,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ShownOptions {
+    #[serde(default)]
+    quorum: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot parse `drbdsetup {command} --json`: {source}")]
+pub struct ParseError {
+    command: &'static str,
+    source: serde_json::Error,
+}
+
+pub fn parse_status(json: &str) -> Result<Vec<Resource>, ParseError> {
+    if json.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    serde_json::from_str(json).map_err(|source| ParseError {
+        command: "status",
+        source,
+    })
+}
+
+/// Names of the resources whose quorum option is `majority` (the only setting that counts as
+/// quorum-enabled).
+pub fn parse_quorum_enabled(json: &str) -> Result<HashSet<String>, ParseError> {
+    if json.trim().is_empty() {
+        return Ok(HashSet::new());
+    }
+    let shown: Vec<ShownResource> = serde_json::from_str(json).map_err(|source| ParseError {
+        command: "show",
+        source,
+    })?;
+    Ok(shown
+        .into_iter()
+        .filter(|r| r.options.quorum.as_deref() == Some("majority"))
+        .map(|r| r.resource)
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STATUS: &str = r#"[
+      {"name": "pvc-1", "node-id": 0, "role": "Primary", "suspended": false, "force-io-failures": false,
+       "write-ordering": "flush",
+       "devices": [{"volume": 0, "minor": 1000, "disk-state": "UpToDate", "client": false, "quorum": true,
+                    "size": 1048576, "read": 1, "written": 2, "al-writes": 3, "bm-writes": 4,
+                    "upper-pending": 0, "lower-pending": 0}],
+       "connections": [
+         {"peer-node-id": 1, "name": "node-b", "connection-state": "Connected", "congested": false,
+          "peer-role": "Secondary", "ap-in-flight": 18446744073709551608, "rs-in-flight": 0,
+          "peer_devices": [{"volume": 0, "replication-state": "Established", "peer-disk-state": "UpToDate",
+                            "resync-suspended": "no", "received": 0, "sent": 0, "out-of-sync": 0,
+                            "pending": 0, "unacked": 0, "has-sync-details": false, "has-online-verify-details": false,
+                            "percent-in-sync": 100.00}]},
+         {"peer-node-id": 2, "name": "node-c", "connection-state": "Connecting", "congested": false,
+          "peer-role": "Unknown", "ap-in-flight": 0, "rs-in-flight": 0, "peer_devices": []}
+       ]},
+      {"name": "pvc-2", "role": "Secondary", "suspended": true, "force-io-failures": true,
+       "devices": [{"volume": 0, "quorum": false}],
+       "connections": [{"name": "node-b", "connection-state": "Connected", "peer-role": "Primary"}]}
+    ]"#;
+
+    #[test]
+    fn parses_status_ignoring_counters() {
+        let resources = parse_status(STATUS).unwrap();
+        assert_eq!(resources.len(), 2);
+        let first = &resources[0];
+        assert!(first.is_primary() && first.has_quorum() && first.may_promote());
+        assert!(first.peer("node-b").unwrap().is_connected());
+        assert!(!first.peer("node-c").unwrap().is_connected());
+        let second = &resources[1];
+        assert!(second.suspended && second.force_io_failures);
+        assert!(!second.has_quorum() && !second.may_promote());
+    }
+
+    #[test]
+    fn a_primary_peer_forbids_promotion_even_with_quorum() {
+        let mut resource = parse_status(STATUS).unwrap().remove(1);
+        resource.devices[0].quorum = true;
+        assert!(!resource.may_promote());
+    }
+
+    #[test]
+    fn no_drbd_means_no_resources() {
+        assert_eq!(parse_status("").unwrap(), Vec::new());
+        assert_eq!(parse_status("[]").unwrap(), Vec::new());
+        assert!(parse_quorum_enabled("\n").unwrap().is_empty());
+    }
+
+    #[test]
+    fn garbage_is_an_error_that_names_the_command() {
+        let err = parse_status("{not json").unwrap_err();
+        assert!(err.to_string().contains("drbdsetup status --json"), "{err}");
+    }
+
+    #[test]
+    fn only_majority_counts_as_quorum_enabled() {
+        let shown = r#"[
+          {"resource": "pvc-1", "options": {"quorum": "majority", "on-no-quorum": "io-error"}, "connections": []},
+          {"resource": "pvc-2", "options": {"quorum": "off"}},
+          {"resource": "pvc-3", "options": {"quorum": "2"}},
+          {"resource": "pvc-4"}
+        ]"#;
+        let enabled = parse_quorum_enabled(shown).unwrap();
+        assert_eq!(enabled, HashSet::from(["pvc-1".to_string()]));
+    }
+}

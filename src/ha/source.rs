@@ -1,0 +1,215 @@
+//! Where DRBD state comes from: the `drbdsetup` binary, behind [`DrbdSource`] so the agent's
+//! logic can be tested with mocks.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+use super::drbd::{self, Resource};
+
+/// One reading of the local DRBD state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DrbdState {
+    pub resources: Vec<Resource>,
+    /// Resources with `quorum majority`; only these take part in fail-over and taints.
+    pub quorum_enabled: HashSet<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrbdError {
+    #[error("cannot run {command}: {source}")]
+    Spawn { command: String, source: std::io::Error },
+    #[error("{command} failed ({status}): {stderr}")]
+    Failed {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error(transparent)]
+    Parse(#[from] drbd::ParseError),
+}
+
+#[cfg_attr(test, mockall::automock)]
+#[async_trait]
+pub trait DrbdSource: Send + Sync {
+    /// Reads the state of every local resource.
+    async fn read(&self) -> Result<DrbdState, DrbdError>;
+    /// `drbdsetup secondary --force <resource>`.
+    async fn force_secondary(&self, resource: &str) -> Result<(), DrbdError>;
+    /// Fires whenever DRBD reports a change (the `events2` stream), so state is read at once.
+    fn changes(&self) -> BoxStream<'static, ()>;
+}
+
+pub struct DrbdSetup {
+    pub binary: PathBuf,
+    /// DRBD's proc file: when it is missing the module is not loaded and there are no resources.
+    pub proc_path: PathBuf,
+    pub timeout: Duration,
+}
+
+impl DrbdSetup {
+    async fn run(&self, args: &[&str]) -> Result<String, DrbdError> {
+        let command = format!("{} {}", self.binary.display(), args.join(" "));
+        let output = tokio::time::timeout(
+            self.timeout,
+            Command::new(&self.binary).args(args).kill_on_drop(true).output(),
+        )
+        .await
+        .map_err(|_| DrbdError::Failed {
+            command: command.clone(),
+            status: format!("timed out after {:?}", self.timeout),
+            stderr: String::new(),
+        })?
+        .map_err(|source| DrbdError::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+        if !output.status.success() {
+            return Err(DrbdError::Failed {
+                command,
+                status: output.status.to_string(),
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            });
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+}
+
+#[async_trait]
+impl DrbdSource for DrbdSetup {
+    async fn read(&self) -> Result<DrbdState, DrbdError> {
+        if !self.proc_path.exists() {
+            return Ok(DrbdState::default());
+        }
+        let resources = drbd::parse_status(&self.run(&["status", "--json"]).await?)?;
+        let quorum_enabled = drbd::parse_quorum_enabled(&self.run(&["show", "--json"]).await?)?;
+        Ok(DrbdState {
+            resources,
+            quorum_enabled,
+        })
+    }
+
+    async fn force_secondary(&self, resource: &str) -> Result<(), DrbdError> {
+        self.run(&["secondary", "--force", resource]).await.map(|_| ())
+    }
+
+    fn changes(&self) -> BoxStream<'static, ()> {
+        let binary = self.binary.clone();
+        let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(500);
+            loop {
+                let spawned = Command::new(&binary)
+                    .args(["events2", "all"])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn();
+                match spawned {
+                    Ok(mut child) => {
+                        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+                        while let Ok(Some(_)) = lines.next_line().await {
+                            backoff = Duration::from_millis(500);
+                            // A full channel already holds a pending re-read: dropping is fine.
+                            if sender.is_closed() {
+                                return;
+                            }
+                            let _ = sender.try_send(());
+                        }
+                        let _ = child.wait().await;
+                        tracing::info!("drbdsetup events2 ended; restarting in {backoff:?}");
+                    }
+                    Err(err) => tracing::warn!(error = %err, "cannot run drbdsetup events2; retrying in {backoff:?}"),
+                }
+                tokio::select! {
+                    _ = sender.closed() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+        });
+        futures::stream::poll_fn(move |cx| receiver.poll_recv(cx)).boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A `drbdsetup` stand-in that prints canned JSON and records its arguments.
+    fn fake_drbdsetup(dir: &std::path::Path) -> PathBuf {
+        let script = dir.join("drbdsetup");
+        let body = r#"#!/bin/sh
+echo "$@" >> "$(dirname "$0")/calls"
+case "$1" in
+  status) echo '[{"name":"pvc-1","role":"Primary","devices":[{"volume":0,"quorum":true}],"connections":[]}]' ;;
+  show) echo '[{"resource":"pvc-1","options":{"quorum":"majority"}}]' ;;
+  secondary) exit 0 ;;
+  *) echo "unknown command $1" >&2; exit 20 ;;
+esac
+"#;
+        std::fs::write(&script, body).unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        script
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("svc-drbd-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn reads_state_and_runs_commands_through_drbdsetup() {
+        let dir = temp_dir("read");
+        let proc_path = dir.join("proc-drbd");
+        std::fs::write(&proc_path, "version: 9.2.0\n").unwrap();
+        let source = DrbdSetup {
+            binary: fake_drbdsetup(&dir),
+            proc_path,
+            timeout: Duration::from_secs(5),
+        };
+        let state = source.read().await.unwrap();
+        assert_eq!(state.resources[0].name, "pvc-1");
+        assert!(state.quorum_enabled.contains("pvc-1"));
+        source.force_secondary("pvc-1").await.unwrap();
+        let calls = std::fs::read_to_string(dir.join("calls")).unwrap();
+        assert_eq!(calls, "status --json\nshow --json\nsecondary --force pvc-1\n");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn without_the_drbd_module_there_are_no_resources() {
+        let dir = temp_dir("noproc");
+        let source = DrbdSetup {
+            binary: fake_drbdsetup(&dir),
+            proc_path: dir.join("missing"),
+            timeout: Duration::from_secs(5),
+        };
+        assert_eq!(source.read().await.unwrap(), DrbdState::default());
+        assert!(!dir.join("calls").exists(), "drbdsetup must not run");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn failures_name_the_command_and_its_error() {
+        let dir = temp_dir("fail");
+        let source = DrbdSetup {
+            binary: fake_drbdsetup(&dir),
+            proc_path: dir.clone(),
+            timeout: Duration::from_secs(5),
+        };
+        let err = source.run(&["bogus"]).await.unwrap_err().to_string();
+        assert!(err.contains("bogus") && err.contains("unknown command"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
