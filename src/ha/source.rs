@@ -162,6 +162,14 @@ esac
         script
     }
 
+    fn source(dir: &std::path::Path, proc_path: PathBuf) -> DrbdSetup {
+        DrbdSetup {
+            binary: fake_drbdsetup(dir),
+            proc_path,
+            timeout: Duration::from_secs(5),
+        }
+    }
+
     fn temp_dir(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("svc-drbd-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -173,11 +181,7 @@ esac
         let dir = temp_dir("read");
         let proc_path = dir.join("proc-drbd");
         std::fs::write(&proc_path, "version: 9.2.0\n").unwrap();
-        let source = DrbdSetup {
-            binary: fake_drbdsetup(&dir),
-            proc_path,
-            timeout: Duration::from_secs(5),
-        };
+        let source = source(&dir, proc_path);
         let state = source.read().await.unwrap();
         assert_eq!(state.resources[0].name, "pvc-1");
         assert!(state.quorum_enabled.contains("pvc-1"));
@@ -190,11 +194,7 @@ esac
     #[tokio::test]
     async fn without_the_drbd_module_there_are_no_resources() {
         let dir = temp_dir("noproc");
-        let source = DrbdSetup {
-            binary: fake_drbdsetup(&dir),
-            proc_path: dir.join("missing"),
-            timeout: Duration::from_secs(5),
-        };
+        let source = source(&dir, dir.join("missing"));
         assert_eq!(source.read().await.unwrap(), DrbdState::default());
         assert!(!dir.join("calls").exists(), "drbdsetup must not run");
         std::fs::remove_dir_all(dir).unwrap();
@@ -203,11 +203,7 @@ esac
     #[tokio::test]
     async fn failures_name_the_command_and_its_error() {
         let dir = temp_dir("fail");
-        let source = DrbdSetup {
-            binary: fake_drbdsetup(&dir),
-            proc_path: dir.clone(),
-            timeout: Duration::from_secs(5),
-        };
+        let source = source(&dir, dir.clone());
         let err = source.run(&["bogus"]).await.unwrap_err().to_string();
         assert!(err.contains("bogus") && err.contains("unknown command"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
