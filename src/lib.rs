@@ -7,6 +7,7 @@ pub mod admin;
 pub mod apply;
 pub mod cli;
 pub mod events;
+pub mod feed;
 pub mod ha;
 pub mod metrics;
 pub mod names;

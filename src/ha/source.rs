@@ -7,12 +7,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use super::drbd::{self, Resource};
+use crate::feed;
 
 /// One reading of the local DRBD state.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -102,8 +102,7 @@ impl DrbdSource for DrbdSetup {
 
     fn changes(&self) -> BoxStream<'static, ()> {
         let binary = self.binary.clone();
-        let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
-        tokio::spawn(async move {
+        feed::spawn(16, |sender| async move {
             let mut backoff = Duration::from_millis(500);
             loop {
                 let spawned = Command::new(&binary)
@@ -128,14 +127,12 @@ impl DrbdSource for DrbdSetup {
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot run drbdsetup events2; retrying in {backoff:?}"),
                 }
-                tokio::select! {
-                    _ = sender.closed() => return,
-                    _ = tokio::time::sleep(backoff) => {}
+                if !feed::pause(&sender, backoff).await {
+                    return;
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(30));
             }
-        });
-        futures::stream::poll_fn(move |cx| receiver.poll_recv(cx)).boxed()
+        })
     }
 }
 

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
@@ -17,6 +16,7 @@ use tokio::sync::RwLock;
 
 use self::api::{ApiError, StorageOsApi, Volume};
 use super::{ClaimKey, VolumeBackend, VolumeError, VolumeInfo, csi_resource_name};
+use crate::feed;
 use crate::names::STORAGEOS_MOUNT_ENDPOINT_LABEL;
 
 /// Labels the CSI provisioner puts on every volume it creates.
@@ -271,11 +271,10 @@ impl VolumeBackend for StorageOs {
     }
 
     fn changes(&self) -> Option<BoxStream<'static, ClaimKey>> {
-        let (sender, receiver) = tokio::sync::mpsc::channel(256);
         let api = self.api.clone();
         let catalog = self.catalog.clone();
         let interval = self.poll_interval;
-        tokio::spawn(async move {
+        Some(feed::spawn(256, |sender| async move {
             loop {
                 match Self::refresh(api.as_ref(), &catalog).await {
                     Ok((before, after)) => {
@@ -287,18 +286,12 @@ impl VolumeBackend for StorageOs {
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot poll StorageOS volumes; retrying"),
                 }
-                tokio::select! {
-                    _ = sender.closed() => return,
-                    _ = tokio::time::sleep(interval) => {}
+                if !feed::pause(&sender, interval).await {
+                    return;
                 }
             }
-        });
-        Some(tokio_stream_from(receiver))
+        }))
     }
-}
-
-fn tokio_stream_from(mut receiver: tokio::sync::mpsc::Receiver<ClaimKey>) -> BoxStream<'static, ClaimKey> {
-    futures::stream::poll_fn(move |cx| receiver.poll_recv(cx)).boxed()
 }
 
 #[cfg(test)]
