@@ -128,6 +128,12 @@ impl From<&PodView> for PodRef {
     }
 }
 
+impl NodeView {
+    fn has_taint(&self, key: &str) -> bool {
+        self.taints.iter().any(|t| t == key)
+    }
+}
+
 impl Observed {
     fn kube_node<'a>(&'a self, drbd_peer: &'a str) -> &'a str {
         self.satellite_nodes
@@ -137,7 +143,7 @@ impl Observed {
     }
 
     fn has_taint(&self, node: &str, key: &str) -> bool {
-        self.nodes.get(node).is_some_and(|n| n.taints.iter().any(|t| t == key))
+        self.nodes.get(node).is_some_and(|n| n.has_taint(key))
     }
 }
 
@@ -306,7 +312,7 @@ fn guard_blast_radius(observed: &Observed, settings: &Settings, actions: Vec<Act
     let mut tainted = observed
         .nodes
         .values()
-        .filter(|n| n.taints.iter().any(|t| t == LOST_QUORUM_TAINT))
+        .filter(|n| n.has_taint(LOST_QUORUM_TAINT))
         .count();
     actions
         .into_iter()
