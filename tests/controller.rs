@@ -34,6 +34,15 @@ async fn published(env: &TestEnv, pv: &str, not: Option<&str>) -> String {
     .await
 }
 
+/// Creates an RWX claim whose volume is served at `endpoint`, and waits until its mount endpoint
+/// is published: (PV name, mount endpoint).
+async fn shared_claim(env: &TestEnv, claim: &str, endpoint: &str) -> (String, String) {
+    let (_, pv) = env.bound_rwx_claim(claim, serving(endpoint)).await;
+    let name = pv.metadata.name.unwrap();
+    let mount = published(env, &name, None).await;
+    (name, mount)
+}
+
 fn cluster_ip(service: &Service) -> String {
     service.spec.as_ref().unwrap().cluster_ip.clone().unwrap()
 }
@@ -142,9 +151,7 @@ async fn publishes_a_stable_address_and_follows_failover() {
 async fn keeps_everything_when_the_service_endpoint_goes_away() {
     let env = common::setup("ctl-gone").await;
     let controller = start_controller(&env, &[]).await;
-    let (_, pv) = env.bound_rwx_claim("data", serving("192.0.2.20:2049")).await;
-    let name = pv.metadata.name.clone().unwrap();
-    let mount = published(&env, &name, None).await;
+    let (name, mount) = shared_claim(&env, "data", "192.0.2.20:2049").await;
     let ip = cluster_ip(&env.api::<Service>().get(&name).await.unwrap());
     let skipped_before = controller
         .metric("storageos_shared_volume_reconciles_total{result=\"skipped\"}")
@@ -171,9 +178,7 @@ async fn keeps_everything_when_the_service_endpoint_goes_away() {
 async fn recreates_a_deleted_service_and_warns_clients_to_remount() {
     let env = common::setup("ctl-recreate").await;
     let controller = start_controller(&env, &[]).await;
-    let (_, pv) = env.bound_rwx_claim("data", serving("192.0.2.30:2049")).await;
-    let name = pv.metadata.name.clone().unwrap();
-    let first = published(&env, &name, None).await;
+    let (name, first) = shared_claim(&env, "data", "192.0.2.30:2049").await;
     let services = env.api::<Service>();
     let old_uid = services.get(&name).await.unwrap().metadata.uid;
 
@@ -210,9 +215,7 @@ async fn recreates_a_deleted_service_and_warns_clients_to_remount() {
 async fn repairs_hand_edited_objects() {
     let env = common::setup("ctl-drift").await;
     let controller = start_controller(&env, &[]).await;
-    let (_, pv) = env.bound_rwx_claim("data", serving("192.0.2.40:2050")).await;
-    let name = pv.metadata.name.clone().unwrap();
-    published(&env, &name, None).await;
+    let (name, _) = shared_claim(&env, "data", "192.0.2.40:2050").await;
     endpoints_at(&env, &name, "192.0.2.40", 2050).await;
 
     let edit = PatchParams::default();
@@ -279,9 +282,7 @@ async fn repairs_hand_edited_objects() {
 async fn deleting_the_claim_collects_everything() {
     let env = common::setup("ctl-gc").await;
     let controller = start_controller(&env, &[]).await;
-    let (_, pv) = env.bound_rwx_claim("data", serving("192.0.2.50:2049")).await;
-    let name = pv.metadata.name.clone().unwrap();
-    published(&env, &name, None).await;
+    let (name, _) = shared_claim(&env, "data", "192.0.2.50:2049").await;
     endpoints_at(&env, &name, "192.0.2.50", 2049).await;
 
     env.api::<PersistentVolumeClaim>()
