@@ -16,7 +16,7 @@ log() { printf '[cluster] %s\n' "$*" >&2; }
 # Controllers the tests rely on: garbage collection (owner references), EndpointSlice mirroring,
 # namespace deletion, the default ServiceAccount every namespace needs for Pod admission, and the
 # PVC/PV protection finalizers (without them a deleted claim never goes away).
-controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller
+controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,disruption-controller
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'

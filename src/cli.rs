@@ -114,5 +114,90 @@ fn default_identity() -> String {
     format!("{}-{}", host.trim(), std::process::id())
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DrainPolicy {
+    /// Do nothing special when the node is drained.
+    Ignore,
+    /// Evict the local consumers of primaries of shared volumes when the node is cordoned or
+    /// carries the evacuate taint, so the NFS service moves before the node goes down.
+    Evacuate,
+}
+
 #[derive(Debug, Args)]
-pub struct AgentArgs {}
+pub struct AgentArgs {
+    /// The Kubernetes node this agent runs on (env: NODE_NAME, from the downward API).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// This node's address for NFS clients. Default: the Node's InternalIP.
+    #[arg(long, env = "NODE_IP")]
+    pub node_ip: Option<std::net::IpAddr>,
+    /// Port the NFS server listens on, published with the node IP as the service endpoint.
+    #[arg(long, env = "NFS_PORT", default_value_t = crate::names::NFS_PORT)]
+    pub nfs_port: u16,
+    /// The drbdsetup binary.
+    #[arg(long, env = "DRBDSETUP_PATH", default_value = "drbdsetup")]
+    pub drbdsetup_path: std::path::PathBuf,
+    /// DRBD's proc file; while it is missing the node has no DRBD resources.
+    #[arg(long, env = "DRBD_PROC_PATH", default_value = "/proc/drbd")]
+    pub drbd_proc_path: std::path::PathBuf,
+    /// How often DRBD state is read even without an events2 change (a safety net).
+    #[arg(long, env = "DRBD_STATUS_INTERVAL", default_value = "5s")]
+    pub drbd_status_interval: Duration,
+    /// How long a peer may stay disconnected before its node is failed over.
+    #[arg(long, env = "FAIL_OVER_TIMEOUT", default_value = "5s")]
+    pub fail_over_timeout: Duration,
+    /// Grace period of evictions, in seconds.
+    #[arg(long, env = "GRACE_PERIOD_SECONDS", default_value_t = 10)]
+    pub grace_period_seconds: u32,
+    /// Timeout of one action (an API call or a drbdsetup command).
+    #[arg(long, env = "OPERATIONS_TIMEOUT", default_value = "30s")]
+    pub operations_timeout: Duration,
+    /// Decisions are taken again at least this often, even when nothing changed.
+    #[arg(long, env = "RECONCILE_INTERVAL", default_value = "10s")]
+    pub reconcile_interval: Duration,
+    /// How often the endpoints of the volumes this node serves are checked against the API
+    /// (not the cache), repairing drift.
+    #[arg(long, env = "RESYNC_INTERVAL", default_value = "15m")]
+    pub resync_interval: Duration,
+    /// Also fail over pods with volumes that are not safe to fail over (hostPath, other network storage…).
+    #[arg(long, env = "FAIL_OVER_UNSAFE_PODS")]
+    pub fail_over_unsafe_pods: bool,
+    /// Never taint nodes (fail-over still evicts and deletes attachments).
+    #[arg(long, env = "DISABLE_NODE_TAINTS")]
+    pub disable_node_taints: bool,
+    /// Decide and report every action ("would …" in logs and events) but change nothing.
+    #[arg(long, env = "DRY_RUN")]
+    pub dry_run: bool,
+    /// Never add a lost-quorum taint that would leave more than this share of nodes tainted.
+    #[arg(long, env = "MAX_TAINTED_FRACTION", default_value_t = 0.5, value_parser = fraction)]
+    pub max_tainted_fraction: f64,
+    /// What to do when this node is cordoned or carries the evacuate taint.
+    #[arg(long, env = "NODE_DRAIN_POLICY", value_enum, default_value = "ignore")]
+    pub node_drain_policy: DrainPolicy,
+    /// The taint key that asks for evacuation (any effect).
+    #[arg(long, env = "EVACUATE_TAINT", default_value = "piraeus.io/evacuate")]
+    pub evacuate_taint: String,
+    /// Label selector of the LINSTOR satellite pods, whose names are the DRBD peer names.
+    #[arg(
+        long,
+        env = "SATELLITE_POD_LABEL",
+        default_value = "app.kubernetes.io/component=linstor-satellite"
+    )]
+    pub satellite_pod_label: String,
+    /// Label selector of the storage nodes (the guard's fraction counts only these). Default: all.
+    #[arg(long, env = "NODE_SELECTOR", default_value = "")]
+    pub node_selector: String,
+    /// Namespace of the per-node heartbeat Lease (env: POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// Seconds the heartbeat Lease is valid; it is renewed at a third of that.
+    #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 40)]
+    pub lease_duration_seconds: u32,
+}
+
+fn fraction(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
+        _ => Err(format!("{value:?} is not a fraction between 0 and 1")),
+    }
+}

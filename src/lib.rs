@@ -34,17 +34,9 @@ pub async fn run(cli: Cli) -> Result<()> {
     .await?;
     let result = match cli.command {
         Command::Controller(args) => sharedvolume::run(args, registry, probes.clone(), shutdown.clone()).await,
-        Command::Agent(_args) => run_placeholder("agent", &probes, &shutdown).await,
+        Command::Agent(args) => ha::run(args, registry, probes.clone(), shutdown.clone()).await,
     };
     shutdown.cancel();
     admin.await??;
     result
-}
-
-async fn run_placeholder(name: &str, probes: &admin::Probes, shutdown: &shutdown::Shutdown) -> Result<()> {
-    tracing::info!(subcommand = name, "started");
-    probes.set_ready(true);
-    shutdown.cancelled().await;
-    tracing::info!(subcommand = name, "stopped");
-    Ok(())
 }

@@ -11,6 +11,13 @@ pub const SHARED_VOLUMES: &str = "storageos_shared_volumes";
 pub const MOUNT_ENDPOINT_PUBLISHES: &str = "storageos_shared_volume_mount_endpoint_publishes_total";
 pub const CONTROLLER_LEADER: &str = "storageos_shared_volume_controller_leader";
 
+pub const AGENT_DRBD_RESOURCES: &str = "storageos_drbd_agent_resources";
+pub const AGENT_ACTIONS: &str = "storageos_drbd_agent_actions_total";
+pub const AGENT_REFUSED_ACTIONS: &str = "storageos_drbd_agent_refused_actions_total";
+pub const AGENT_ENDPOINT_REWRITE: &str = "storageos_drbd_agent_endpoint_rewrite_duration_seconds";
+pub const AGENT_DRBD_STATE_AGE: &str = "storageos_drbd_agent_drbd_state_age_seconds";
+pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_total";
+
 /// Reconcile-duration buckets, 1 ms to 30 s.
 const RECONCILE_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -91,6 +98,74 @@ impl ControllerMetrics {
             leader: register(
                 registry,
                 IntGauge::new(CONTROLLER_LEADER, "1 while this replica is the leader.")?,
+            )?,
+        })
+    }
+}
+
+/// Metrics of the DRBD HA agent.
+#[derive(Clone)]
+pub struct AgentMetrics {
+    /// By `role` and `quorum` (`true`/`false`), as last read.
+    pub drbd_resources: IntGaugeVec,
+    /// By `action` (taint, untaint, evict, force_delete, delete_attachment, force_secondary,
+    /// publish) and `result` (ok, failed, blocked).
+    pub actions: IntCounterVec,
+    /// By `action` and `why` (`guard`, `dry_run`).
+    pub refused_actions: IntCounterVec,
+    /// From reading a Primary role to the rewritten Endpoints and EndpointSlice.
+    pub endpoint_rewrite: Histogram,
+    pub drbd_state_age: prometheus::Gauge,
+    pub drbd_read_errors: IntCounter,
+}
+
+impl AgentMetrics {
+    pub fn register(registry: &Registry) -> Result<Self> {
+        Ok(Self {
+            drbd_resources: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(AGENT_DRBD_RESOURCES, "Local DRBD resources by role and quorum."),
+                    &["role", "quorum"],
+                )?,
+            )?,
+            actions: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        AGENT_ACTIONS,
+                        "Fail-over and node actions carried out, by kind and result.",
+                    ),
+                    &["action", "result"],
+                )?,
+            )?,
+            refused_actions: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        AGENT_REFUSED_ACTIONS,
+                        "Actions decided but not carried out, by kind and why (guard, dry_run).",
+                    ),
+                    &["action", "why"],
+                )?,
+            )?,
+            endpoint_rewrite: register(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        AGENT_ENDPOINT_REWRITE,
+                        "Time from reading this node's Primary role to the rewritten endpoints.",
+                    )
+                    .buckets(RECONCILE_BUCKETS.to_vec()),
+                )?,
+            )?,
+            drbd_state_age: register(
+                registry,
+                prometheus::Gauge::new(AGENT_DRBD_STATE_AGE, "Seconds since DRBD state was last read.")?,
+            )?,
+            drbd_read_errors: register(
+                registry,
+                IntCounter::new(AGENT_DRBD_READ_ERRORS, "Failed reads of the DRBD state.")?,
             )?,
         })
     }

@@ -34,9 +34,16 @@ pub const NFS_PORT_NAME: &str = "nfs";
 
 /// Server-side apply field managers, one per writer.
 pub const CONTROLLER_FIELD_MANAGER: &str = "shared-volume-controller";
-pub const AGENT_FIELD_MANAGER: &str = "shared-volume-agent";
+pub const AGENT_FIELD_MANAGER: &str = AGENT_NAME;
+/// The HA agent's name as events' reporting controller.
+pub const AGENT_NAME: &str = "shared-volume-agent";
 
 /// Selects every object the shared-volume loop manages.
 pub fn managed_selector() -> String {
     format!("{APP_MANAGED_BY_LABEL}={CONTROLLER_NAME}")
 }
+
+/// Pods annotated with this key (any value) are never evicted or deleted by the HA agent.
+pub const IGNORE_FAIL_OVER_ANNOTATION: &str = "drbd.linbit.com/ignore-fail-over";
+/// Prefix of the per-node heartbeat Lease the HA agent renews.
+pub const AGENT_LEASE_PREFIX: &str = "shared-volume-agent-";

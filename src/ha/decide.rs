@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use super::drbd::Resource;
 use super::source::DrbdState;
 
 pub const LOST_QUORUM_TAINT: &str = "drbd.linbit.com/lost-quorum";
@@ -18,13 +19,17 @@ pub struct Settings {
     /// Largest share of nodes that may carry the lost-quorum taint after we add one.
     pub max_tainted_fraction: f64,
     pub nfs_port: u16,
+    /// `--node-drain-policy=evacuate`: the taint key that asks for evacuation, if enabled.
+    pub evacuate_taint: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeView {
     pub name: String,
     pub ready: bool,
-    /// Taint keys present with effect NoSchedule.
+    /// Cordoned (`spec.unschedulable`).
+    pub unschedulable: bool,
+    /// Keys of the node's taints, whatever their effect.
     pub taints: Vec<String>,
 }
 
@@ -73,20 +78,34 @@ pub struct Observed {
 /// consumers. Kept by the shell between calls.
 pub type Timers = HashMap<(String, String), Instant>;
 
+/// Why an action is taken; it names the events posted and the metrics counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// A peer's node lost its DRBD connection (fail-over), or this node lost quorum.
+    LostQuorum,
+    /// A local resource forces IO errors.
+    ForceIoErrors,
+    /// This node is cordoned or tainted for evacuation.
+    Evacuation,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     Taint {
         node: String,
         key: &'static str,
+        cause: Cause,
         reason: String,
     },
     Untaint {
         node: String,
         key: &'static str,
+        cause: Cause,
         reason: String,
     },
     Evict {
         pod: PodRef,
+        cause: Cause,
         reason: String,
     },
     ForceDelete {
@@ -99,6 +118,7 @@ pub enum Action {
     },
     ForceSecondary {
         resource: String,
+        pv: String,
     },
     PublishServiceEndpoint {
         pv: String,
@@ -124,6 +144,38 @@ impl From<&PodView> for PodRef {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
             uid: pod.uid.clone(),
+        }
+    }
+}
+
+impl Action {
+    /// Short name, for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Taint { .. } => "taint",
+            Self::Untaint { .. } => "untaint",
+            Self::Evict { .. } => "evict",
+            Self::ForceDelete { .. } => "force_delete",
+            Self::DeleteAttachment { .. } => "delete_attachment",
+            Self::ForceSecondary { .. } => "force_secondary",
+            Self::PublishServiceEndpoint { .. } => "publish",
+            Self::Refused { action, .. } => action.kind(),
+        }
+    }
+
+    /// What is done, in words (logs, events, and the key that keeps it from being repeated).
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Taint { node, key, .. } => format!("taint node {node} with {key}:NoSchedule"),
+            Self::Untaint { node, key, .. } => format!("remove taint {key} from node {node}"),
+            Self::Evict { pod, .. } => format!("evict pod {}/{}", pod.namespace, pod.name),
+            Self::ForceDelete { pod, .. } => format!("force-delete pod {}/{}", pod.namespace, pod.name),
+            Self::DeleteAttachment { name, .. } => format!("delete VolumeAttachment {name}"),
+            Self::ForceSecondary { resource, .. } => format!("run drbdsetup secondary --force {resource}"),
+            Self::PublishServiceEndpoint { pv, endpoint } => {
+                format!("publish {endpoint} as the NFS service endpoint of PV {pv} and point its endpoints here")
+            }
+            Self::Refused { action, .. } => format!("refused to {}", action.describe()),
         }
     }
 }
@@ -162,6 +214,7 @@ pub fn decide(observed: &Observed, settings: &Settings, timers: &mut Timers, now
                 for pod in evictable(volume, &observed.node, settings) {
                     actions.push(Action::Evict {
                         pod: pod.into(),
+                        cause: Cause::ForceIoErrors,
                         reason: format!("DRBD resource {} is forcing IO errors on this node", resource.name),
                     });
                 }
@@ -183,27 +236,30 @@ pub fn decide(observed: &Observed, settings: &Settings, timers: &mut Timers, now
         {
             actions.push(Action::ForceSecondary {
                 resource: resource.name.clone(),
+                pv: volume.pv.clone(),
             });
         }
         // A resource without a PV has no consumers we could move: nothing to fail over.
         let Some(volume) = volume else { continue };
-        if resource.is_primary()
-            && resource.may_promote()
-            && volume.shared
-            && let Some(ip) = &observed.node_ip
-        {
-            let endpoint = ip
-                .parse()
-                .ok()
-                .map(|ip| crate::volume::NfsEndpoint::new(ip, settings.nfs_port).to_string());
-            if let Some(endpoint) = endpoint
-                && volume.service_endpoint.as_deref() != Some(endpoint.as_str())
-            {
-                actions.push(Action::PublishServiceEndpoint {
-                    pv: volume.pv.clone(),
-                    endpoint,
+        if resource.is_primary() && volume.shared && evacuating(observed, settings) {
+            for pod in evictable(volume, &observed.node, settings) {
+                actions.push(Action::Evict {
+                    pod: pod.into(),
+                    cause: Cause::Evacuation,
+                    reason: format!(
+                        "node {} is being drained: moving the primary of DRBD resource {} elsewhere",
+                        observed.node, resource.name
+                    ),
                 });
             }
+        }
+        if let Some(endpoint) = own_endpoint(observed, settings, resource, volume)
+            && volume.service_endpoint.as_deref() != Some(endpoint.as_str())
+        {
+            actions.push(Action::PublishServiceEndpoint {
+                pv: volume.pv.clone(),
+                endpoint,
+            });
         }
         if !resource.may_promote() {
             continue;
@@ -233,28 +289,68 @@ pub fn decide(observed: &Observed, settings: &Settings, timers: &mut Timers, now
             &mut actions,
             LOST_QUORUM_TAINT,
             &lost_quorum_locally,
-            "lost quorum",
+            Cause::LostQuorum,
         );
         own_taint(
             observed,
             &mut actions,
             FORCE_IO_ERROR_TAINT,
             &forcing_io_errors,
-            "forcing IO errors",
+            Cause::ForceIoErrors,
         );
     }
     guard_blast_radius(observed, settings, actions)
 }
 
-/// Local pods of the volume that may be evicted.
-fn evictable<'a>(volume: &'a VolumeView, node: &'a str, settings: &'a Settings) -> impl Iterator<Item = &'a PodView> {
+/// This node's NFS endpoint, when it should serve the volume: it is the DRBD primary, every
+/// local device has quorum and no peer is primary. An isolated node never qualifies.
+fn own_endpoint(observed: &Observed, settings: &Settings, resource: &Resource, volume: &VolumeView) -> Option<String> {
+    if !(resource.is_primary() && resource.may_promote() && volume.shared) {
+        return None;
+    }
+    let ip = observed.node_ip.as_deref()?.parse().ok()?;
+    Some(crate::volume::NfsEndpoint::new(ip, settings.nfs_port).to_string())
+}
+
+/// Publications of every shared volume this node serves, whatever is published now: the
+/// periodic resync repairs what was changed behind our back.
+pub fn republish(observed: &Observed, settings: &Settings) -> Vec<Action> {
+    observed
+        .drbd
+        .resources
+        .iter()
+        .filter(|r| observed.drbd.quorum_enabled.contains(&r.name))
+        .filter_map(|resource| {
+            let volume = observed.volumes.get(&resource.name)?;
+            let endpoint = own_endpoint(observed, settings, resource, volume)?;
+            Some(Action::PublishServiceEndpoint {
+                pv: volume.pv.clone(),
+                endpoint,
+            })
+        })
+        .collect()
+}
+
+fn evacuating(observed: &Observed, settings: &Settings) -> bool {
+    let Some(taint) = &settings.evacuate_taint else {
+        return false;
+    };
+    observed
+        .nodes
+        .get(&observed.node)
+        .is_some_and(|n| n.unschedulable || n.has_taint(taint))
+}
+
+/// Pods of the volume on `node` that we may move: owned, not opted out, safe to fail over.
+fn movable<'a>(volume: &'a VolumeView, node: &'a str, settings: &'a Settings) -> impl Iterator<Item = &'a PodView> {
     volume.pods.iter().filter(move |p| {
-        p.node == node
-            && !p.terminating
-            && p.has_owner
-            && !p.ignore_fail_over
-            && (settings.fail_over_unsafe_pods || !p.unsafe_volumes)
+        p.node == node && p.has_owner && !p.ignore_fail_over && (settings.fail_over_unsafe_pods || !p.unsafe_volumes)
     })
+}
+
+/// Movable pods that are not already on their way out.
+fn evictable<'a>(volume: &'a VolumeView, node: &'a str, settings: &'a Settings) -> impl Iterator<Item = &'a PodView> {
+    movable(volume, node, settings).filter(|p| !p.terminating)
 }
 
 fn fail_over(observed: &Observed, settings: &Settings, volume: &VolumeView, resource: &str, node: &str) -> Vec<Action> {
@@ -267,17 +363,27 @@ fn fail_over(observed: &Observed, settings: &Settings, volume: &VolumeView, reso
         actions.push(Action::Taint {
             node: node.to_owned(),
             key: LOST_QUORUM_TAINT,
+            cause: Cause::LostQuorum,
             reason: why.clone(),
         });
     }
     let node_ready = observed.nodes.get(node).is_some_and(|n| n.ready);
-    for pod in evictable(volume, node, settings) {
-        let (pod, reason) = (pod.into(), why.clone());
-        actions.push(if node_ready {
-            Action::Evict { pod, reason }
-        } else {
-            Action::ForceDelete { pod, reason }
-        });
+    if node_ready {
+        for pod in evictable(volume, node, settings) {
+            actions.push(Action::Evict {
+                pod: pod.into(),
+                cause: Cause::LostQuorum,
+                reason: why.clone(),
+            });
+        }
+    } else {
+        // Without a kubelet to finish them, terminating pods would hold the volume forever.
+        for pod in movable(volume, node, settings) {
+            actions.push(Action::ForceDelete {
+                pod: pod.into(),
+                reason: why.clone(),
+            });
+        }
     }
     for (name, _) in volume.attachments.iter().filter(|(_, n)| n == node) {
         actions.push(Action::DeleteAttachment {
@@ -288,20 +394,26 @@ fn fail_over(observed: &Observed, settings: &Settings, volume: &VolumeView, reso
     actions
 }
 
-fn own_taint(observed: &Observed, actions: &mut Vec<Action>, key: &'static str, causes: &[String], what: &str) {
+fn own_taint(observed: &Observed, actions: &mut Vec<Action>, key: &'static str, resources: &[String], cause: Cause) {
     let node = observed.node.clone();
     let tainted = observed.has_taint(&node, key);
-    if !causes.is_empty() && !tainted {
+    let (lost, regained) = match cause {
+        Cause::ForceIoErrors => ("force IO errors", "forces IO errors"),
+        _ => ("lost quorum", "is without quorum"),
+    };
+    if !resources.is_empty() && !tainted {
         actions.push(Action::Taint {
             node,
             key,
-            reason: format!("DRBD resource(s) {} {what} on this node", causes.join(", ")),
+            cause,
+            reason: format!("DRBD resource(s) {} {lost} on this node", resources.join(", ")),
         });
-    } else if causes.is_empty() && tainted {
+    } else if resources.is_empty() && tainted {
         actions.push(Action::Untaint {
             node,
             key,
-            reason: format!("no DRBD resource has {what} any more"),
+            cause,
+            reason: format!("no DRBD resource on this node {regained} any more"),
         });
     }
 }
@@ -342,7 +454,7 @@ fn guard_blast_radius(observed: &Observed, settings: &Settings, actions: Vec<Act
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ha::drbd::{Connection, Device, Resource};
+    use crate::ha::drbd::{Connection, Device};
 
     fn settings() -> Settings {
         Settings {
@@ -351,6 +463,7 @@ mod tests {
             disable_node_taints: false,
             max_tainted_fraction: 0.5,
             nfs_port: 2049,
+            evacuate_taint: None,
         }
     }
 
@@ -388,6 +501,7 @@ mod tests {
             name: name.into(),
             ready,
             taints: taints.iter().map(|t| t.to_string()).collect(),
+            ..Default::default()
         };
         (name.to_string(), view)
     }
@@ -435,7 +549,7 @@ mod tests {
                 Action::Evict { pod, .. } => format!("evict {}", pod.name),
                 Action::ForceDelete { pod, .. } => format!("force-delete {}", pod.name),
                 Action::DeleteAttachment { name, .. } => format!("delete-attachment {name}"),
-                Action::ForceSecondary { resource } => format!("secondary --force {resource}"),
+                Action::ForceSecondary { resource, .. } => format!("secondary --force {resource}"),
                 Action::PublishServiceEndpoint { pv, endpoint } => format!("publish {pv} {endpoint}"),
                 Action::Refused { action, .. } => format!("refused {}", kinds(&[(**action).clone()])[0]),
             })
@@ -651,11 +765,61 @@ mod tests {
         let mut published = primary.clone();
         published.volumes.get_mut("pvc-1").unwrap().service_endpoint = Some("10.0.0.2:2049".into());
         assert!(decide(&published, &settings(), &mut Timers::new(), Instant::now()).is_empty());
+        assert_eq!(
+            kinds(&republish(&published, &settings())),
+            ["publish pvc-1 10.0.0.2:2049"]
+        );
+        assert!(republish(&isolated, &settings()).is_empty());
         let mut ipv6 = primary;
         ipv6.node_ip = Some("fd00::2".into());
         assert_eq!(
             kinds(&decide(&ipv6, &settings(), &mut Timers::new(), Instant::now())),
             ["publish pvc-1 [fd00::2]:2049"]
         );
+    }
+
+    #[test]
+    fn a_draining_node_moves_the_consumers_of_its_shared_primaries() {
+        let mut observed = primary_lost();
+        observed.drbd.resources[0] = resource("Primary", true, &[]);
+        let volume = observed.volumes.get_mut("pvc-1").unwrap();
+        volume.attachments.clear();
+        volume.service_endpoint = Some("10.0.0.2:2049".into());
+        volume.pods = vec![pod("server", "node-b"), pod("elsewhere", "node-c")];
+        let evacuate = Settings {
+            evacuate_taint: Some("piraeus.io/evacuate".into()),
+            ..settings()
+        };
+        let cordoned = NodeView {
+            unschedulable: true,
+            ..node("node-b", true, &[]).1
+        };
+        let tainted = node("node-b", true, &["piraeus.io/evacuate"]).1;
+        for (case, own, policy, expected) in [
+            ("cordoned", cordoned.clone(), &evacuate, vec!["evict server"]),
+            ("evacuate taint", tainted, &evacuate, vec!["evict server"]),
+            ("policy ignore", cordoned, &settings(), vec![]),
+            ("not draining", node("node-b", true, &[]).1, &evacuate, vec![]),
+        ] {
+            observed.nodes.insert("node-b".into(), own);
+            let actions = kinds(&decide(&observed, policy, &mut Timers::new(), Instant::now()));
+            assert_eq!(actions, expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn terminating_pods_on_a_dead_node_are_force_deleted() {
+        let t0 = Instant::now();
+        let mut observed = primary_lost();
+        observed.volumes.get_mut("pvc-1").unwrap().pods[0].terminating = true;
+        let mut timers = Timers::new();
+        decide(&observed, &settings(), &mut timers, t0);
+        let actions = kinds(&decide(
+            &observed,
+            &settings(),
+            &mut timers,
+            t0 + Duration::from_secs(5),
+        ));
+        assert!(actions.contains(&"force-delete app".to_string()), "{actions:?}");
     }
 }

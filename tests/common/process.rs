@@ -28,6 +28,11 @@ impl Process {
     /// Starts `shared-volume-controller <args>` with the test's KUBECONFIG, logging to a file named
     /// after `name` under the system temp dir (printed, so a failing test shows where to look).
     pub fn start(name: &str, args: &[&str]) -> Self {
+        Self::start_with_env(name, args, &[])
+    }
+
+    /// Like [`Process::start`], with extra environment variables.
+    pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let admin = free_addr();
         let log = std::env::temp_dir().join(format!("svc-e2e-{name}.log"));
         let file = std::fs::File::create(&log).expect("create log file");
@@ -37,6 +42,7 @@ impl Process {
             .arg("--admin-addr")
             .arg(admin.to_string())
             .env("LOG_LEVEL", "info,shared_volume_controller=debug")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(file)
             .kill_on_drop(true)

@@ -1,0 +1,353 @@
+//! Carries out the decided actions: Kubernetes writes (with UID preconditions and optimistic
+//! concurrency), `drbdsetup`, events and metrics. In dry-run mode it only reports.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, Pod, Taint};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::{Api, Client};
+
+use super::decide::{Action, Cause, PodRef};
+use super::follow::{Followed, publish_and_follow};
+use super::source::DrbdSource;
+use crate::events::EventSink;
+use crate::metrics::AgentMetrics;
+use crate::names::AGENT_FIELD_MANAGER;
+
+#[derive(Clone, Debug)]
+pub struct ActSettings {
+    pub dry_run: bool,
+    pub grace_period_seconds: u32,
+    pub operations_timeout: Duration,
+    /// An action done (or reported) is not repeated within this time while it stays decided
+    /// (the cache may not show its effect yet).
+    pub cooldown: Duration,
+}
+
+/// How one action ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    Done,
+    /// Nothing to do any more (already gone, replaced, or left to the controller).
+    Skipped(String),
+    /// A PodDisruptionBudget does not allow it now; tried again next round.
+    Blocked,
+}
+
+pub struct Executor {
+    client: Client,
+    drbd: Arc<dyn DrbdSource>,
+    events: EventSink,
+    metrics: AgentMetrics,
+    settings: ActSettings,
+    /// Action description → when it was last done or reported.
+    recent: Mutex<HashMap<String, Instant>>,
+}
+
+impl Executor {
+    pub fn new(
+        client: Client,
+        drbd: Arc<dyn DrbdSource>,
+        events: EventSink,
+        metrics: AgentMetrics,
+        settings: ActSettings,
+    ) -> Self {
+        Self {
+            client,
+            drbd,
+            events,
+            metrics,
+            settings,
+            recent: Mutex::default(),
+        }
+    }
+
+    /// Carries out `actions` in order. `drbd_read_at` is when the DRBD state they were decided
+    /// on was read: the start of the endpoint-rewrite latency.
+    pub async fn run(&self, actions: Vec<Action>, drbd_read_at: Instant) {
+        let now = Instant::now();
+        let decided: Vec<String> = actions.iter().map(Action::describe).collect();
+        // An action no longer decided has taken effect (or its cause went away): when it is
+        // needed again, it is carried out at once.
+        self.recent
+            .lock()
+            .expect("recent actions poisoned")
+            .retain(|key, at| now.duration_since(*at) < self.settings.cooldown && decided.contains(key));
+        for action in actions {
+            let key = action.describe();
+            if self.recent.lock().expect("recent actions poisoned").contains_key(&key) {
+                continue;
+            }
+            if self.carry_out(&action, drbd_read_at).await {
+                self.recent
+                    .lock()
+                    .expect("recent actions poisoned")
+                    .insert(key, Instant::now());
+            }
+        }
+    }
+
+    /// Returns whether the action is settled (not to be retried before the cooldown).
+    async fn carry_out(&self, action: &Action, drbd_read_at: Instant) -> bool {
+        let target = target(action);
+        if let Action::Refused { action: inner, why } = action {
+            self.metrics
+                .refused_actions
+                .with_label_values(&[inner.kind(), "guard"])
+                .inc();
+            let note = format!("{}: {why}", action.describe());
+            self.events.warning(&target, "FailOverRefused", "Refuse", note).await;
+            return true;
+        }
+        if self.settings.dry_run {
+            self.metrics
+                .refused_actions
+                .with_label_values(&[action.kind(), "dry_run"])
+                .inc();
+            let note = format!("dry run: would {} ({})", action.describe(), why(action));
+            self.events.normal(&target, "DryRun", "DryRun", note).await;
+            return true;
+        }
+        let result = tokio::time::timeout(self.settings.operations_timeout, self.execute(action)).await;
+        let result = result.unwrap_or_else(|_| Err(format!("timed out after {:?}", self.settings.operations_timeout)));
+        let label = match &result {
+            Ok(Outcome::Done) => "ok",
+            Ok(Outcome::Skipped(_)) => "skipped",
+            Ok(Outcome::Blocked) => "blocked",
+            Err(_) => "failed",
+        };
+        self.metrics.actions.with_label_values(&[action.kind(), label]).inc();
+        match result {
+            Ok(Outcome::Done) => {
+                if let Action::PublishServiceEndpoint { .. } = action {
+                    self.metrics
+                        .endpoint_rewrite
+                        .observe(drbd_read_at.elapsed().as_secs_f64());
+                }
+                let (warning, reason) = event_reason(action);
+                let note = format!("{} ({})", action.describe(), why(action));
+                if warning {
+                    self.events.warning(&target, reason, action.kind(), note).await;
+                } else {
+                    self.events.normal(&target, reason, action.kind(), note).await;
+                }
+                true
+            }
+            Ok(Outcome::Skipped(why)) => {
+                tracing::info!(action = %action.describe(), "skipped: {why}");
+                true
+            }
+            Ok(Outcome::Blocked) => {
+                let note = format!(
+                    "cannot {} now: a PodDisruptionBudget does not allow it; retrying",
+                    action.describe()
+                );
+                self.events
+                    .warning_once(&target, "EvictionBlocked", action.kind(), note)
+                    .await;
+                false
+            }
+            Err(err) => {
+                let note = format!("cannot {}: {err}; retrying", action.describe());
+                self.events
+                    .warning_once(&target, "FailOverActionFailed", action.kind(), note)
+                    .await;
+                false
+            }
+        }
+    }
+
+    async fn execute(&self, action: &Action) -> Result<Outcome, String> {
+        let client = &self.client;
+        let kube = |err: kube::Error| err.to_string();
+        match action {
+            Action::Taint { node, key, .. } => change_taint(client, node, key, true).await.map_err(kube),
+            Action::Untaint { node, key, .. } => change_taint(client, node, key, false).await.map_err(kube),
+            Action::Evict { pod, .. } => {
+                let params = EvictParams {
+                    delete_options: Some(delete_params(pod, self.settings.grace_period_seconds)),
+                    post_options: PostParams::default(),
+                };
+                let result = pods(client, pod).evict(&pod.name, &params).await;
+                pod_outcome(result.map(|_| ())).map_err(kube)
+            }
+            Action::ForceDelete { pod, .. } => {
+                let result = pods(client, pod).delete(&pod.name, &delete_params(pod, 0)).await;
+                pod_outcome(result.map(|_| ())).map_err(kube)
+            }
+            Action::DeleteAttachment { name, .. } => {
+                let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+                match attachments.delete(name, &DeleteParams::default()).await {
+                    Ok(_) => Ok(Outcome::Done),
+                    Err(err) if status(&err) == Some(404) => Ok(Outcome::Skipped("already deleted".into())),
+                    Err(err) => Err(err.to_string()),
+                }
+            }
+            Action::ForceSecondary { resource, .. } => self
+                .drbd
+                .force_secondary(resource)
+                .await
+                .map(|_| Outcome::Done)
+                .map_err(|err| err.to_string()),
+            Action::PublishServiceEndpoint { pv, endpoint } => match publish_and_follow(client, pv, endpoint).await {
+                Ok(Followed::Rewritten) => Ok(Outcome::Done),
+                Ok(Followed::Skipped(why)) => {
+                    tracing::info!(
+                        pv,
+                        endpoint,
+                        "service endpoint published; endpoints left to the controller: {why}"
+                    );
+                    Ok(Outcome::Done)
+                }
+                Err(err) => Err(err.to_string()),
+            },
+            Action::Refused { .. } => Ok(Outcome::Skipped("refused".into())),
+        }
+    }
+}
+
+fn status(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
+fn pods(client: &Client, pod: &PodRef) -> Api<Pod> {
+    Api::namespaced(client.clone(), &pod.namespace)
+}
+
+/// Deletes only the pod we decided about: a new pod of the same name has another UID.
+fn delete_params(pod: &PodRef, grace_period_seconds: u32) -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(grace_period_seconds),
+        preconditions: Some(Preconditions {
+            uid: Some(pod.uid.clone()),
+            resource_version: None,
+        }),
+        ..Default::default()
+    }
+}
+
+fn pod_outcome(result: Result<(), kube::Error>) -> Result<Outcome, kube::Error> {
+    match result {
+        Ok(()) => Ok(Outcome::Done),
+        Err(err) => match status(&err) {
+            Some(404) => Ok(Outcome::Skipped("the pod is gone".into())),
+            Some(409) => Ok(Outcome::Skipped("the pod was replaced (UID precondition)".into())),
+            Some(429) => Ok(Outcome::Blocked),
+            _ => Err(err),
+        },
+    }
+}
+
+/// Adds or removes a NoSchedule taint, keeping every other taint: read, change, write with the
+/// resourceVersion read, and start over when another writer got there first.
+async fn change_taint(client: &Client, node: &str, key: &str, add: bool) -> Result<Outcome, kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let mut current = nodes.get(node).await?;
+        let taints = current
+            .spec
+            .get_or_insert_with(Default::default)
+            .taints
+            .get_or_insert_with(Vec::new);
+        if taints.iter().any(|t| t.key == key) == add {
+            return Ok(Outcome::Skipped("the taint is already as wanted".into()));
+        }
+        if add {
+            taints.push(Taint {
+                key: key.to_owned(),
+                effect: "NoSchedule".into(),
+                time_added: Some(Time(k8s_openapi::jiff::Timestamp::now())),
+                value: None,
+            });
+        } else {
+            taints.retain(|t| t.key != key);
+        }
+        let params = PostParams {
+            field_manager: Some(AGENT_FIELD_MANAGER.into()),
+            ..Default::default()
+        };
+        match nodes.replace(node, &params, &current).await {
+            Ok(_) => return Ok(Outcome::Done),
+            Err(err) if status(&err) == Some(409) && attempts < 5 => continue,
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+fn why(action: &Action) -> &str {
+    match action {
+        Action::Taint { reason, .. }
+        | Action::Untaint { reason, .. }
+        | Action::Evict { reason, .. }
+        | Action::ForceDelete { reason, .. }
+        | Action::DeleteAttachment { reason, .. } => reason,
+        Action::ForceSecondary { .. } => "the resource is suspended and no running local pod uses it",
+        Action::PublishServiceEndpoint { .. } => "this node is the DRBD primary with quorum",
+        Action::Refused { why, .. } => why,
+    }
+}
+
+/// (is a Warning, event reason). The reasons are Piraeus's where it has one.
+fn event_reason(action: &Action) -> (bool, &'static str) {
+    match action {
+        Action::Taint {
+            cause: Cause::ForceIoErrors,
+            ..
+        }
+        | Action::Evict {
+            cause: Cause::ForceIoErrors,
+            ..
+        } => (true, "VolumeForcingIoErrors"),
+        Action::Taint { .. } => (true, "NodeStorageQuorumLost"),
+        Action::Untaint {
+            cause: Cause::ForceIoErrors,
+            ..
+        } => (false, "NodeStorageIoErrorsCleared"),
+        Action::Untaint { .. } => (false, "NodeStorageQuorumRegained"),
+        Action::Evict {
+            cause: Cause::Evacuation,
+            ..
+        } => (false, "NodeEvacuation"),
+        Action::Evict { .. } | Action::ForceDelete { .. } | Action::DeleteAttachment { .. } => {
+            (true, "VolumeWithoutQuorum")
+        }
+        Action::ForceSecondary { .. } => (true, "SuspendedPrimaryDemoted"),
+        Action::PublishServiceEndpoint { .. } => (false, "ServiceEndpointMoved"),
+        Action::Refused { .. } => (true, "FailOverRefused"),
+    }
+}
+
+/// The object an action's events are about.
+fn target(action: &Action) -> ObjectReference {
+    match action {
+        Action::Taint { node, .. } | Action::Untaint { node, .. } => reference::<Node>(None, node, None),
+        Action::Evict { pod, .. } | Action::ForceDelete { pod, .. } => {
+            reference::<Pod>(Some(&pod.namespace), &pod.name, Some(&pod.uid))
+        }
+        Action::DeleteAttachment { name, .. } => reference::<VolumeAttachment>(None, name, None),
+        Action::ForceSecondary { pv, .. } | Action::PublishServiceEndpoint { pv, .. } => {
+            reference::<PersistentVolume>(None, pv, None)
+        }
+        Action::Refused { action, .. } => target(action),
+    }
+}
+
+fn reference<K: k8s_openapi::Resource>(namespace: Option<&str>, name: &str, uid: Option<&str>) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(K::API_VERSION.into()),
+        kind: Some(K::KIND.into()),
+        namespace: namespace.map(Into::into),
+        name: Some(name.into()),
+        uid: uid.map(Into::into),
+        ..Default::default()
+    }
+}

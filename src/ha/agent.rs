@@ -1,0 +1,228 @@
+//! The agent's loop: wake on a DRBD change (events2), a Kubernetes change, a fail-over timer that
+//! expires, or the periodic safety-net intervals; read, decide, act.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use futures::{FutureExt, StreamExt};
+use kube::Client;
+use prometheus::Registry;
+
+use super::act::{ActSettings, Executor};
+use super::cache::Cache;
+use super::decide::{self, Settings, Timers};
+use super::heartbeat;
+use super::observe::observe;
+use super::source::{DrbdSetup, DrbdSource, DrbdState};
+use crate::admin::Probes;
+use crate::cli::{AgentArgs, DrainPolicy};
+use crate::events::EventSink;
+use crate::metrics::AgentMetrics;
+use crate::names::AGENT_NAME;
+use crate::shutdown::Shutdown;
+
+pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: Shutdown) -> Result<()> {
+    let mut config = kube::Config::infer()
+        .await
+        .context("cannot find the Kubernetes API (in-cluster or KUBECONFIG)")?;
+    // An eviction a PodDisruptionBudget blocks is answered with 429 and Retry-After: we want that
+    // answer at once (and retry in a later round), not a client that waits inside the call.
+    config.default_retry = false;
+    let client = Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let metrics = AgentMetrics::register(&registry)?;
+    let drbd: Arc<dyn DrbdSource> = Arc::new(DrbdSetup {
+        binary: args.drbdsetup_path.clone(),
+        proc_path: args.drbd_proc_path.clone(),
+        timeout: *args.operations_timeout,
+    });
+    let settings = Settings {
+        fail_over_timeout: *args.fail_over_timeout,
+        fail_over_unsafe_pods: args.fail_over_unsafe_pods,
+        disable_node_taints: args.disable_node_taints,
+        max_tainted_fraction: args.max_tainted_fraction,
+        nfs_port: args.nfs_port,
+        evacuate_taint: (args.node_drain_policy == DrainPolicy::Evacuate).then(|| args.evacuate_taint.clone()),
+    };
+    let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone()));
+    let executor = Executor::new(
+        client.clone(),
+        drbd.clone(),
+        events,
+        metrics.clone(),
+        ActSettings {
+            dry_run: args.dry_run,
+            grace_period_seconds: args.grace_period_seconds,
+            operations_timeout: *args.operations_timeout,
+            cooldown: *args.operations_timeout,
+        },
+    );
+    let freshness = Freshness::new(*args.drbd_status_interval, *args.operations_timeout);
+    probes.set_liveness_check({
+        let freshness = freshness.clone();
+        move || freshness.check()
+    });
+    let age_gauge = tokio::spawn({
+        let (freshness, metrics) = (freshness.clone(), metrics.clone());
+        async move {
+            loop {
+                metrics.drbd_state_age.set(freshness.age().as_secs_f64());
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    });
+    let heartbeat = tokio::spawn(heartbeat::run(
+        client.clone(),
+        args.lease_namespace.clone(),
+        args.node_name.clone(),
+        args.lease_duration_seconds,
+        shutdown.clone(),
+    ));
+    tracing::info!(node = %args.node_name, dry_run = args.dry_run, "agent starting");
+
+    let (cache, mut kube_changes) = Cache::start(&client, &args.node_selector, &args.satellite_pod_label);
+    let mut drbd_changes = drbd.changes();
+    {
+        let synced = cache.synced();
+        tokio::pin!(synced);
+        loop {
+            tokio::select! {
+                _ = &mut synced => break,
+                _ = kube_changes.next() => {}
+                _ = shutdown.cancelled() => return Ok(()),
+            }
+        }
+    }
+    tracing::info!("Kubernetes caches synced");
+
+    let node_ip = args.node_ip;
+    let mut timers = Timers::new();
+    let mut drbd_state: Option<(DrbdState, Instant)> = None;
+    let mut drbd_due = true;
+    let mut next_resync = Instant::now() + *args.resync_interval;
+    loop {
+        let now = Instant::now();
+        let stale = drbd_state
+            .as_ref()
+            .is_none_or(|(_, at)| now.duration_since(*at) >= *args.drbd_status_interval);
+        if drbd_due || stale {
+            match drbd.read().await {
+                Ok(state) => {
+                    record_resources(&metrics, &state);
+                    freshness.mark_read();
+                    drbd_state = Some((state, Instant::now()));
+                    probes.set_ready(true);
+                }
+                Err(err) => {
+                    metrics.drbd_read_errors.inc();
+                    tracing::warn!(error = %err, "cannot read DRBD state");
+                }
+            }
+            drbd_due = false;
+        }
+        if let Some((state, read_at)) = &drbd_state {
+            let observed = observe(&args.node_name, node_ip, state.clone(), &cache.snapshot());
+            let now = Instant::now();
+            let mut actions = decide::decide(&observed, &settings, &mut timers, now);
+            if now >= next_resync {
+                actions.extend(decide::republish(&observed, &settings));
+                next_resync = now + *args.resync_interval;
+            }
+            if !actions.is_empty() {
+                tracing::debug!(?actions, "decided");
+            }
+            executor.run(actions, *read_at).await;
+        }
+
+        let wake = next_wake(&drbd_state, &timers, &settings, &args);
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(()) = drbd_changes.next() => drbd_due = true,
+            Some(()) = kube_changes.next() => {}
+            _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+        // Take every change that is already waiting in this one round.
+        while let Some(Some(())) = drbd_changes.next().now_or_never() {
+            drbd_due = true;
+        }
+        while let Some(Some(())) = kube_changes.next().now_or_never() {}
+    }
+    age_gauge.abort();
+    let _ = heartbeat.await;
+    tracing::info!(node = %args.node_name, "agent stopped");
+    Ok(())
+}
+
+/// The next time something is due without any change: the DRBD safety-net read, the
+/// reconcile interval, or the earliest fail-over timer to expire.
+fn next_wake(
+    drbd_state: &Option<(DrbdState, Instant)>,
+    timers: &Timers,
+    settings: &Settings,
+    args: &AgentArgs,
+) -> Instant {
+    let now = Instant::now();
+    let next_read = drbd_state
+        .as_ref()
+        .map(|(_, at)| *at + *args.drbd_status_interval)
+        .unwrap_or(now + Duration::from_secs(1));
+    let next_timer = timers
+        .values()
+        .map(|started| *started + settings.fail_over_timeout)
+        .min();
+    [Some(next_read), Some(now + *args.reconcile_interval), next_timer]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(now)
+        .max(now + Duration::from_millis(10))
+}
+
+fn record_resources(metrics: &AgentMetrics, state: &DrbdState) {
+    metrics.drbd_resources.reset();
+    for resource in &state.resources {
+        let quorum = if resource.has_quorum() { "true" } else { "false" };
+        let role = if resource.role.is_empty() {
+            "Unknown"
+        } else {
+            &resource.role
+        };
+        metrics.drbd_resources.with_label_values(&[role, quorum]).inc();
+    }
+}
+
+/// When DRBD state was last read, for `/healthz` and the age metric.
+#[derive(Clone)]
+struct Freshness {
+    last_read: Arc<Mutex<Instant>>,
+    limit: Duration,
+}
+
+impl Freshness {
+    fn new(status_interval: Duration, timeout: Duration) -> Self {
+        Self {
+            last_read: Arc::new(Mutex::new(Instant::now())),
+            // Three missed reads, each allowed its full timeout.
+            limit: 3 * status_interval + timeout,
+        }
+    }
+
+    fn mark_read(&self) {
+        *self.last_read.lock().expect("freshness poisoned") = Instant::now();
+    }
+
+    fn age(&self) -> Duration {
+        self.last_read.lock().expect("freshness poisoned").elapsed()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let age = self.age();
+        if age > self.limit {
+            return Err(format!(
+                "DRBD state was last read {age:?} ago (limit {:?}); is drbdsetup hanging?",
+                self.limit
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,107 @@
+//! The agent's view of Kubernetes: reflectors on PVs, Pods (trimmed), VolumeAttachments, Nodes
+//! and the LINSTOR satellite pods, and one stream that ticks whenever any of them changes.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use futures::stream::{self, BoxStream};
+use futures::{StreamExt, future};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+
+use super::observe::{Snapshot, trim_pod};
+
+pub struct Cache {
+    pvs: Store<PersistentVolume>,
+    pods: Store<Pod>,
+    attachments: Store<VolumeAttachment>,
+    nodes: Store<Node>,
+    satellites: Store<Pod>,
+}
+
+impl Cache {
+    /// Starts the reflectors. They run while the returned stream is polled; it yields once per
+    /// change of any watched object.
+    pub fn start(client: &Client, node_selector: &str, satellite_selector: &str) -> (Self, BoxStream<'static, ()>) {
+        let all = watcher::Config::default;
+        let (pvs, pv_changes) = reflect(Api::all(client.clone()), all(), drop_managed_fields);
+        let (pods, pod_changes) = reflect(Api::all(client.clone()), all(), trim_pod);
+        let (attachments, attachment_changes) = reflect(Api::all(client.clone()), all(), drop_managed_fields);
+        let (nodes, node_changes) = reflect(
+            Api::all(client.clone()),
+            all().labels(node_selector),
+            drop_managed_fields,
+        );
+        let (satellites, satellite_changes) =
+            reflect(Api::all(client.clone()), all().labels(satellite_selector), trim_pod);
+        let changes = stream::select_all([
+            pv_changes,
+            pod_changes,
+            attachment_changes,
+            node_changes,
+            satellite_changes,
+        ])
+        .boxed();
+        let cache = Self {
+            pvs,
+            pods,
+            attachments,
+            nodes,
+            satellites,
+        };
+        (cache, changes)
+    }
+
+    /// Resolves once every reflector has listed its objects.
+    pub async fn synced(&self) {
+        let _ = future::join5(
+            self.pvs.wait_until_ready(),
+            self.pods.wait_until_ready(),
+            self.attachments.wait_until_ready(),
+            self.nodes.wait_until_ready(),
+            self.satellites.wait_until_ready(),
+        )
+        .await;
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            pvs: self.pvs.state(),
+            pods: self.pods.state(),
+            attachments: self.attachments.state(),
+            nodes: self.nodes.state(),
+            satellites: self.satellites.state(),
+        }
+    }
+}
+
+fn drop_managed_fields<K: ResourceExt>(object: &mut K) {
+    object.managed_fields_mut().clear();
+}
+
+fn reflect<K>(api: Api<K>, config: watcher::Config, trim: fn(&mut K)) -> (Store<K>, BoxStream<'static, ()>)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let changes = watcher(api, config)
+        .default_backoff()
+        .modify(trim)
+        .reflect(writer)
+        .filter_map(|event| {
+            future::ready(match event {
+                Ok(_) => Some(()),
+                Err(err) => {
+                    tracing::warn!(kind = K::kind(&Default::default()).as_ref(), error = %err, "watch failed; retrying");
+                    None
+                }
+            })
+        })
+        .boxed();
+    (store, changes)
+}

@@ -1,0 +1,76 @@
+//! Endpoints follow the primary: this node publishes itself as the volume's NFS service endpoint
+//! and at once rewrites the volume's Endpoints and EndpointSlice, with the controller's builders,
+//! so clients of the unchanged ClusterIP reach the new primary without waiting for the leader.
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Service};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+use crate::names::{AGENT_FIELD_MANAGER, SERVICE_ENDPOINT_ANNOTATION};
+use crate::sharedvolume::classify::{self, Filters, Invalid, Skip};
+use crate::sharedvolume::reconcile::write_endpoints;
+use crate::volume::kubernetes::volume_from_pv;
+
+/// What happened to the endpoints after the publish.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Followed {
+    /// Endpoints and EndpointSlice now point here (written, or already right).
+    Rewritten,
+    /// Left to the controller, with the reason (no shared volume or no Service yet).
+    Skipped(String),
+}
+
+pub async fn publish_and_follow(client: &Client, pv_name: &str, endpoint: &str) -> Result<Followed, kube::Error> {
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "annotations": {SERVICE_ENDPOINT_ANNOTATION: endpoint}},
+    });
+    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
+    let pv = pvs.patch(pv_name, &params, &Patch::Apply(&patch)).await?;
+
+    let Some((namespace, name)) = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.claim_ref.as_ref())
+        .and_then(|c| Some((c.namespace.clone()?, c.name.clone()?)))
+    else {
+        return Ok(Followed::Skipped("the PV is not bound to a claim".into()));
+    };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
+    let Some(claim) = claims.get_opt(&name).await? else {
+        return Ok(Followed::Skipped(format!("claim {namespace}/{name} does not exist")));
+    };
+    let shared = match usable(classify::candidate_volume(&claim, Some(&pv), &Filters::default()))
+        .and_then(|pv| usable(classify::shared_volume(&claim, pv, &volume_from_pv(pv))))
+    {
+        Ok(shared) => shared,
+        Err(why) => return Ok(Followed::Skipped(why)),
+    };
+    // Creating the Service is the controller's job; until it has, there is nothing to follow.
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    let owned = services.get_opt(&shared.service_name).await?.is_some_and(|s| {
+        s.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == claim.uid().as_ref())
+    });
+    if !owned {
+        return Ok(Followed::Skipped(format!(
+            "Service {namespace}/{} is not created by the controller yet",
+            shared.service_name
+        )));
+    }
+    write_endpoints(client, AGENT_FIELD_MANAGER, &shared).await?;
+    Ok(Followed::Rewritten)
+}
+
+/// A classification step's result, with skips and bad input both as the reason we stop.
+fn usable<T>(step: Result<Result<T, Skip>, Invalid>) -> Result<T, String> {
+    match step {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(skip)) => Err(format!("the claim is not served: {skip:?}")),
+        Err(invalid) => Err(invalid.message),
+    }
+}

@@ -1,0 +1,481 @@
+//! End-to-end tests of the `agent` subcommand: three simulated DRBD nodes (Node objects, a fake
+//! `drbdsetup` each), real agent processes and the real control plane.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::drbd::{SimNode, resource};
+use common::process::Process;
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(30);
+const LOST_QUORUM: &str = "drbd.linbit.com/lost-quorum";
+const FORCE_IO_ERROR: &str = "drbd.linbit.com/force-io-error";
+
+/// A test namespace, three Ready nodes a, b, c, and an RWX claim `data` whose PV (also the DRBD
+/// resource name) is served from node a.
+async fn three_nodes(test: &str) -> (TestEnv, Vec<SimNode>, String) {
+    let env = common::setup(test).await;
+    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
+    let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
+    (env, nodes, pv.metadata.name.unwrap())
+}
+
+async fn teardown(env: TestEnv, processes: Vec<Process>) {
+    for process in processes {
+        process.stop().await;
+    }
+    env.cleanup_nodes().await;
+    env.cleanup().await;
+}
+
+/// Every node connected, `primary` (an index) Primary, all with quorum.
+fn healthy(nodes: &[SimNode], res: &str, primary: usize) {
+    for (i, node) in nodes.iter().enumerate() {
+        let role = |j: usize| if j == primary { "Primary" } else { "Secondary" };
+        let peers: Vec<_> = others(nodes, i).map(|(j, peer)| (peer, "Connected", role(j))).collect();
+        node.set(&[resource(res, role(i), true, &peers)]);
+    }
+}
+
+/// `lost` (an index) is gone: the others see it Connecting, keep quorum, and `new_primary` (if
+/// any) is promoted.
+fn lost(nodes: &[SimNode], res: &str, lost: usize, new_primary: Option<usize>) {
+    for (i, node) in nodes.iter().enumerate().filter(|(i, _)| *i != lost) {
+        let role = |j: usize| if Some(j) == new_primary { "Primary" } else { "Secondary" };
+        let peers: Vec<_> = others(nodes, i)
+            .map(|(j, peer)| {
+                if j == lost {
+                    (peer, "Connecting", "Unknown")
+                } else {
+                    (peer, "Connected", role(j))
+                }
+            })
+            .collect();
+        node.set(&[resource(res, role(i), true, &peers)]);
+    }
+}
+
+fn others(nodes: &[SimNode], i: usize) -> impl Iterator<Item = (usize, &str)> {
+    nodes
+        .iter()
+        .enumerate()
+        .filter(move |(j, _)| *j != i)
+        .map(|(j, n)| (j, n.name.as_str()))
+}
+
+async fn pod_state(env: &TestEnv, name: &str) -> Option<Pod> {
+    env.api::<Pod>().get_opt(name).await.unwrap()
+}
+
+async fn attachment_exists(env: &TestEnv, name: &str) -> bool {
+    Api::<VolumeAttachment>::all(env.client.clone())
+        .get_opt(name)
+        .await
+        .unwrap()
+        .is_some()
+}
+
+/// Waits for events about a cluster-scoped object (posted in `default`) with `reason`.
+async fn cluster_events(env: &TestEnv, name: &str, reason: &str) -> Vec<Event> {
+    let what = format!("a {reason} event about {name}");
+    eventually(&what, WAIT, || async {
+        let events: Vec<Event> = Api::<Event>::namespaced(env.client.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect();
+        (!events.is_empty()).then_some(events)
+    })
+    .await
+}
+
+async fn wait_for_taint(env: &TestEnv, node: &str, key: &str, present: bool) {
+    let what = format!("taint {key} {} node {node}", if present { "on" } else { "off" });
+    eventually(&what, WAIT, || async {
+        (env.taints(node).await.iter().any(|t| t == key) == present).then_some(())
+    })
+    .await;
+}
+
+/// The node's `drbd.linbit.com/*` taints, if any. (New Nodes also carry the apiserver's
+/// `node.kubernetes.io/not-ready`, which stays: no node lifecycle controller runs here.)
+async fn drbd_taints(env: &TestEnv, node: &str) -> Option<Vec<String>> {
+    let ours: Vec<String> = env
+        .taints(node)
+        .await
+        .into_iter()
+        .filter(|t| t.starts_with("drbd.linbit.com/"))
+        .collect();
+    (!ours.is_empty()).then_some(ours)
+}
+
+async fn slice_addresses(env: &TestEnv, name: &str) -> Vec<String> {
+    match env.api::<EndpointSlice>().get_opt(name).await.unwrap() {
+        Some(slice) => slice.endpoints.into_iter().flat_map(|e| e.addresses).collect(),
+        None => vec![],
+    }
+}
+
+fn no_labels() -> Value {
+    json!({})
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
+    let (env, nodes, pv) = three_nodes("agent-failover").await;
+    healthy(&nodes, &pv, 0);
+    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
+        .await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    let controller = Process::start(
+        &format!("{}-controller", env.ns),
+        &["controller", "--namespace", &env.ns, "--leader-elect", "false"],
+    );
+    controller.wait_ready().await;
+    let mount = eventually("a published mount endpoint", WAIT, || {
+        env.pv_annotation(&pv, MOUNT_ENDPOINT)
+    })
+    .await;
+    let service = env.api::<Service>().get(&pv).await.unwrap();
+    let cluster_ip = service.spec.unwrap().cluster_ip.unwrap();
+    eventually("the slice at node a", WAIT, || async {
+        (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
+    })
+    .await;
+    let mut agents = Vec::new();
+    for node in &nodes {
+        agents.push(env.start_agent(node, &[]).await);
+    }
+    let leases: Api<Lease> = env.api();
+    for node in &nodes {
+        let name = format!("shared-volume-agent-{}", node.name);
+        let lease = eventually("the agent's heartbeat Lease", WAIT, || async {
+            leases.get_opt(&name).await.unwrap()
+        })
+        .await;
+        assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some(node.name.as_str()));
+    }
+    assert_eq!(agents[0].get("/healthz").await.map(|r| r.0), Some(200));
+
+    // Node a dies: its agent with it, the node goes NotReady, b and c see it Connecting.
+    agents.remove(0).stop().await;
+    env.set_node_ready(&nodes[0].name, false).await;
+    let failed_at = Instant::now();
+    lost(&nodes, &pv, 0, None);
+    wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
+    eventually("the pod on node a force-deleted", WAIT, || async {
+        pod_state(&env, "app").await.is_none().then_some(())
+    })
+    .await;
+    eventually("the attachment deleted", WAIT, || async {
+        (!attachment_exists(&env, &attachment).await).then_some(())
+    })
+    .await;
+    let fail_over = failed_at.elapsed();
+    cluster_events(&env, &nodes[0].name, "NodeStorageQuorumLost").await;
+    env.wait_for_events("app", "VolumeWithoutQuorum").await;
+    assert_eq!(
+        drbd_taints(&env, &nodes[1].name).await,
+        None,
+        "healthy nodes stay untainted"
+    );
+
+    // DRBD promotes node b: its agent publishes itself and rewrites the endpoints.
+    let promoted_at = Instant::now();
+    lost(&nodes, &pv, 0, Some(1));
+    eventually("the slice at node b", WAIT, || async {
+        (slice_addresses(&env, &pv).await == [nodes[1].ip.clone()]).then_some(())
+    })
+    .await;
+    let rewrite = promoted_at.elapsed();
+    eprintln!(
+        "fail-over figures: node lost → taint + force-delete + attachment deleted in {fail_over:?} \
+         (fail-over timeout 1s); DRBD role change → EndpointSlice at the new primary in {rewrite:?}"
+    );
+    let endpoints = env
+        .api::<k8s_openapi::api::core::v1::Endpoints>()
+        .get(&pv)
+        .await
+        .unwrap();
+    let subset = &endpoints.subsets.unwrap()[0];
+    assert_eq!(subset.addresses.as_ref().unwrap()[0].ip, nodes[1].ip);
+    assert_eq!(
+        env.pv_annotation(&pv, SERVICE_ENDPOINT).await,
+        Some(nodes[1].endpoint())
+    );
+    let service = env.api::<Service>().get(&pv).await.unwrap();
+    assert_eq!(
+        service.spec.unwrap().cluster_ip.unwrap(),
+        cluster_ip,
+        "the ClusterIP never changes"
+    );
+    assert_eq!(env.pv_annotation(&pv, MOUNT_ENDPOINT).await, Some(mount));
+    cluster_events(&env, &pv, "ServiceEndpointMoved").await;
+    let rewrites = agents[0]
+        .metric("storageos_drbd_agent_endpoint_rewrite_duration_seconds_count")
+        .await;
+    assert_eq!(rewrites, 1.0, "node b rewrote the endpoints once");
+    assert_eq!(
+        agents[1]
+            .metric("storageos_drbd_agent_actions_total{action=\"publish\",result=\"ok\"}")
+            .await,
+        0.0,
+        "node c never publishes while b is primary"
+    );
+    assert_eq!(
+        agents[0]
+            .metric("storageos_drbd_agent_resources{quorum=\"true\",role=\"Primary\"}")
+            .await,
+        1.0
+    );
+    agents.push(controller);
+    teardown(env, agents).await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn own_taints_follow_quorum_and_io_errors_and_a_suspended_primary_is_demoted() {
+    let (env, nodes, pv) = three_nodes("agent-own-node").await;
+    let b = &nodes[1];
+    env.running_pod("local", &b.name, "data", json!({}), no_labels()).await;
+    let isolated = || {
+        resource(
+            &pv,
+            "Primary",
+            false,
+            &[
+                (&nodes[0].name, "Connecting", "Unknown"),
+                (&nodes[2].name, "Connecting", "Unknown"),
+            ],
+        )
+    };
+    b.set(&[isolated()]);
+    let agent = env.start_agent(b, &[]).await;
+
+    // Isolated primary without quorum: own taint, and it never publishes itself.
+    wait_for_taint(&env, &b.name, LOST_QUORUM, true).await;
+    cluster_events(&env, &b.name, "NodeStorageQuorumLost").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        env.pv_annotation(&pv, SERVICE_ENDPOINT).await,
+        Some(nodes[0].endpoint())
+    );
+
+    // Quorum regained as primary: taint removed, and now it does publish itself.
+    let peers = [
+        (nodes[0].name.as_str(), "Connected", "Secondary"),
+        (nodes[2].name.as_str(), "Connected", "Secondary"),
+    ];
+    b.set(&[resource(&pv, "Primary", true, &peers)]);
+    wait_for_taint(&env, &b.name, LOST_QUORUM, false).await;
+    cluster_events(&env, &b.name, "NodeStorageQuorumRegained").await;
+    eventually("node b published", WAIT, || async {
+        (env.pv_annotation(&pv, SERVICE_ENDPOINT).await == Some(b.endpoint())).then_some(())
+    })
+    .await;
+
+    // Forcing IO errors: own force-io taint and the local pod evicted (node Ready).
+    let mut failing = resource(&pv, "Secondary", true, &peers);
+    failing["force-io-failures"] = json!(true);
+    b.set(&[failing]);
+    wait_for_taint(&env, &b.name, FORCE_IO_ERROR, true).await;
+    eventually("the local pod evicted", WAIT, || async {
+        pod_state(&env, "local")
+            .await
+            .and_then(|p| p.metadata.deletion_timestamp)
+            .map(|_| ())
+    })
+    .await;
+    env.wait_for_events("local", "VolumeForcingIoErrors").await;
+    b.set(&[resource(&pv, "Secondary", true, &peers)]);
+    wait_for_taint(&env, &b.name, FORCE_IO_ERROR, false).await;
+
+    // Suspended primary whose only local consumer is terminating: demoted.
+    let mut suspended = resource(&pv, "Primary", true, &peers);
+    suspended["suspended"] = json!(true);
+    b.set(&[suspended]);
+    eventually("drbdsetup secondary --force", WAIT, || async {
+        b.calls().contains(&format!("secondary --force {pv}")).then_some(())
+    })
+    .await;
+    teardown(env, vec![agent]).await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
+    let (env, nodes, pv) = three_nodes("agent-flapping").await;
+    healthy(&nodes, &pv, 0);
+    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
+        .await;
+    let ignored = json!({"drbd.linbit.com/ignore-fail-over": ""});
+    env.running_pod("ignored", &nodes[0].name, "data", ignored, no_labels())
+        .await;
+    let agent = env.start_agent(&nodes[1], &["--fail-over-timeout", "3s"]).await;
+
+    // Node a drops out for about a second at a time, three times: shorter than the timeout.
+    for _ in 0..3 {
+        lost(&nodes, &pv, 0, None);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        healthy(&nodes, &pv, 0);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    assert_eq!(drbd_taints(&env, &nodes[0].name).await, None, "no fail-over for a flap");
+    assert!(pod_state(&env, "app").await.is_some());
+    assert_eq!(
+        agent
+            .metric("storageos_drbd_agent_actions_total{action=\"taint\",result=\"ok\"}")
+            .await,
+        0.0
+    );
+
+    // Gone for good (node still Ready): taint, the owned pod evicted, the ignored one untouched.
+    lost(&nodes, &pv, 0, None);
+    wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
+    eventually("the pod evicted", WAIT, || async {
+        pod_state(&env, "app")
+            .await
+            .and_then(|p| p.metadata.deletion_timestamp)
+            .map(|_| ())
+    })
+    .await;
+    let ignored = pod_state(&env, "ignored").await.expect("the ignored pod still exists");
+    assert!(
+        ignored.metadata.deletion_timestamp.is_none(),
+        "the ignored pod is untouched"
+    );
+    teardown(env, vec![agent]).await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn dry_run_reports_and_writes_nothing_and_the_guard_refuses_taints() {
+    let (env, nodes, pv) = three_nodes("agent-safety").await;
+    healthy(&nodes, &pv, 0);
+    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
+        .await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    env.set_node_ready(&nodes[0].name, false).await;
+    let dry = env.start_agent(&nodes[1], &["--dry-run"]).await;
+    lost(&nodes, &pv, 0, Some(1));
+
+    let reports = env.wait_for_events("app", "DryRun").await;
+    assert!(
+        reports[0]
+            .note
+            .as_deref()
+            .unwrap()
+            .starts_with("dry run: would force-delete pod")
+    );
+    eventually("every action reported", WAIT, || async {
+        let refused = dry
+            .metric("storageos_drbd_agent_refused_actions_total{action=\"publish\",why=\"dry_run\"}")
+            .await;
+        (refused >= 1.0).then_some(())
+    })
+    .await;
+    for kind in ["taint", "force_delete", "delete_attachment"] {
+        let sample = format!("storageos_drbd_agent_refused_actions_total{{action=\"{kind}\",why=\"dry_run\"}}");
+        assert!(dry.metric(&sample).await >= 1.0, "{kind} reported");
+    }
+    assert_eq!(drbd_taints(&env, &nodes[0].name).await, None);
+    assert!(pod_state(&env, "app").await.is_some());
+    assert!(attachment_exists(&env, &attachment).await);
+    assert_eq!(
+        env.pv_annotation(&pv, SERVICE_ENDPOINT).await,
+        Some(nodes[0].endpoint())
+    );
+    dry.stop().await;
+
+    // The guard: with node c already tainted, tainting a would leave 2 of 3 nodes tainted.
+    env.add_taint(&nodes[2].name, LOST_QUORUM).await;
+    let agent = env.start_agent(&nodes[1], &[]).await;
+    cluster_events(&env, &nodes[0].name, "FailOverRefused").await;
+    assert_eq!(
+        agent
+            .metric("storageos_drbd_agent_refused_actions_total{action=\"taint\",why=\"guard\"}")
+            .await,
+        1.0
+    );
+    assert!(!env.taints(&nodes[0].name).await.contains(&LOST_QUORUM.to_string()));
+    let taints = env.taints(&nodes[2].name).await;
+    assert!(
+        taints.contains(&LOST_QUORUM.to_string()) && taints.contains(&"node.kubernetes.io/not-ready".to_string()),
+        "other writers' taints are kept: {taints:?}"
+    );
+    teardown(env, vec![agent]).await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn the_evacuate_policy_moves_the_primary_off_a_drained_node() {
+    let (env, nodes, pv) = three_nodes("agent-evacuate").await;
+    healthy(&nodes, &pv, 0);
+    let labels = json!({"app": "nfs-server"});
+    env.running_pod("server", &nodes[0].name, "data", json!({}), labels)
+        .await;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": {"name": "nfs-server"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "nfs-server"}}},
+    }))
+    .unwrap();
+    let pdbs: Api<PodDisruptionBudget> = env.api();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    let evacuate = ["--node-drain-policy", "evacuate"];
+    let a = env.start_agent(&nodes[0], &evacuate).await;
+    let b = env.start_agent(&nodes[1], &evacuate).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        pod_state(&env, "server")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+
+    env.add_taint(&nodes[0].name, "piraeus.io/evacuate").await;
+    env.wait_for_events("server", "EvictionBlocked").await;
+    assert!(
+        pod_state(&env, "server")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none(),
+        "the PDB holds"
+    );
+    pdbs.delete("nfs-server", &DeleteParams::default()).await.unwrap();
+    eventually("the server evicted", WAIT, || async {
+        pod_state(&env, "server")
+            .await
+            .and_then(|p| p.metadata.deletion_timestamp)
+            .map(|_| ())
+    })
+    .await;
+    env.wait_for_events("server", "NodeEvacuation").await;
+
+    // DRBD hands the primary over to node b, whose agent takes the service endpoint.
+    healthy(&nodes, &pv, 1);
+    eventually("node b published", WAIT, || async {
+        (env.pv_annotation(&pv, SERVICE_ENDPOINT).await == Some(nodes[1].endpoint())).then_some(())
+    })
+    .await;
+    teardown(env, vec![a, b]).await;
+}

@@ -1,0 +1,242 @@
+//! Simulated DRBD nodes for the agent's end-to-end tests: a Node object each, a state directory
+//! read by `tests/fixtures/fake-drbdsetup`, and agent processes pointed at them.
+
+use std::path::PathBuf;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+
+use super::TestEnv;
+use super::process::Process;
+
+/// Label on every Node a test creates: `svc-test=<test id>`.
+pub const NODE_LABEL: &str = "svc-test";
+
+pub struct SimNode {
+    /// Kubernetes node name, also the DRBD peer name.
+    pub name: String,
+    pub ip: String,
+    pub dir: PathBuf,
+}
+
+impl SimNode {
+    pub fn endpoint(&self) -> String {
+        format!("{}:2049", self.ip)
+    }
+
+    /// Replaces the node's DRBD state; every resource has `quorum majority`.
+    pub fn set(&self, resources: &[Value]) {
+        let shown: Vec<Value> = resources
+            .iter()
+            .map(|r| json!({"resource": r["name"], "options": {"quorum": "majority"}}))
+            .collect();
+        write_atomically(&self.dir.join("show.json"), &Value::from(shown).to_string());
+        write_atomically(
+            &self.dir.join("status.json"),
+            &Value::from(resources.to_vec()).to_string(),
+        );
+    }
+
+    /// Every command the agent ran against this node's drbdsetup.
+    pub fn calls(&self) -> String {
+        std::fs::read_to_string(self.dir.join("calls")).unwrap_or_default()
+    }
+}
+
+fn write_atomically(path: &std::path::Path, contents: &str) {
+    let temp = path.with_extension("tmp");
+    std::fs::write(&temp, contents).unwrap();
+    std::fs::rename(temp, path).unwrap();
+}
+
+/// One DRBD resource as `drbdsetup status --json` prints it; peers are (name, state, role).
+pub fn resource(name: &str, role: &str, quorum: bool, peers: &[(&str, &str, &str)]) -> Value {
+    let connections: Vec<Value> = peers
+        .iter()
+        .map(|(peer, state, role)| json!({"name": peer, "connection-state": state, "peer-role": role}))
+        .collect();
+    json!({
+        "name": name, "role": role, "suspended": false, "force-io-failures": false,
+        "devices": [{"volume": 0, "quorum": quorum, "ap-in-flight": 18446744073709551608u64}],
+        "connections": connections,
+    })
+}
+
+impl TestEnv {
+    /// Creates Ready Nodes `<id>-<name>` with InternalIP `10.77.0.<n>` and a state directory each.
+    pub async fn sim_nodes(&self, names: &[&str]) -> Vec<SimNode> {
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let mut created = Vec::new();
+        for (i, short) in names.iter().enumerate() {
+            let name = format!("{}-{short}", self.id);
+            let ip = format!("10.77.0.{}", i + 1);
+            let node: Node = serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {NODE_LABEL: self.id}},
+            }))
+            .unwrap();
+            nodes.create(&PostParams::default(), &node).await.expect("create Node");
+            let status = json!({"status": {
+                "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+                "addresses": [{"type": "InternalIP", "address": ip}],
+            }});
+            nodes
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                .await
+                .expect("set Node status");
+            let dir = std::env::temp_dir().join(format!("svc-e2e-drbd-{name}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("proc"), "version: 9.2.0 (fake)\n").unwrap();
+            let node = SimNode { name, ip, dir };
+            node.set(&[]);
+            created.push(node);
+        }
+        created
+    }
+
+    /// Starts an agent for `node`, managing only this test's nodes, its Lease in this namespace,
+    /// with short test timings unless `extra` sets them.
+    pub async fn start_agent(&self, node: &SimNode, extra: &[&str]) -> Process {
+        let drbdsetup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
+        let proc_path = node.dir.join("proc");
+        let selector = format!("{NODE_LABEL}={}", self.id);
+        let defaults = [
+            ("--drbd-status-interval", "1s"),
+            ("--fail-over-timeout", "1s"),
+            ("--reconcile-interval", "2s"),
+            ("--operations-timeout", "10s"),
+            ("--grace-period-seconds", "5"),
+        ];
+        let mut args = vec![
+            "agent",
+            "--node-name",
+            &node.name,
+            "--drbdsetup-path",
+            drbdsetup,
+            "--drbd-proc-path",
+            proc_path.to_str().unwrap(),
+            "--node-selector",
+            &selector,
+            "--lease-namespace",
+            &self.ns,
+        ];
+        for (flag, value) in defaults.into_iter().filter(|(flag, _)| !extra.contains(flag)) {
+            args.extend([flag, value]);
+        }
+        args.extend_from_slice(extra);
+        let dir = node.dir.to_str().unwrap();
+        let log_name = format!("{}-{}", self.ns, node.name);
+        let process = Process::start_with_env(&log_name, &args, &[("FAKE_DRBD_DIR", dir)]);
+        process.wait_ready().await;
+        process
+    }
+
+    pub async fn set_node_ready(&self, node: &str, ready: bool) {
+        let status = if ready { "True" } else { "Unknown" };
+        let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Test"}]}});
+        Api::<Node>::all(self.client.clone())
+            .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+            .expect("set Node readiness");
+    }
+
+    /// The keys of a Node's taints.
+    pub async fn taints(&self, node: &str) -> Vec<String> {
+        let node = Api::<Node>::all(self.client.clone()).get(node).await.expect("get Node");
+        node.spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t.key)
+            .collect()
+    }
+
+    /// Adds a NoSchedule taint, as another writer (an operator, another controller) would.
+    pub async fn add_taint(&self, node: &str, key: &str) {
+        let mut taints: Vec<Value> = self
+            .taints(node)
+            .await
+            .into_iter()
+            .map(|k| json!({"key": k, "effect": "NoSchedule"}))
+            .collect();
+        taints.push(json!({"key": key, "effect": "NoSchedule"}));
+        Api::<Node>::all(self.client.clone())
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": taints}})),
+            )
+            .await
+            .expect("taint Node");
+    }
+
+    /// A Running pod on `node` that mounts `claim`, owned by a ConfigMap (so it counts as managed
+    /// and the garbage collector keeps it), with `annotations` and `labels`.
+    pub async fn running_pod(&self, name: &str, node: &str, claim: &str, annotations: Value, labels: Value) -> Pod {
+        let owners: Api<ConfigMap> = self.api();
+        let owner = match owners.get_opt("owner").await.unwrap() {
+            Some(owner) => owner,
+            None => owners
+                .create(
+                    &PostParams::default(),
+                    &serde_json::from_value(json!({"metadata": {"name": "owner"}})).unwrap(),
+                )
+                .await
+                .expect("create owner"),
+        };
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {
+                "name": name, "annotations": annotations, "labels": labels,
+                "ownerReferences": [{"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.uid()}],
+            },
+            "spec": {
+                "nodeName": node,
+                "containers": [{"name": "app", "image": "busybox"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+            }
+        }))
+        .unwrap();
+        let pods: Api<Pod> = self.api();
+        pods.create(&PostParams::default(), &pod).await.expect("create Pod");
+        pods.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .expect("mark Pod running")
+    }
+
+    /// A VolumeAttachment `<id>-<name>` of `pv` to `node`.
+    pub async fn attachment(&self, name: &str, pv: &str, node: &str) -> String {
+        let name = format!("{}-{name}", self.id);
+        let attachment: VolumeAttachment = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"attacher": "linstor.csi.linbit.com", "nodeName": node, "source": {"persistentVolumeName": pv}},
+        }))
+        .unwrap();
+        Api::<VolumeAttachment>::all(self.client.clone())
+            .create(&PostParams::default(), &attachment)
+            .await
+            .expect("create VolumeAttachment");
+        name
+    }
+
+    /// Deletes the Nodes and VolumeAttachments this test made.
+    pub async fn cleanup_nodes(&self) {
+        let selector = format!("{NODE_LABEL}={}", self.id);
+        let nodes: Api<Node> = Api::all(self.client.clone());
+        let _ = nodes
+            .delete_collection(&Default::default(), &kube::api::ListParams::default().labels(&selector))
+            .await;
+        let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
+        if let Ok(list) = attachments.list(&Default::default()).await {
+            for attachment in list.items.iter().filter(|a| a.name_any().starts_with(&self.id)) {
+                let _ = attachments.delete(&attachment.name_any(), &Default::default()).await;
+            }
+        }
+    }
+}
