@@ -351,3 +351,61 @@ fn reference<K: k8s_openapi::Resource>(namespace: Option<&str>, name: &str, uid:
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(kube::core::Status::failure("test", "Test").with_code(code).boxed())
+    }
+
+    #[test]
+    fn pod_answers_map_to_outcomes() {
+        assert_eq!(pod_outcome(Ok(())).unwrap(), Outcome::Done);
+        assert!(matches!(pod_outcome(Err(api_error(404))), Ok(Outcome::Skipped(_))));
+        assert!(matches!(pod_outcome(Err(api_error(409))), Ok(Outcome::Skipped(_))));
+        assert_eq!(pod_outcome(Err(api_error(429))).unwrap(), Outcome::Blocked);
+        assert!(pod_outcome(Err(api_error(500))).is_err());
+    }
+
+    #[test]
+    fn events_name_the_cause_and_the_object() {
+        let pod = PodRef {
+            namespace: "apps".into(),
+            name: "web".into(),
+            uid: "u1".into(),
+        };
+        let evict = |cause| Action::Evict {
+            pod: pod.clone(),
+            cause,
+            reason: String::new(),
+        };
+        assert_eq!(event_reason(&evict(Cause::LostQuorum)), (true, "VolumeWithoutQuorum"));
+        assert_eq!(
+            event_reason(&evict(Cause::ForceIoErrors)),
+            (true, "VolumeForcingIoErrors")
+        );
+        assert_eq!(event_reason(&evict(Cause::Evacuation)), (false, "NodeEvacuation"));
+        let target = target(&evict(Cause::LostQuorum));
+        assert_eq!(
+            (
+                target.kind.as_deref(),
+                target.namespace.as_deref(),
+                target.uid.as_deref()
+            ),
+            (Some("Pod"), Some("apps"), Some("u1"))
+        );
+        let refused = Action::Refused {
+            action: Box::new(Action::Taint {
+                node: "n".into(),
+                key: crate::ha::decide::LOST_QUORUM_TAINT,
+                cause: Cause::LostQuorum,
+                reason: String::new(),
+            }),
+            why: "guard".into(),
+        };
+        assert_eq!(event_reason(&refused), (true, "FailOverRefused"));
+        assert_eq!(super::target(&refused).kind.as_deref(), Some("Node"));
+    }
+}
