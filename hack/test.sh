@@ -16,8 +16,6 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 step "hadolint Dockerfile"
 hadolint Dockerfile
-step "helm lint charts/shared-volume-controller"
-helm lint --strict charts/shared-volume-controller
 step "build"
 cargo build --locked --all-targets
 

@@ -1,0 +1,46 @@
+{{- define "svc.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "svc.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else if contains (include "svc.name" .) .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name (include "svc.name" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "svc.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "svc.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one component: pass (dict "root" $ "component" "controller"). */}}
+{{- define "svc.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "svc.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "svc.componentName" -}}
+{{- printf "%s-%s" (include "svc.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "svc.image" -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/* Flags as environment variables: `fail-over-timeout: 5s` → FAIL_OVER_TIMEOUT=5s. */}}
+{{- define "svc.flagEnv" -}}
+{{- range $flag, $value := . }}
+{{- if ne (toString $value) "" }}
+- name: {{ $flag | upper | replace "-" "_" }}
+  value: {{ toString $value | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}

@@ -1,0 +1,298 @@
+//! The Helm chart, for real: `helm lint`, `helm template` with default and non-default values,
+//! `helm install` into the local control plane with a `kubectl auth can-i` matrix of what each
+//! ServiceAccount may and may not do, and `helm uninstall` cleaning up.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
+const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/shared-volume-controller.json");
+
+/// A tool from the test tool cache (`SVC_TOOLS_BIN`, set by `make test`), else from PATH.
+fn tool(name: &str) -> Command {
+    let path = std::env::var("SVC_TOOLS_BIN")
+        .map(|bin| format!("{bin}/{name}"))
+        .unwrap_or_else(|_| name.to_owned());
+    Command::new(path)
+}
+
+fn run(command: &mut Command) -> Output {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {command:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// `helm template` with `--set` values, as JSON objects.
+fn template(sets: &[&str]) -> Vec<Value> {
+    let mut helm = tool("helm");
+    helm.args(["template", "demo", CHART, "--namespace", "storage"]);
+    for set in sets {
+        helm.args(["--set", set]);
+    }
+    let rendered = String::from_utf8(run(&mut helm).stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&rendered)
+        .map(|doc| Value::deserialize(doc).expect("rendered YAML"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container["env"].as_array()?.iter().find(|e| e["name"] == name)?["value"].as_str()
+}
+
+#[test]
+#[ignore = "needs helm: run `make test`"]
+fn the_chart_lints_and_renders_defaults_and_overrides() {
+    run(tool("helm").args(["lint", "--strict", CHART]));
+
+    let defaults = template(&[]);
+    let deployment = find(&defaults, "Deployment", "demo-shared-volume-controller-controller");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert!(pod["affinity"]["podAntiAffinity"].is_object());
+    let controller = &pod["containers"][0];
+    assert_eq!(controller["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(controller["securityContext"]["capabilities"]["drop"][0], "ALL");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(controller["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(controller["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(env_value(controller, "LEADER_ELECT"), Some("true"));
+    assert_eq!(
+        env_value(controller, "STORAGE_CLASS"),
+        None,
+        "empty flags are left unset"
+    );
+    find(
+        &defaults,
+        "PodDisruptionBudget",
+        "demo-shared-volume-controller-controller",
+    );
+
+    let daemonset = find(&defaults, "DaemonSet", "demo-shared-volume-controller-agent");
+    let pod = &daemonset["spec"]["template"]["spec"];
+    let agent = &pod["containers"][0];
+    assert_eq!(agent["securityContext"]["privileged"], false);
+    assert_eq!(
+        agent["securityContext"]["capabilities"]["add"],
+        serde_json::json!(["NET_ADMIN"])
+    );
+    assert_eq!(env_value(agent, "FAIL_OVER_TIMEOUT"), Some("5s"));
+    assert_eq!(env_value(agent, "DRY_RUN"), Some("false"));
+    let downward: Vec<&str> = agent["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["valueFrom"].is_object())
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(downward, ["NODE_NAME", "NODE_IP", "POD_NAMESPACE"]);
+    let tolerated: Vec<&str> = pod["tolerations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tolerated,
+        ["drbd.linbit.com/lost-quorum", "drbd.linbit.com/force-io-error"]
+    );
+
+    let dashboard = find(&defaults, "ConfigMap", "demo-shared-volume-controller-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let shipped: Value =
+        serde_json::from_str(dashboard["data"]["shared-volume-controller.json"].as_str().unwrap()).unwrap();
+    let source: Value = serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
+    assert_eq!(shipped, source, "the chart ships grafana/shared-volume-controller.json");
+    assert!(
+        !defaults
+            .iter()
+            .any(|o| o["kind"] == "ServiceMonitor" || o["kind"] == "PodMonitor")
+    );
+
+    let custom = template(&[
+        "controller.replicas=3",
+        "controller.flags.storage-class=fast\\,slow",
+        "agent.flags.dry-run=true",
+        "agent.flags.node-drain-policy=evacuate",
+        "agent.useNodeInternalIP=true",
+        "agent.tolerations[0].operator=Exists",
+        "priorityClassName=system-node-critical",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.labels.release=prometheus",
+        "metrics.podMonitor.enabled=true",
+        "dashboard.label=grafana_dashboard_custom",
+        "dashboard.labelValue=yes",
+        "controller.podDisruptionBudget.enabled=false",
+    ]);
+    let deployment = find(&custom, "Deployment", "demo-shared-volume-controller-controller");
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["priorityClassName"],
+        "system-node-critical"
+    );
+    assert_eq!(
+        env_value(
+            &deployment["spec"]["template"]["spec"]["containers"][0],
+            "STORAGE_CLASS"
+        ),
+        Some("fast,slow")
+    );
+    let agent_pod = &find(&custom, "DaemonSet", "demo-shared-volume-controller-agent")["spec"]["template"]["spec"];
+    let agent = &agent_pod["containers"][0];
+    assert_eq!(env_value(agent, "DRY_RUN"), Some("true"));
+    assert_eq!(env_value(agent, "NODE_DRAIN_POLICY"), Some("evacuate"));
+    assert!(agent["env"].as_array().unwrap().iter().all(|e| e["name"] != "NODE_IP"));
+    assert_eq!(agent_pod["tolerations"].as_array().unwrap().len(), 3);
+    let monitor = find(&custom, "ServiceMonitor", "demo-shared-volume-controller-controller");
+    assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
+    find(&custom, "PodMonitor", "demo-shared-volume-controller-agent");
+    let dashboard = find(&custom, "ConfigMap", "demo-shared-volume-controller-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard_custom"], "yes");
+    assert!(!custom.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+}
+
+/// `kubectl auth can-i` as a ServiceAccount: does it have the permission?
+fn can(sa: &str, namespace: &str, verb: &str, resource: &str) -> bool {
+    let mut kubectl = tool("kubectl");
+    kubectl.args(["auth", "can-i", verb, "-n", namespace, "--as", sa]);
+    match resource.split_once('/') {
+        Some((resource, subresource)) => kubectl.args([resource, "--subresource", subresource]),
+        None => kubectl.arg(resource),
+    };
+    let status = kubectl
+        .output()
+        .expect("run kubectl auth can-i")
+        .status;
+    status.success()
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
+    let env = common::setup("chart").await;
+    let release = format!("svc-{}", env.id);
+    run(tool("helm").args(["install", &release, CHART, "--namespace", &env.ns]));
+
+    let name = |component: &str| format!("{release}-shared-volume-controller-{component}");
+    let get = |kind: &str, object: &str, namespaced: bool| {
+        let mut kubectl = tool("kubectl");
+        kubectl.args(["get", kind, object, "-o", "name"]);
+        if namespaced {
+            kubectl.args(["-n", &env.ns]);
+        }
+        kubectl.output().unwrap().status.success()
+    };
+    for (kind, object, namespaced) in [
+        ("deployment", name("controller"), true),
+        ("daemonset", name("agent"), true),
+        ("poddisruptionbudget", name("controller"), true),
+        ("serviceaccount", name("controller"), true),
+        ("serviceaccount", name("agent"), true),
+        ("service", format!("{}-metrics", name("controller")), true),
+        ("service", format!("{}-metrics", name("agent")), true),
+        (
+            "configmap",
+            format!("{release}-shared-volume-controller-dashboard"),
+            true,
+        ),
+        ("clusterrole", name("controller"), false),
+        ("clusterrole", name("agent"), false),
+    ] {
+        assert!(get(kind, &object, namespaced), "{kind} {object} installed");
+    }
+
+    let controller = format!("system:serviceaccount:{}:{}", env.ns, name("controller"));
+    let agent = format!("system:serviceaccount:{}:{}", env.ns, name("agent"));
+    let ns = env.ns.as_str();
+    let elsewhere = "kube-system";
+    // (who, namespace, verb, resource, allowed)
+    let matrix = [
+        (&controller, ns, "list", "persistentvolumeclaims", true),
+        (&controller, ns, "watch", "persistentvolumes", true),
+        (&controller, ns, "patch", "persistentvolumes", true),
+        (&controller, elsewhere, "create", "services", true),
+        (&controller, elsewhere, "patch", "endpoints", true),
+        (
+            &controller,
+            elsewhere,
+            "create",
+            "endpointslices.discovery.k8s.io",
+            true,
+        ),
+        (&controller, elsewhere, "create", "events.events.k8s.io", true),
+        (&controller, ns, "update", "leases.coordination.k8s.io", true),
+        (&controller, elsewhere, "update", "leases.coordination.k8s.io", false),
+        (&controller, elsewhere, "delete", "services", false),
+        (&controller, elsewhere, "delete", "pods", false),
+        (&controller, elsewhere, "create", "pods/eviction", false),
+        (&controller, ns, "patch", "nodes", false),
+        (&controller, ns, "delete", "volumeattachments.storage.k8s.io", false),
+        (&controller, ns, "delete", "persistentvolumes", false),
+        (&controller, ns, "get", "secrets", false),
+        (&agent, elsewhere, "list", "pods", true),
+        (&agent, elsewhere, "delete", "pods", true),
+        (&agent, elsewhere, "create", "pods/eviction", true),
+        (&agent, ns, "patch", "nodes", true),
+        (&agent, ns, "update", "nodes", true),
+        (&agent, ns, "delete", "volumeattachments.storage.k8s.io", true),
+        (&agent, ns, "patch", "persistentvolumes", true),
+        (&agent, elsewhere, "patch", "endpointslices.discovery.k8s.io", true),
+        (&agent, elsewhere, "patch", "endpoints", true),
+        (&agent, elsewhere, "create", "events.events.k8s.io", true),
+        (&agent, ns, "update", "leases.coordination.k8s.io", true),
+        (&agent, elsewhere, "update", "leases.coordination.k8s.io", false),
+        (&agent, elsewhere, "create", "services", false),
+        (&agent, elsewhere, "delete", "services", false),
+        (&agent, elsewhere, "delete", "endpointslices.discovery.k8s.io", false),
+        (&agent, ns, "delete", "persistentvolumes", false),
+        (&agent, ns, "delete", "nodes", false),
+        (&agent, elsewhere, "create", "pods", false),
+        (&agent, ns, "get", "secrets", false),
+    ];
+    let wrong: Vec<String> = matrix
+        .iter()
+        .filter(|(who, namespace, verb, resource, allowed)| can(who, namespace, verb, resource) != *allowed)
+        .map(|(who, namespace, verb, resource, allowed)| {
+            format!(
+                "{who} {} {verb} {resource} in {namespace}",
+                if *allowed { "cannot" } else { "can" }
+            )
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "RBAC differs from least privilege:\n{}",
+        wrong.join("\n")
+    );
+
+    run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
+    assert!(!get("clusterrole", &name("controller"), false), "cluster roles removed");
+    assert!(!get("clusterrole", &name("agent"), false));
+    assert!(!get("deployment", &name("controller"), true));
+    assert!(!get("daemonset", &name("agent"), true));
+    let secrets_left = tool("kubectl")
+        .args(["get", "secrets", "-n", &env.ns, "-l", "owner=helm", "-o", "name"])
+        .output()
+        .unwrap();
+    assert!(secrets_left.stdout.is_empty(), "helm's release record removed");
+    env.cleanup().await;
+}
