@@ -4,6 +4,10 @@
 test:
 	hack/test.sh
 
+# The demo: controller + three HA agents over simulated DRBD nodes, through a node failure.
+demo:
+	hack/demo.sh
+
 tools:
 	hack/tools.sh
 

@@ -19,15 +19,5 @@ hadolint Dockerfile
 step "build"
 cargo build --locked --all-targets
 
-run_dir=$(mktemp -d "${TMPDIR:-/tmp}/svc-test.XXXXXX")
-cleanup() { hack/cluster.sh down "$run_dir/cluster" || true; rm -rf "$run_dir"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-step "control plane up"
-hack/cluster.sh up "$run_dir/cluster"
-export KUBECONFIG="$run_dir/cluster/kubeconfig"
-export SVC_TOOLS_BIN="$bin"
-
-step "cargo test (unit and end-to-end)"
-cargo test --locked --all-targets -- --include-ignored
+step "cargo test (unit and end-to-end, on a fresh control plane)"
+hack/with-cluster.sh cargo test --locked --all-targets -- --include-ignored

@@ -5,13 +5,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::drbd::{SimNode, resource};
+use common::drbd::{SimNode, cluster_events, drbd_taints, healthy, lost, resource, slice_addresses};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
@@ -39,41 +37,6 @@ async fn teardown(env: TestEnv, processes: Vec<Process>) {
     env.cleanup().await;
 }
 
-/// Every node connected, `primary` (an index) Primary, all with quorum.
-fn healthy(nodes: &[SimNode], res: &str, primary: usize) {
-    for (i, node) in nodes.iter().enumerate() {
-        let role = |j: usize| if j == primary { "Primary" } else { "Secondary" };
-        let peers: Vec<_> = others(nodes, i).map(|(j, peer)| (peer, "Connected", role(j))).collect();
-        node.set(&[resource(res, role(i), true, &peers)]);
-    }
-}
-
-/// `lost` (an index) is gone: the others see it Connecting, keep quorum, and `new_primary` (if
-/// any) is promoted.
-fn lost(nodes: &[SimNode], res: &str, lost: usize, new_primary: Option<usize>) {
-    for (i, node) in nodes.iter().enumerate().filter(|(i, _)| *i != lost) {
-        let role = |j: usize| if Some(j) == new_primary { "Primary" } else { "Secondary" };
-        let peers: Vec<_> = others(nodes, i)
-            .map(|(j, peer)| {
-                if j == lost {
-                    (peer, "Connecting", "Unknown")
-                } else {
-                    (peer, "Connected", role(j))
-                }
-            })
-            .collect();
-        node.set(&[resource(res, role(i), true, &peers)]);
-    }
-}
-
-fn others(nodes: &[SimNode], i: usize) -> impl Iterator<Item = (usize, &str)> {
-    nodes
-        .iter()
-        .enumerate()
-        .filter(move |(j, _)| *j != i)
-        .map(|(j, n)| (j, n.name.as_str()))
-}
-
 async fn pod_state(env: &TestEnv, name: &str) -> Option<Pod> {
     env.api::<Pod>().get_opt(name).await.unwrap()
 }
@@ -86,49 +49,12 @@ async fn attachment_exists(env: &TestEnv, name: &str) -> bool {
         .is_some()
 }
 
-/// Waits for events about a cluster-scoped object (posted in `default`) with `reason`.
-async fn cluster_events(env: &TestEnv, name: &str, reason: &str) -> Vec<Event> {
-    let what = format!("a {reason} event about {name}");
-    eventually(&what, WAIT, || async {
-        let events: Vec<Event> = Api::<Event>::namespaced(env.client.clone(), "default")
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .collect();
-        (!events.is_empty()).then_some(events)
-    })
-    .await
-}
-
 async fn wait_for_taint(env: &TestEnv, node: &str, key: &str, present: bool) {
     let what = format!("taint {key} {} node {node}", if present { "on" } else { "off" });
     eventually(&what, WAIT, || async {
         (env.taints(node).await.iter().any(|t| t == key) == present).then_some(())
     })
     .await;
-}
-
-/// The node's `drbd.linbit.com/*` taints, if any. (New Nodes also carry the apiserver's
-/// `node.kubernetes.io/not-ready`, which stays: no node lifecycle controller runs here.)
-async fn drbd_taints(env: &TestEnv, node: &str) -> Option<Vec<String>> {
-    let ours: Vec<String> = env
-        .taints(node)
-        .await
-        .into_iter()
-        .filter(|t| t.starts_with("drbd.linbit.com/"))
-        .collect();
-    (!ours.is_empty()).then_some(ours)
-}
-
-async fn slice_addresses(env: &TestEnv, name: &str) -> Vec<String> {
-    match env.api::<EndpointSlice>().get_opt(name).await.unwrap() {
-        Some(slice) => slice.endpoints.into_iter().flat_map(|e| e.addresses).collect(),
-        None => vec![],
-    }
 }
 
 fn no_labels() -> Value {
@@ -139,7 +65,7 @@ fn no_labels() -> Value {
 #[ignore = "needs a control plane: run `make test`"]
 async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     let (env, nodes, pv) = three_nodes("agent-failover").await;
-    healthy(&nodes, &pv, 0);
+    healthy(&nodes, &[&pv], 0);
     env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
         .await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
@@ -177,7 +103,7 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     agents.remove(0).stop().await;
     env.set_node_ready(&nodes[0].name, false).await;
     let failed_at = Instant::now();
-    lost(&nodes, &pv, 0, None);
+    lost(&nodes, &[&pv], 0, None);
     wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
     eventually("the pod on node a force-deleted", WAIT, || async {
         pod_state(&env, "app").await.is_none().then_some(())
@@ -198,7 +124,7 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
 
     // DRBD promotes node b: its agent publishes itself and rewrites the endpoints.
     let promoted_at = Instant::now();
-    lost(&nodes, &pv, 0, Some(1));
+    lost(&nodes, &[&pv], 0, Some(1));
     eventually("the slice at node b", WAIT, || async {
         (slice_addresses(&env, &pv).await == [nodes[1].ip.clone()]).then_some(())
     })
@@ -321,7 +247,7 @@ async fn own_taints_follow_quorum_and_io_errors_and_a_suspended_primary_is_demot
 #[ignore = "needs a control plane: run `make test`"]
 async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
     let (env, nodes, pv) = three_nodes("agent-flapping").await;
-    healthy(&nodes, &pv, 0);
+    healthy(&nodes, &[&pv], 0);
     env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
         .await;
     let ignored = json!({"drbd.linbit.com/ignore-fail-over": ""});
@@ -331,9 +257,9 @@ async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
 
     // Node a drops out for about a second at a time, three times: shorter than the timeout.
     for _ in 0..3 {
-        lost(&nodes, &pv, 0, None);
+        lost(&nodes, &[&pv], 0, None);
         tokio::time::sleep(Duration::from_millis(1500)).await;
-        healthy(&nodes, &pv, 0);
+        healthy(&nodes, &[&pv], 0);
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     assert_eq!(drbd_taints(&env, &nodes[0].name).await, None, "no fail-over for a flap");
@@ -346,7 +272,7 @@ async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
     );
 
     // Gone for good (node still Ready): taint, the owned pod evicted, the ignored one untouched.
-    lost(&nodes, &pv, 0, None);
+    lost(&nodes, &[&pv], 0, None);
     wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
     eventually("the pod evicted", WAIT, || async {
         pod_state(&env, "app")
@@ -367,13 +293,13 @@ async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
 #[ignore = "needs a control plane: run `make test`"]
 async fn dry_run_reports_and_writes_nothing_and_the_guard_refuses_taints() {
     let (env, nodes, pv) = three_nodes("agent-safety").await;
-    healthy(&nodes, &pv, 0);
+    healthy(&nodes, &[&pv], 0);
     env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
         .await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     env.set_node_ready(&nodes[0].name, false).await;
     let dry = env.start_agent(&nodes[1], &["--dry-run"]).await;
-    lost(&nodes, &pv, 0, Some(1));
+    lost(&nodes, &[&pv], 0, Some(1));
 
     let reports = env.wait_for_events("app", "DryRun").await;
     assert!(
@@ -426,7 +352,7 @@ async fn dry_run_reports_and_writes_nothing_and_the_guard_refuses_taints() {
 #[ignore = "needs a control plane: run `make test`"]
 async fn the_evacuate_policy_moves_the_primary_off_a_drained_node() {
     let (env, nodes, pv) = three_nodes("agent-evacuate").await;
-    healthy(&nodes, &pv, 0);
+    healthy(&nodes, &[&pv], 0);
     let labels = json!({"app": "nfs-server"});
     env.running_pod("server", &nodes[0].name, "data", json!({}), labels)
         .await;
@@ -472,7 +398,7 @@ async fn the_evacuate_policy_moves_the_primary_off_a_drained_node() {
     env.wait_for_events("server", "NodeEvacuation").await;
 
     // DRBD hands the primary over to node b, whose agent takes the service endpoint.
-    healthy(&nodes, &pv, 1);
+    healthy(&nodes, &[&pv], 1);
     eventually("node b published", WAIT, || async {
         (env.pv_annotation(&pv, SERVICE_ENDPOINT).await == Some(nodes[1].endpoint())).then_some(())
     })

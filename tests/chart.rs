@@ -178,10 +178,7 @@ fn can(sa: &str, namespace: &str, verb: &str, resource: &str) -> bool {
         Some((resource, subresource)) => kubectl.args([resource, "--subresource", subresource]),
         None => kubectl.arg(resource),
     };
-    let status = kubectl
-        .output()
-        .expect("run kubectl auth can-i")
-        .status;
+    let status = kubectl.output().expect("run kubectl auth can-i").status;
     status.success()
 }
 

@@ -2,15 +2,18 @@
 //! read by `tests/fixtures/fake-drbdsetup`, and agent processes pointed at them.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
-use super::TestEnv;
 use super::process::Process;
+use super::{TestEnv, eventually};
 
 /// Label on every Node a test creates: `svc-test=<test id>`.
 pub const NODE_LABEL: &str = "svc-test";
@@ -238,5 +241,80 @@ impl TestEnv {
                 let _ = attachments.delete(&attachment.name_any(), &Default::default()).await;
             }
         }
+    }
+}
+
+/// Every node connected, `primary` (an index) Primary of every resource, all with quorum.
+pub fn healthy(nodes: &[SimNode], resources: &[&str], primary: usize) {
+    for (i, node) in nodes.iter().enumerate() {
+        let role = |j: usize| if j == primary { "Primary" } else { "Secondary" };
+        let peers: Vec<_> = others(nodes, i).map(|(j, peer)| (peer, "Connected", role(j))).collect();
+        let states: Vec<Value> = resources.iter().map(|r| resource(r, role(i), true, &peers)).collect();
+        node.set(&states);
+    }
+}
+
+/// `lost` (an index) is gone: the others see it Connecting, keep quorum, and `new_primary` (if
+/// any) is promoted. The lost node's own state is left as it was.
+pub fn lost(nodes: &[SimNode], resources: &[&str], lost: usize, new_primary: Option<usize>) {
+    for (i, node) in nodes.iter().enumerate().filter(|(i, _)| *i != lost) {
+        let role = |j: usize| if Some(j) == new_primary { "Primary" } else { "Secondary" };
+        let peers: Vec<_> = others(nodes, i)
+            .map(|(j, peer)| {
+                if j == lost {
+                    (peer, "Connecting", "Unknown")
+                } else {
+                    (peer, "Connected", role(j))
+                }
+            })
+            .collect();
+        let states: Vec<Value> = resources.iter().map(|r| resource(r, role(i), true, &peers)).collect();
+        node.set(&states);
+    }
+}
+
+fn others(nodes: &[SimNode], i: usize) -> impl Iterator<Item = (usize, &str)> {
+    nodes
+        .iter()
+        .enumerate()
+        .filter(move |(j, _)| *j != i)
+        .map(|(j, n)| (j, n.name.as_str()))
+}
+
+/// Waits for events about a cluster-scoped object (posted in `default`) with `reason`.
+pub async fn cluster_events(env: &TestEnv, name: &str, reason: &str) -> Vec<Event> {
+    let what = format!("a {reason} event about {name}");
+    eventually(&what, Duration::from_secs(30), || async {
+        let events: Vec<Event> = Api::<Event>::namespaced(env.client.clone(), "default")
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect();
+        (!events.is_empty()).then_some(events)
+    })
+    .await
+}
+
+/// The node's `drbd.linbit.com/*` taints, if any. (New Nodes also carry the apiserver's
+/// `node.kubernetes.io/not-ready`, which stays: no node lifecycle controller runs here.)
+pub async fn drbd_taints(env: &TestEnv, node: &str) -> Option<Vec<String>> {
+    let ours: Vec<String> = env
+        .taints(node)
+        .await
+        .into_iter()
+        .filter(|t| t.starts_with("drbd.linbit.com/"))
+        .collect();
+    (!ours.is_empty()).then_some(ours)
+}
+
+/// The addresses of the EndpointSlice `name` in the test namespace (none when it is missing).
+pub async fn slice_addresses(env: &TestEnv, name: &str) -> Vec<String> {
+    match env.api::<EndpointSlice>().get_opt(name).await.unwrap() {
+        Some(slice) => slice.endpoints.into_iter().flat_map(|e| e.addresses).collect(),
+        None => vec![],
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod drbd;
 pub mod process;
+pub mod prometheus;
 pub mod storageos;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Runs a command against a fresh local control plane: builds the tools if needed, starts etcd,
+# kube-apiserver and kube-controller-manager on loopback, exports KUBECONFIG, SVC_TOOLS_BIN and
+# PATH, runs "$@", and stops the control plane whatever happens. Exit status is the command's.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bin=$(hack/tools.sh)
+export PATH="$bin:$PATH" SVC_TOOLS_BIN="$bin"
+
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/svc-cluster.XXXXXX")
+cleanup() { hack/cluster.sh down "$run_dir/cluster" >&2 || true; rm -rf "$run_dir"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+printf '\n==> control plane up\n' >&2
+hack/cluster.sh up "$run_dir/cluster" >&2
+export KUBECONFIG="$run_dir/cluster/kubeconfig"
+"$@"

@@ -1,0 +1,258 @@
+//! The demo (`make demo`), also run by `make test`: the controller and three agents over three
+//! simulated DRBD nodes on the local control plane, a few RWX claims, the failure of the
+//! primary's node, and the endpoints following the new primary — told as a story with timings.
+//! A real Prometheus scrapes every process meanwhile, and every panel of the Grafana dashboard
+//! must return data from it. Every step waits for the real outcome, so the demo fails (and exits
+//! non-zero) when any step did not happen.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::drbd::{cluster_events, drbd_taints, healthy, lost, slice_addresses};
+use common::process::{Process, sample_value};
+use common::prometheus::Prometheus;
+use common::{MOUNT_ENDPOINT, eventually, serving};
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::Api;
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+const CLAIMS: [&str; 3] = ["shared-1", "shared-2", "shared-3"];
+
+struct Story {
+    started: Instant,
+}
+
+impl Story {
+    fn chapter(&self, title: &str) {
+        println!("\n== {title}");
+    }
+
+    fn say(&self, line: impl AsRef<str>) {
+        println!("[{:>6.2}s] {}", self.started.elapsed().as_secs_f64(), line.as_ref());
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make demo` or `make test`"]
+async fn demo() {
+    let story = Story {
+        started: Instant::now(),
+    };
+    story.chapter("1. Three storage nodes with simulated DRBD");
+    let env = common::setup("demo").await;
+    let nodes = env.sim_nodes(&["node-a", "node-b", "node-c"]).await;
+    for node in &nodes {
+        story.say(format!(
+            "Node {} (InternalIP {}) with a fake drbdsetup in {}",
+            node.name,
+            node.ip,
+            node.dir.display()
+        ));
+    }
+
+    story.chapter("2. The controller and one HA agent per node");
+    let controller = Process::start(
+        &format!("{}-controller", env.ns),
+        &["controller", "--namespace", &env.ns, "--leader-elect", "false"],
+    );
+    controller.wait_ready().await;
+    story.say(format!(
+        "controller ready (admin {}, logs {})",
+        controller.admin,
+        controller.log.display()
+    ));
+    let mut agents = Vec::new();
+    for node in &nodes {
+        let agent = env.start_agent(node, &[]).await;
+        story.say(format!("agent on {} ready (admin {})", node.name, agent.admin));
+        agents.push(agent);
+    }
+    let prometheus = Prometheus::start(
+        &env.ns,
+        &[
+            ("shared-volume-controller", vec![controller.admin]),
+            ("shared-volume-agent", agents.iter().map(|a| a.admin).collect()),
+        ],
+    )
+    .await;
+    story.say(format!(
+        "Prometheus scraping all four every second at http://{}",
+        prometheus.addr
+    ));
+
+    story.chapter("3. ReadWriteMany claims served from node-a");
+    let mut pvs = Vec::new();
+    for claim in CLAIMS {
+        let (_, pv) = env.bound_rwx_claim(claim, serving(&nodes[0].endpoint())).await;
+        pvs.push(pv.metadata.name.unwrap());
+    }
+    let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
+    healthy(&nodes, &resources, 0);
+    let mut attachments = Vec::new();
+    for (claim, pv) in CLAIMS.iter().zip(&pvs) {
+        env.running_pod(&format!("{claim}-app"), &nodes[0].name, claim, json!({}), json!({}))
+            .await;
+        attachments.push(env.attachment(claim, pv, &nodes[0].name).await);
+    }
+    story.say(format!(
+        "{} claims bound, DRBD primary on {}, one app pod and one VolumeAttachment each there",
+        CLAIMS.len(),
+        nodes[0].name
+    ));
+    let mut before = Vec::new();
+    for (claim, pv) in CLAIMS.iter().zip(&pvs) {
+        let mount = eventually("a published mount endpoint", WAIT, || {
+            env.pv_annotation(pv, MOUNT_ENDPOINT)
+        })
+        .await;
+        let slice = eventually("the EndpointSlice", WAIT, || async {
+            let addresses = slice_addresses(&env, pv).await;
+            (addresses == [nodes[0].ip.clone()]).then_some(addresses)
+        })
+        .await;
+        let cluster_ip = cluster_ip(&env, pv).await;
+        story.say(format!(
+            "{claim}: Service {pv} ClusterIP {cluster_ip}, EndpointSlice → {}:2049, mount endpoint {mount}",
+            slice.join(",")
+        ));
+        before.push((cluster_ip, mount));
+    }
+    env.bound_rwx_claim("broken", serving("nfs.example.com:2049")).await;
+    let warning = env.wait_for_events("broken", "InvalidServiceEndpoint").await;
+    story.say(format!(
+        "broken: a volume reporting a hostname gets a Warning and nothing else: {}",
+        warning[0].note.as_deref().unwrap_or_default()
+    ));
+
+    story.chapter("4. node-a fails");
+    agents.remove(0).stop().await;
+    env.set_node_ready(&nodes[0].name, false).await;
+    lost(&nodes, &resources, 0, None);
+    let failed = Instant::now();
+    story.say(
+        "node-a is NotReady and its agent gone; node-b and node-c see its DRBD connections drop (fail-over timeout 1s)",
+    );
+    eventually("the lost-quorum taint", WAIT, || async {
+        drbd_taints(&env, &nodes[0].name).await
+    })
+    .await;
+    story.say(format!(
+        "+{:.2}s node-a tainted drbd.linbit.com/lost-quorum:NoSchedule",
+        failed.elapsed().as_secs_f64()
+    ));
+    let pods: Api<Pod> = env.api();
+    eventually("the pods force-deleted", WAIT, || async {
+        let left = pods.list(&Default::default()).await.unwrap().items.len();
+        (left == 0).then_some(())
+    })
+    .await;
+    story.say(format!(
+        "+{:.2}s the {} app pods on node-a force-deleted (node NotReady: grace 0)",
+        failed.elapsed().as_secs_f64(),
+        CLAIMS.len()
+    ));
+    let vas: Api<VolumeAttachment> = Api::all(env.client.clone());
+    eventually("the attachments deleted", WAIT, || async {
+        for name in &attachments {
+            if vas.get_opt(name).await.unwrap().is_some() {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    story.say(format!(
+        "+{:.2}s the {} VolumeAttachments to node-a deleted",
+        failed.elapsed().as_secs_f64(),
+        attachments.len()
+    ));
+    cluster_events(&env, &nodes[0].name, "NodeStorageQuorumLost").await;
+
+    story.chapter("5. DRBD promotes node-b: the endpoints follow");
+    lost(&nodes, &resources, 0, Some(1));
+    let promoted = Instant::now();
+    for ((claim, pv), (cluster_ip, mount)) in CLAIMS.iter().zip(&pvs).zip(&before) {
+        eventually("the EndpointSlice at node-b", WAIT, || async {
+            (slice_addresses(&env, pv).await == [nodes[1].ip.clone()]).then_some(())
+        })
+        .await;
+        let elapsed = promoted.elapsed();
+        let now_ip = cluster_ip_of(&env, pv).await;
+        let now_mount = env.pv_annotation(pv, MOUNT_ENDPOINT).await.unwrap_or_default();
+        assert_eq!(&now_ip, cluster_ip, "the ClusterIP must not change");
+        assert_eq!(&now_mount, mount, "the mount endpoint must not change");
+        story.say(format!(
+            "+{:.2}s {claim}: EndpointSlice → {}:2049; ClusterIP {now_ip} and mount endpoint {now_mount} unchanged",
+            elapsed.as_secs_f64(),
+            nodes[1].ip
+        ));
+    }
+
+    story.chapter("6. Reconcile duration, from the controller's /metrics");
+    let (_, metrics) = controller.get("/metrics").await.expect("controller metrics");
+    for q in [0.5, 0.9, 0.99] {
+        let seconds = histogram_quantile(&metrics, "storageos_shared_volume_reconcile_duration_seconds", q);
+        story.say(format!("p{:<2} {:>8.2} ms", (q * 100.0) as u32, seconds * 1000.0));
+    }
+    let count = sample_value(&metrics, "storageos_shared_volume_reconcile_duration_seconds_count").unwrap_or(0.0);
+    story.say(format!("over {count} reconciles"));
+
+    story.chapter("7. The Grafana dashboard against the real Prometheus");
+    let (panels, queries) = prometheus.check_dashboard().await;
+    story.say(format!("all {panels} panels ({queries} queries) return data"));
+
+    story.chapter("8. Clean up");
+    agents.push(controller);
+    for process in agents {
+        process.stop().await;
+    }
+    drop(prometheus);
+    env.cleanup_nodes().await;
+    env.cleanup().await;
+    story.say("processes stopped, objects deleted; the demo ran every step");
+}
+
+async fn cluster_ip(env: &common::TestEnv, service: &str) -> String {
+    eventually("the Service's ClusterIP", WAIT, || cluster_ip_of_opt(env, service)).await
+}
+
+async fn cluster_ip_of(env: &common::TestEnv, service: &str) -> String {
+    cluster_ip_of_opt(env, service).await.unwrap_or_default()
+}
+
+async fn cluster_ip_of_opt(env: &common::TestEnv, service: &str) -> Option<String> {
+    env.api::<Service>().get_opt(service).await.unwrap()?.spec?.cluster_ip
+}
+
+/// Prometheus's `histogram_quantile` over one histogram's cumulative buckets, as exposed.
+fn histogram_quantile(exposition: &str, name: &str, q: f64) -> f64 {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, f64)> = exposition
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(&prefix)?;
+            let (le, value) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().ok()? };
+            Some((le, value.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map(|b| b.1).unwrap_or(0.0);
+    if total == 0.0 {
+        return f64::NAN;
+    }
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for (le, count) in &buckets {
+        if *count >= rank {
+            if le.is_infinite() {
+                return lower;
+            }
+            return lower + (le - lower) * (rank - below) / (count - below);
+        }
+        (lower, below) = (*le, *count);
+    }
+    lower
+}
