@@ -226,3 +226,19 @@ impl Freshness {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_fails_once_drbd_state_is_stale() {
+        let freshness = Freshness::new(Duration::from_millis(10), Duration::from_millis(5));
+        assert!(freshness.check().is_ok());
+        std::thread::sleep(Duration::from_millis(50));
+        let err = freshness.check().unwrap_err();
+        assert!(err.contains("DRBD state was last read"), "{err}");
+        freshness.mark_read();
+        assert!(freshness.check().is_ok());
+    }
+}
