@@ -41,6 +41,15 @@ async fn pod_state(env: &TestEnv, name: &str) -> Option<Pod> {
     env.api::<Pod>().get_opt(name).await.unwrap()
 }
 
+/// Waits until the pod is being deleted (evicted: it has a deletionTimestamp).
+async fn wait_for_eviction(env: &TestEnv, name: &str) {
+    let what = format!("pod {name} evicted");
+    eventually(&what, WAIT, || async {
+        pod_state(env, name).await?.metadata.deletion_timestamp.map(|_| ())
+    })
+    .await;
+}
+
 async fn attachment_exists(env: &TestEnv, name: &str) -> bool {
     Api::<VolumeAttachment>::all(env.client.clone())
         .get_opt(name)
@@ -221,13 +230,7 @@ async fn own_taints_follow_quorum_and_io_errors_and_a_suspended_primary_is_demot
     failing["force-io-failures"] = json!(true);
     b.set(&[failing]);
     wait_for_taint(&env, &b.name, FORCE_IO_ERROR, true).await;
-    eventually("the local pod evicted", WAIT, || async {
-        pod_state(&env, "local")
-            .await
-            .and_then(|p| p.metadata.deletion_timestamp)
-            .map(|_| ())
-    })
-    .await;
+    wait_for_eviction(&env, "local").await;
     env.wait_for_events("local", "VolumeForcingIoErrors").await;
     b.set(&[resource(&pv, "Secondary", true, &peers)]);
     wait_for_taint(&env, &b.name, FORCE_IO_ERROR, false).await;
@@ -274,13 +277,7 @@ async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
     // Gone for good (node still Ready): taint, the owned pod evicted, the ignored one untouched.
     lost(&nodes, &[&pv], 0, None);
     wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
-    eventually("the pod evicted", WAIT, || async {
-        pod_state(&env, "app")
-            .await
-            .and_then(|p| p.metadata.deletion_timestamp)
-            .map(|_| ())
-    })
-    .await;
+    wait_for_eviction(&env, "app").await;
     let ignored = pod_state(&env, "ignored").await.expect("the ignored pod still exists");
     assert!(
         ignored.metadata.deletion_timestamp.is_none(),
@@ -388,13 +385,7 @@ async fn the_evacuate_policy_moves_the_primary_off_a_drained_node() {
         "the PDB holds"
     );
     pdbs.delete("nfs-server", &DeleteParams::default()).await.unwrap();
-    eventually("the server evicted", WAIT, || async {
-        pod_state(&env, "server")
-            .await
-            .and_then(|p| p.metadata.deletion_timestamp)
-            .map(|_| ())
-    })
-    .await;
+    wait_for_eviction(&env, "server").await;
     env.wait_for_events("server", "NodeEvacuation").await;
 
     // DRBD hands the primary over to node b, whose agent takes the service endpoint.
