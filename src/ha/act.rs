@@ -355,6 +355,82 @@ fn reference<K: k8s_openapi::Resource>(namespace: Option<&str>, name: &str, uid:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ha::source::{DrbdError, MockDrbdSource};
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use mockall::predicate::eq;
+
+    /// A client whose API server answers every request with 200 `{}` (events go nowhere).
+    fn stub_client() -> Client {
+        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(b"{}"))))
+        });
+        Client::new(service, "default")
+    }
+
+    fn stub_executor(drbd: MockDrbdSource, dry_run: bool) -> (Executor, AgentMetrics) {
+        let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
+        let settings = ActSettings {
+            dry_run,
+            grace_period_seconds: 10,
+            operations_timeout: Duration::from_secs(5),
+            cooldown: Duration::from_secs(60),
+        };
+        let events = EventSink::new(stub_client(), "test", None);
+        let executor = Executor::new(stub_client(), Arc::new(drbd), events, metrics.clone(), settings);
+        (executor, metrics)
+    }
+
+    fn demote() -> Action {
+        Action::ForceSecondary {
+            resource: "pvc-1".into(),
+            pv: "pv-1".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_action_done_is_not_repeated_while_it_stays_decided() {
+        let mut drbd = MockDrbdSource::new();
+        drbd.expect_force_secondary()
+            .with(eq("pvc-1"))
+            .times(2)
+            .returning(|_| Ok(()));
+        let (executor, metrics) = stub_executor(drbd, false);
+        let now = Instant::now();
+        executor.run(vec![demote()], now).await;
+        executor.run(vec![demote()], now).await; // still decided: the cache lags, not repeated
+        executor.run(vec![], now).await; // no longer decided: forgotten
+        executor.run(vec![demote()], now).await; // needed again: done at once
+        let done = metrics.actions.with_label_values(&["force_secondary", "ok"]).get();
+        assert_eq!(done, 2);
+    }
+
+    #[tokio::test]
+    async fn failed_actions_are_retried_and_dry_run_runs_nothing() {
+        let mut drbd = MockDrbdSource::new();
+        drbd.expect_force_secondary().times(2).returning(|_| {
+            Err(DrbdError::Failed {
+                command: "drbdsetup secondary --force pvc-1".into(),
+                status: "exit status: 11".into(),
+                stderr: "State change failed".into(),
+            })
+        });
+        let (executor, metrics) = stub_executor(drbd, false);
+        executor.run(vec![demote()], Instant::now()).await;
+        executor.run(vec![demote()], Instant::now()).await;
+        let failed = metrics.actions.with_label_values(&["force_secondary", "failed"]).get();
+        assert_eq!(failed, 2);
+
+        let mut untouched = MockDrbdSource::new();
+        untouched.expect_force_secondary().never();
+        let (dry, metrics) = stub_executor(untouched, true);
+        dry.run(vec![demote()], Instant::now()).await;
+        let reported = metrics
+            .refused_actions
+            .with_label_values(&["force_secondary", "dry_run"])
+            .get();
+        assert_eq!(reported, 1);
+    }
 
     fn api_error(code: u16) -> kube::Error {
         kube::Error::Api(kube::core::Status::failure("test", "Test").with_code(code).boxed())
