@@ -31,7 +31,8 @@ pub struct ActSettings {
 /// How one action ended.
 #[derive(Debug, PartialEq, Eq)]
 enum Outcome {
-    Done,
+    /// Done; with a caveat worth telling (the endpoints were left to the controller).
+    Done(Option<String>),
     /// Nothing to do any more (already gone, replaced, or left to the controller).
     Skipped(String),
     /// A PodDisruptionBudget does not allow it now; tried again next round.
@@ -115,21 +116,24 @@ impl Executor {
         let result = tokio::time::timeout(self.settings.operations_timeout, self.execute(action)).await;
         let result = result.unwrap_or_else(|_| Err(format!("timed out after {:?}", self.settings.operations_timeout)));
         let label = match &result {
-            Ok(Outcome::Done) => "ok",
+            Ok(Outcome::Done(_)) => "ok",
             Ok(Outcome::Skipped(_)) => "skipped",
             Ok(Outcome::Blocked) => "blocked",
             Err(_) => "failed",
         };
         self.metrics.actions.with_label_values(&[action.kind(), label]).inc();
         match result {
-            Ok(Outcome::Done) => {
-                if let Action::PublishServiceEndpoint { .. } = action {
+            Ok(Outcome::Done(caveat)) => {
+                if let (Action::PublishServiceEndpoint { .. }, None) = (action, &caveat) {
                     self.metrics
                         .endpoint_rewrite
                         .observe(drbd_read_at.elapsed().as_secs_f64());
                 }
                 let (warning, reason) = event_reason(action);
-                let note = format!("{} ({})", action.describe(), why(action));
+                let mut note = format!("{} ({})", action.describe(), why(action));
+                if let Some(caveat) = caveat {
+                    note.push_str(&format!("; {caveat}"));
+                }
                 if warning {
                     self.events.warning(&target, reason, action.kind(), note).await;
                 } else {
@@ -182,7 +186,7 @@ impl Executor {
             Action::DeleteAttachment { name, .. } => {
                 let attachments: Api<VolumeAttachment> = Api::all(client.clone());
                 match attachments.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => Ok(Outcome::Done),
+                    Ok(_) => Ok(Outcome::Done(None)),
                     Err(err) if status(&err) == Some(404) => Ok(Outcome::Skipped("already deleted".into())),
                     Err(err) => Err(err.to_string()),
                 }
@@ -191,18 +195,13 @@ impl Executor {
                 .drbd
                 .force_secondary(resource)
                 .await
-                .map(|_| Outcome::Done)
+                .map(|_| Outcome::Done(None))
                 .map_err(|err| err.to_string()),
             Action::PublishServiceEndpoint { pv, endpoint } => match publish_and_follow(client, pv, endpoint).await {
-                Ok(Followed::Rewritten) => Ok(Outcome::Done),
-                Ok(Followed::Skipped(why)) => {
-                    tracing::info!(
-                        pv,
-                        endpoint,
-                        "service endpoint published; endpoints left to the controller: {why}"
-                    );
-                    Ok(Outcome::Done)
-                }
+                Ok(Followed::Rewritten) => Ok(Outcome::Done(None)),
+                Ok(Followed::Skipped(why)) => Ok(Outcome::Done(Some(format!(
+                    "only the service endpoint was published, the endpoints are left to the controller: {why}"
+                )))),
                 Err(err) => Err(err.to_string()),
             },
             Action::Refused { .. } => Ok(Outcome::Skipped("refused".into())),
@@ -235,7 +234,7 @@ fn delete_params(pod: &PodRef, grace_period_seconds: u32) -> DeleteParams {
 
 fn pod_outcome(result: Result<(), kube::Error>) -> Result<Outcome, kube::Error> {
     match result {
-        Ok(()) => Ok(Outcome::Done),
+        Ok(()) => Ok(Outcome::Done(None)),
         Err(err) => match status(&err) {
             Some(404) => Ok(Outcome::Skipped("the pod is gone".into())),
             Some(409) => Ok(Outcome::Skipped("the pod was replaced (UID precondition)".into())),
@@ -276,7 +275,7 @@ async fn change_taint(client: &Client, node: &str, key: &str, add: bool) -> Resu
             ..Default::default()
         };
         match nodes.replace(node, &params, &current).await {
-            Ok(_) => return Ok(Outcome::Done),
+            Ok(_) => return Ok(Outcome::Done(None)),
             Err(err) if status(&err) == Some(409) && attempts < 5 => continue,
             Err(err) => return Err(err),
         }
@@ -438,7 +437,7 @@ mod tests {
 
     #[test]
     fn pod_answers_map_to_outcomes() {
-        assert_eq!(pod_outcome(Ok(())).unwrap(), Outcome::Done);
+        assert_eq!(pod_outcome(Ok(())).unwrap(), Outcome::Done(None));
         assert!(matches!(pod_outcome(Err(api_error(404))), Ok(Outcome::Skipped(_))));
         assert!(matches!(pod_outcome(Err(api_error(409))), Ok(Outcome::Skipped(_))));
         assert_eq!(pod_outcome(Err(api_error(429))).unwrap(), Outcome::Blocked);
