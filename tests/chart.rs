@@ -6,8 +6,13 @@ mod common;
 
 use std::process::{Command, Output};
 
+use common::drbd::{resource, slice_addresses};
+use common::process::Process;
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
+
+const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
 const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/shared-volume-controller.json");
@@ -281,6 +286,8 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         wrong.join("\n")
     );
 
+    run_as_the_charts_service_accounts(&env, &controller, &agent).await;
+
     run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
     assert!(!get("clusterrole", &name("controller"), false), "cluster roles removed");
     assert!(!get("clusterrole", &name("agent"), false));
@@ -292,4 +299,82 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         .unwrap();
     assert!(secrets_left.stdout.is_empty(), "helm's release record removed");
     env.cleanup().await;
+}
+
+/// A copy of the test's kubeconfig whose user impersonates `service_account`.
+fn kubeconfig_as(env: &TestEnv, service_account: &str, name: &str) -> String {
+    let source = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(source).unwrap()).unwrap();
+    for user in config["users"].as_array_mut().unwrap() {
+        user["user"]["as"] = json!(service_account);
+    }
+    let path = std::env::temp_dir().join(format!("svc-e2e-{}-{name}.kubeconfig", env.ns));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let secrets = tool("kubectl")
+        .args(["--kubeconfig", path.to_str().unwrap(), "get", "secrets", "-n", &env.ns])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&secrets.stderr).contains("forbidden"),
+        "the kubeconfig must act as {service_account}"
+    );
+    path.display().to_string()
+}
+
+/// The binary as each of the chart's ServiceAccounts: RBAC that is too tight shows up as a
+/// missing outcome or a `forbidden` in the logs.
+async fn run_as_the_charts_service_accounts(env: &TestEnv, controller_sa: &str, agent_sa: &str) {
+    let as_controller = kubeconfig_as(env, controller_sa, "controller");
+    let controller = Process::start_with_env(
+        &format!("{}-controller", env.ns),
+        &["controller", "--namespace", &env.ns, "--lease-namespace", &env.ns],
+        &[("KUBECONFIG", as_controller.as_str())],
+    );
+    controller.wait_ready().await;
+    let node = env.sim_nodes(&["node"]).await.remove(0);
+    let (_, pv) = env.bound_rwx_claim("data", serving("10.77.9.9:2049")).await;
+    let pv = pv.metadata.name.unwrap();
+    eventually("the mount endpoint published as the controller", WAIT, || {
+        env.pv_annotation(&pv, MOUNT_ENDPOINT)
+    })
+    .await;
+    env.wait_for_events("data", "MountEndpointPublished").await;
+
+    let as_agent = kubeconfig_as(env, agent_sa, "agent");
+    node.set(&[resource(&pv, "Primary", true, &[])]);
+    env.running_pod("app", &node.name, "data", json!({}), json!({})).await;
+    let agent = env
+        .start_agent_with_env(&node, &[], &[("KUBECONFIG", as_agent.as_str())])
+        .await;
+    eventually("the endpoints at the agent's node", WAIT, || async {
+        (slice_addresses(env, &pv).await == [node.ip.clone()]).then_some(())
+    })
+    .await;
+    assert_eq!(env.pv_annotation(&pv, SERVICE_ENDPOINT).await, Some(node.endpoint()));
+    let mut failing = resource(&pv, "Secondary", true, &[]);
+    failing["force-io-failures"] = json!(true);
+    node.set(&[failing]);
+    eventually("the force-io taint and the eviction as the agent", WAIT, || async {
+        let tainted = env
+            .taints(&node.name)
+            .await
+            .iter()
+            .any(|t| t == "drbd.linbit.com/force-io-error");
+        let pod = env
+            .api::<k8s_openapi::api::core::v1::Pod>()
+            .get_opt("app")
+            .await
+            .unwrap();
+        let evicted = pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+        (tainted && evicted).then_some(())
+    })
+    .await;
+
+    for process in [controller, agent] {
+        let log = process.log.clone();
+        process.stop().await;
+        let text = std::fs::read_to_string(&log).unwrap().to_lowercase();
+        assert!(!text.contains("forbidden"), "RBAC too tight, see {}", log.display());
+    }
+    env.cleanup_nodes().await;
 }

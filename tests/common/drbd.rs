@@ -103,6 +103,11 @@ impl TestEnv {
     /// Starts an agent for `node`, managing only this test's nodes, its Lease in this namespace,
     /// with short test timings unless `extra` sets them.
     pub async fn start_agent(&self, node: &SimNode, extra: &[&str]) -> Process {
+        self.start_agent_with_env(node, extra, &[]).await
+    }
+
+    /// Like [`TestEnv::start_agent`], with extra environment variables.
+    pub async fn start_agent_with_env(&self, node: &SimNode, extra: &[&str], env: &[(&str, &str)]) -> Process {
         let drbdsetup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
         let proc_path = node.dir.join("proc");
         let selector = format!("{NODE_LABEL}={}", self.id);
@@ -132,7 +137,9 @@ impl TestEnv {
         args.extend_from_slice(extra);
         let dir = node.dir.to_str().unwrap();
         let log_name = format!("{}-{}", self.ns, node.name);
-        let process = Process::start_with_env(&log_name, &args, &[("FAKE_DRBD_DIR", dir)]);
+        let mut env = env.to_vec();
+        env.push(("FAKE_DRBD_DIR", dir));
+        let process = Process::start_with_env(&log_name, &args, &env);
         process.wait_ready().await;
         process
     }
