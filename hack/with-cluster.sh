@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bin=$(hack/tools.sh)
+bin=$(hack/tools.sh --print) # cluster.sh up builds whatever is missing
 export PATH="$bin:$PATH" SVC_TOOLS_BIN="$bin"
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/svc-cluster.XXXXXX")

@@ -136,7 +136,8 @@ impl TestEnv {
         }
         args.extend_from_slice(extra);
         let dir = node.dir.to_str().unwrap();
-        let log_name = format!("{}-{}", self.ns, node.name);
+        let short = node.name.trim_start_matches(&format!("{}-", self.id));
+        let log_name = format!("{}-agent-{short}", self.ns);
         let mut env = env.to_vec();
         env.push(("FAKE_DRBD_DIR", dir));
         let process = Process::start_with_env(&log_name, &args, &env);

@@ -36,7 +36,9 @@ impl Process {
         let admin = free_addr();
         let log = std::env::temp_dir().join(format!("svc-e2e-{name}.log"));
         let file = std::fs::File::create(&log).expect("create log file");
-        eprintln!("{name}: logs in {}", log.display());
+        if std::env::var_os("SVC_DEMO").is_none() {
+            eprintln!("{name}: logs in {}", log.display());
+        }
         let child = Command::new(env!("CARGO_BIN_EXE_shared-volume-controller"))
             .args(args)
             .arg("--admin-addr")
