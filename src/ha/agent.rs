@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
+use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use kube::Client;
 use prometheus::Registry;
@@ -23,39 +24,21 @@ use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
 
 pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: Shutdown) -> Result<()> {
-    let mut config = kube::Config::infer()
-        .await
-        .context("cannot find the Kubernetes API (in-cluster or KUBECONFIG)")?;
-    // An eviction a PodDisruptionBudget blocks is answered with 429 and Retry-After: we want that
-    // answer at once (and retry in a later round), not a client that waits inside the call.
-    config.default_retry = false;
-    let client = Client::try_from(config).context("cannot build a Kubernetes client")?;
+    let client = agent_client().await?;
     let metrics = AgentMetrics::register(&registry)?;
     let drbd: Arc<dyn DrbdSource> = Arc::new(DrbdSetup {
         binary: args.drbdsetup_path.clone(),
         proc_path: args.drbd_proc_path.clone(),
         timeout: *args.operations_timeout,
     });
-    let settings = Settings {
-        fail_over_timeout: *args.fail_over_timeout,
-        fail_over_unsafe_pods: args.fail_over_unsafe_pods,
-        disable_node_taints: args.disable_node_taints,
-        max_tainted_fraction: args.max_tainted_fraction,
-        nfs_port: args.nfs_port,
-        evacuate_taint: (args.node_drain_policy == DrainPolicy::Evacuate).then(|| args.evacuate_taint.clone()),
-    };
+    let settings = decision_settings(&args);
     let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone()));
     let executor = Executor::new(
         client.clone(),
         drbd.clone(),
         events,
         metrics.clone(),
-        ActSettings {
-            dry_run: args.dry_run,
-            grace_period_seconds: args.grace_period_seconds,
-            operations_timeout: *args.operations_timeout,
-            cooldown: *args.operations_timeout,
-        },
+        act_settings(&args),
     );
     let freshness = Freshness::new(*args.drbd_status_interval, *args.operations_timeout);
     probes.set_liveness_check({
@@ -82,16 +65,8 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
 
     let (cache, mut kube_changes) = Cache::start(&client, &args.node_selector, &args.satellite_pod_label);
     let mut drbd_changes = drbd.changes();
-    {
-        let synced = cache.synced();
-        tokio::pin!(synced);
-        loop {
-            tokio::select! {
-                _ = &mut synced => break,
-                _ = kube_changes.next() => {}
-                _ = shutdown.cancelled() => return Ok(()),
-            }
-        }
+    if !synced(&cache, &mut kube_changes, &shutdown).await {
+        return Ok(());
     }
     tracing::info!("Kubernetes caches synced");
 
@@ -151,6 +126,49 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
     let _ = heartbeat.await;
     tracing::info!(node = %args.node_name, "agent stopped");
     Ok(())
+}
+
+async fn agent_client() -> Result<Client> {
+    let mut config = kube::Config::infer()
+        .await
+        .context("cannot find the Kubernetes API (in-cluster or KUBECONFIG)")?;
+    // An eviction a PodDisruptionBudget blocks is answered with 429 and Retry-After: we want that
+    // answer at once (and retry in a later round), not a client that waits inside the call.
+    config.default_retry = false;
+    Client::try_from(config).context("cannot build a Kubernetes client")
+}
+
+fn decision_settings(args: &AgentArgs) -> Settings {
+    Settings {
+        fail_over_timeout: *args.fail_over_timeout,
+        fail_over_unsafe_pods: args.fail_over_unsafe_pods,
+        disable_node_taints: args.disable_node_taints,
+        max_tainted_fraction: args.max_tainted_fraction,
+        nfs_port: args.nfs_port,
+        evacuate_taint: (args.node_drain_policy == DrainPolicy::Evacuate).then(|| args.evacuate_taint.clone()),
+    }
+}
+
+fn act_settings(args: &AgentArgs) -> ActSettings {
+    ActSettings {
+        dry_run: args.dry_run,
+        grace_period_seconds: args.grace_period_seconds,
+        operations_timeout: *args.operations_timeout,
+        cooldown: *args.operations_timeout,
+    }
+}
+
+/// Drives the reflectors until every cache has listed its objects; false on shutdown first.
+async fn synced(cache: &Cache, changes: &mut BoxStream<'static, ()>, shutdown: &Shutdown) -> bool {
+    let synced = cache.synced();
+    tokio::pin!(synced);
+    loop {
+        tokio::select! {
+            _ = &mut synced => return true,
+            _ = changes.next() => {}
+            _ = shutdown.cancelled() => return false,
+        }
+    }
 }
 
 /// The next time something is due without any change: the DRBD safety-net read, the
