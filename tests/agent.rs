@@ -29,6 +29,15 @@ async fn three_nodes(test: &str) -> (TestEnv, Vec<SimNode>, String) {
     (env, nodes, pv.metadata.name.unwrap())
 }
 
+/// [`three_nodes`], all connected with node a Primary, and a pod `app` on node a using the claim.
+async fn app_on_node_a(test: &str) -> (TestEnv, Vec<SimNode>, String) {
+    let (env, nodes, pv) = three_nodes(test).await;
+    healthy(&nodes, &[&pv], 0);
+    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
+        .await;
+    (env, nodes, pv)
+}
+
 async fn teardown(env: TestEnv, processes: Vec<Process>) {
     for process in processes {
         process.stop().await;
@@ -73,10 +82,7 @@ fn no_labels() -> Value {
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
-    let (env, nodes, pv) = three_nodes("agent-failover").await;
-    healthy(&nodes, &[&pv], 0);
-    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
-        .await;
+    let (env, nodes, pv) = app_on_node_a("agent-failover").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     let controller = Process::start(
         &format!("{}-controller", env.ns),
@@ -249,10 +255,7 @@ async fn own_taints_follow_quorum_and_io_errors_and_a_suspended_primary_is_demot
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
-    let (env, nodes, pv) = three_nodes("agent-flapping").await;
-    healthy(&nodes, &[&pv], 0);
-    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
-        .await;
+    let (env, nodes, pv) = app_on_node_a("agent-flapping").await;
     let ignored = json!({"drbd.linbit.com/ignore-fail-over": ""});
     env.running_pod("ignored", &nodes[0].name, "data", ignored, no_labels())
         .await;
@@ -289,10 +292,7 @@ async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn dry_run_reports_and_writes_nothing_and_the_guard_refuses_taints() {
-    let (env, nodes, pv) = three_nodes("agent-safety").await;
-    healthy(&nodes, &[&pv], 0);
-    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
-        .await;
+    let (env, nodes, pv) = app_on_node_a("agent-safety").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     env.set_node_ready(&nodes[0].name, false).await;
     let dry = env.start_agent(&nodes[1], &["--dry-run"]).await;
