@@ -1,7 +1,7 @@
 //! From cached Kubernetes objects to the agent's [`Observed`] view (pure): the indexes the
 //! decisions need (PV by DRBD resource, pods by claim, attachments by PV, satellites by name).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -24,6 +24,9 @@ pub struct Snapshot {
     pub satellites: Vec<Arc<Pod>>,
 }
 
+/// A claim by (namespace, name).
+type Claim = (String, String);
+
 /// Builds the view of `node`. Only PVs of local DRBD resources are looked at.
 pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &Snapshot) -> Observed {
     let nodes: BTreeMap<String, NodeView> = snapshot.nodes.iter().map(|n| (n.name_any(), node_view(n))).collect();
@@ -33,26 +36,37 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
             internal_ip(own)
         })
         .map(|ip| ip.to_string());
-    let mut pods_by_claim: HashMap<(String, String), Vec<PodView>> = HashMap::new();
+    // The local resources' PVs first, so that only the pods of their claims are looked at closely.
+    let local: HashSet<&str> = drbd.resources.iter().map(|r| r.name.as_str()).collect();
+    let local_pvs: Vec<(String, &PersistentVolume, Option<Claim>)> = snapshot
+        .pvs
+        .iter()
+        .filter_map(|pv| {
+            let resource = csi_resource_name(pv).filter(|r| local.contains(r.as_str()))?;
+            let claim = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .and_then(|c| Some((c.namespace.clone()?, c.name.clone()?)));
+            Some((resource, pv.as_ref(), claim))
+        })
+        .collect();
+    let wanted: HashSet<(&str, &str)> = local_pvs
+        .iter()
+        .filter_map(|(_, _, claim)| claim.as_ref().map(|(ns, name)| (ns.as_str(), name.as_str())))
+        .collect();
+    let mut pods_by_claim: HashMap<Claim, Vec<PodView>> = HashMap::new();
     for pod in &snapshot.pods {
-        let view = pod_view(pod);
-        for claim in claims(pod) {
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
+        for claim in claims(pod).filter(|claim| wanted.contains(&(namespace, *claim))) {
             pods_by_claim
-                .entry((view.namespace.clone(), claim))
+                .entry((namespace.to_owned(), claim.to_owned()))
                 .or_default()
-                .push(view.clone());
+                .push(pod_view(pod));
         }
     }
-    let local: std::collections::HashSet<&str> = drbd.resources.iter().map(|r| r.name.as_str()).collect();
     let mut volumes = HashMap::new();
-    for pv in &snapshot.pvs {
-        let Some(resource) = csi_resource_name(pv).filter(|r| local.contains(r.as_str())) else {
-            continue;
-        };
-        let spec = pv.spec.as_ref();
-        let claim = spec
-            .and_then(|s| s.claim_ref.as_ref())
-            .and_then(|c| Some((c.namespace.clone()?, c.name.clone()?)));
+    for (resource, pv, claim) in local_pvs {
         let pods = claim
             .as_ref()
             .and_then(|c| pods_by_claim.get(c))
@@ -65,7 +79,9 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
             .filter(|a| a.spec.source.persistent_volume_name.as_deref() == Some(pv.name_any().as_str()))
             .map(|a| (a.name_any(), a.spec.node_name.clone()))
             .collect();
-        let rwx = spec
+        let rwx = pv
+            .spec
+            .as_ref()
             .and_then(|s| s.access_modes.as_ref())
             .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"));
         let view = VolumeView {
@@ -134,11 +150,11 @@ fn pod_view(pod: &Pod) -> PodView {
     }
 }
 
-fn claims(pod: &Pod) -> impl Iterator<Item = String> + '_ {
+fn claims(pod: &Pod) -> impl Iterator<Item = &str> + '_ {
     pod.spec
         .iter()
         .flat_map(|s| s.volumes.iter().flatten())
-        .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.clone()))
+        .filter_map(|v| Some(v.persistent_volume_claim.as_ref()?.claim_name.as_str()))
 }
 
 /// Volumes that stay correct when the pod restarts on another node: claims and what the
@@ -287,7 +303,7 @@ mod tests {
     fn trimmed_pods_keep_what_decisions_read() {
         let mut pod = (*snapshot().pods[0]).clone();
         let before = pod_view(&pod);
-        let claims_before: Vec<_> = claims(&pod).collect();
+        let claims_before: Vec<String> = claims(&pod).map(String::from).collect();
         trim_pod(&mut pod);
         assert_eq!(pod_view(&pod), before);
         assert_eq!(claims(&pod).collect::<Vec<_>>(), claims_before);
