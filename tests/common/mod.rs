@@ -44,7 +44,13 @@ pub async fn setup(test: &str) -> TestEnv {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .subsec_nanos();
-    let id = format!("{:05x}", (std::process::id() ^ nanos) % 0xfffff);
+    // Tests of one binary run at once: a per-process counter keeps their ids apart.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = format!(
+        "{:05x}",
+        ((std::process::id() ^ nanos) & 0xfff00 | (serial & 0xff)) % 0xfffff
+    );
     let ns = format!("{}-{id}", test.replace('_', "-"));
     let namespace = Namespace {
         metadata: ObjectMeta {
