@@ -192,7 +192,12 @@ fn can(sa: &str, namespace: &str, verb: &str, resource: &str) -> bool {
 async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     let env = common::setup("chart").await;
     let release = format!("svc-{}", env.id);
-    run(tool("helm").args(["install", &release, CHART, "--namespace", &env.ns]));
+    let installed = run(tool("helm").args(["install", &release, CHART, "--namespace", &env.ns]));
+    let notes = String::from_utf8_lossy(&installed.stdout);
+    assert!(
+        notes.contains("Next:") && notes.contains(&format!("kubectl -n {} get deploy", env.ns)),
+        "NOTES.txt tells what to do next: {notes}"
+    );
 
     let name = |component: &str| format!("{release}-shared-volume-controller-{component}");
     let get = |kind: &str, object: &str, namespaced: bool| {
