@@ -74,13 +74,13 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
     let mut timers = Timers::new();
     let mut drbd_state: Option<(DrbdState, Instant)> = None;
     let mut drbd_due = true;
+    // Scheduled from the last attempt, not the last success: a failing drbdsetup is retried at
+    // the status interval, not in a tight loop.
+    let mut next_read = Instant::now();
     let mut next_resync = Instant::now() + *args.resync_interval;
     loop {
-        let now = Instant::now();
-        let stale = drbd_state
-            .as_ref()
-            .is_none_or(|(_, at)| now.duration_since(*at) >= *args.drbd_status_interval);
-        if drbd_due || stale {
+        if drbd_due || Instant::now() >= next_read {
+            next_read = Instant::now() + *args.drbd_status_interval;
             match drbd.read().await {
                 Ok(state) => {
                     record_resources(&metrics, &state);
@@ -109,7 +109,7 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
             executor.run(actions, *read_at).await;
         }
 
-        let wake = next_wake(&drbd_state, &timers, &settings, &args);
+        let wake = next_wake(next_read, &timers, &settings, *args.reconcile_interval);
         tokio::select! {
             _ = shutdown.cancelled() => break,
             Some(()) = drbd_changes.next() => drbd_due = true,
@@ -172,23 +172,16 @@ async fn synced(cache: &Cache, changes: &mut BoxStream<'static, ()>, shutdown: &
 }
 
 /// The next time something is due without any change: the DRBD safety-net read, the
-/// reconcile interval, or the earliest fail-over timer to expire.
-fn next_wake(
-    drbd_state: &Option<(DrbdState, Instant)>,
-    timers: &Timers,
-    settings: &Settings,
-    args: &AgentArgs,
-) -> Instant {
+/// reconcile interval, or the earliest fail-over timer still to expire (an expired one, whose
+/// peer stays away, is the reconcile interval's business).
+fn next_wake(next_read: Instant, timers: &Timers, settings: &Settings, reconcile_interval: Duration) -> Instant {
     let now = Instant::now();
-    let next_read = drbd_state
-        .as_ref()
-        .map(|(_, at)| *at + *args.drbd_status_interval)
-        .unwrap_or(now + Duration::from_secs(1));
     let next_timer = timers
         .values()
         .map(|started| *started + settings.fail_over_timeout)
+        .filter(|deadline| *deadline > now)
         .min();
-    [Some(next_read), Some(now + *args.reconcile_interval), next_timer]
+    [Some(next_read), Some(now + reconcile_interval), next_timer]
         .into_iter()
         .flatten()
         .min()
@@ -248,6 +241,25 @@ impl Freshness {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expired_timers_do_not_make_the_loop_spin() {
+        let settings = Settings {
+            fail_over_timeout: Duration::from_secs(5),
+            fail_over_unsafe_pods: false,
+            disable_node_taints: false,
+            max_tainted_fraction: 0.5,
+            nfs_port: 2049,
+            evacuate_taint: None,
+        };
+        let now = Instant::now();
+        let next_read = now + Duration::from_secs(5);
+        let reconcile = Duration::from_secs(10);
+        let expired: Timers = [(("r".to_string(), "p".to_string()), now - Duration::from_secs(60))].into();
+        assert!(next_wake(next_read, &expired, &settings, reconcile) >= next_read);
+        let running: Timers = [(("r".to_string(), "p".to_string()), now - Duration::from_secs(3))].into();
+        assert!(next_wake(next_read, &running, &settings, reconcile) < now + Duration::from_secs(3));
+    }
 
     #[test]
     fn liveness_fails_once_drbd_state_is_stale() {
