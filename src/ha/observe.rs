@@ -65,6 +65,17 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
                 .push(pod_view(pod));
         }
     }
+    let mut attachments_by_pv: HashMap<&str, Vec<(String, String)>> = HashMap::new();
+    for attachment in snapshot
+        .attachments
+        .iter()
+        .filter(|a| a.metadata.deletion_timestamp.is_none())
+    {
+        if let Some(pv) = attachment.spec.source.persistent_volume_name.as_deref() {
+            let entry = (attachment.name_any(), attachment.spec.node_name.clone());
+            attachments_by_pv.entry(pv).or_default().push(entry);
+        }
+    }
     let mut volumes = HashMap::new();
     for (resource, pv, claim) in local_pvs {
         let pods = claim
@@ -72,13 +83,7 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
             .and_then(|c| pods_by_claim.get(c))
             .cloned()
             .unwrap_or_default();
-        let attachments = snapshot
-            .attachments
-            .iter()
-            .filter(|a| a.metadata.deletion_timestamp.is_none())
-            .filter(|a| a.spec.source.persistent_volume_name.as_deref() == Some(pv.name_any().as_str()))
-            .map(|a| (a.name_any(), a.spec.node_name.clone()))
-            .collect();
+        let attachments = attachments_by_pv.remove(pv.name_any().as_str()).unwrap_or_default();
         let rwx = pv
             .spec
             .as_ref()
