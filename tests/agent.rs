@@ -9,9 +9,8 @@ use common::drbd::{SimNode, cluster_events, drbd_taints, healthy, lost, resource
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::{Value, json};
@@ -42,7 +41,6 @@ async fn teardown(env: TestEnv, processes: Vec<Process>) {
     for process in processes {
         process.stop().await;
     }
-    env.cleanup_nodes().await;
     env.cleanup().await;
 }
 
@@ -57,14 +55,6 @@ async fn wait_for_eviction(env: &TestEnv, name: &str) {
         pod_state(env, name).await?.metadata.deletion_timestamp.map(|_| ())
     })
     .await;
-}
-
-async fn attachment_exists(env: &TestEnv, name: &str) -> bool {
-    Api::<VolumeAttachment>::all(env.client.clone())
-        .get_opt(name)
-        .await
-        .unwrap()
-        .is_some()
 }
 
 async fn wait_for_taint(env: &TestEnv, node: &str, key: &str, present: bool) {
@@ -93,8 +83,7 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
         env.pv_annotation(&pv, MOUNT_ENDPOINT)
     })
     .await;
-    let service = env.api::<Service>().get(&pv).await.unwrap();
-    let cluster_ip = service.spec.unwrap().cluster_ip.unwrap();
+    let cluster_ip = env.cluster_ip(&pv).await.unwrap();
     eventually("the slice at node a", WAIT, || async {
         (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
     })
@@ -125,7 +114,7 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     })
     .await;
     eventually("the attachment deleted", WAIT, || async {
-        (!attachment_exists(&env, &attachment).await).then_some(())
+        (!env.attachment_exists(&attachment).await).then_some(())
     })
     .await;
     let fail_over = failed_at.elapsed();
@@ -160,9 +149,8 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
         env.pv_annotation(&pv, SERVICE_ENDPOINT).await,
         Some(nodes[1].endpoint())
     );
-    let service = env.api::<Service>().get(&pv).await.unwrap();
     assert_eq!(
-        service.spec.unwrap().cluster_ip.unwrap(),
+        env.cluster_ip(&pv).await.unwrap(),
         cluster_ip,
         "the ClusterIP never changes"
     );
@@ -319,7 +307,7 @@ async fn dry_run_reports_and_writes_nothing_and_the_guard_refuses_taints() {
     }
     assert_eq!(drbd_taints(&env, &nodes[0].name).await, None);
     assert!(pod_state(&env, "app").await.is_some());
-    assert!(attachment_exists(&env, &attachment).await);
+    assert!(env.attachment_exists(&attachment).await);
     assert_eq!(
         env.pv_annotation(&pv, SERVICE_ENDPOINT).await,
         Some(nodes[0].endpoint())

@@ -381,5 +381,4 @@ async fn run_as_the_charts_service_accounts(env: &TestEnv, controller_sa: &str, 
         let text = std::fs::read_to_string(&log).unwrap().to_lowercase();
         assert!(!text.contains("forbidden"), "RBAC too tight, see {}", log.display());
     }
-    env.cleanup_nodes().await;
 }

@@ -13,8 +13,7 @@ use common::drbd::{cluster_events, drbd_taints, healthy, lost, slice_addresses};
 use common::process::{Process, sample_value};
 use common::prometheus::Prometheus;
 use common::{MOUNT_ENDPOINT, eventually, serving};
-use k8s_openapi::api::core::v1::{Pod, Service};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::json;
 
@@ -113,7 +112,7 @@ async fn demo() {
             (addresses == [nodes[0].ip.clone()]).then_some(addresses)
         })
         .await;
-        let cluster_ip = cluster_ip(&env, pv).await;
+        let cluster_ip = eventually("the Service's ClusterIP", WAIT, || env.cluster_ip(pv)).await;
         story.say(format!(
             "{claim}: Service {pv} ClusterIP {cluster_ip}, EndpointSlice → {}:2049, mount endpoint {mount}",
             slice.join(",")
@@ -154,10 +153,9 @@ async fn demo() {
         failed.elapsed().as_secs_f64(),
         CLAIMS.len()
     ));
-    let vas: Api<VolumeAttachment> = Api::all(env.client.clone());
     eventually("the attachments deleted", WAIT, || async {
         for name in &attachments {
-            if vas.get_opt(name).await.unwrap().is_some() {
+            if env.attachment_exists(name).await {
                 return None;
             }
         }
@@ -180,7 +178,7 @@ async fn demo() {
         })
         .await;
         let elapsed = promoted.elapsed();
-        let now_ip = cluster_ip_of(&env, pv).await;
+        let now_ip = env.cluster_ip(pv).await.unwrap_or_default();
         let now_mount = env.pv_annotation(pv, MOUNT_ENDPOINT).await.unwrap_or_default();
         assert_eq!(&now_ip, cluster_ip, "the ClusterIP must not change");
         assert_eq!(&now_mount, mount, "the mount endpoint must not change");
@@ -210,21 +208,8 @@ async fn demo() {
         process.stop().await;
     }
     drop(prometheus);
-    env.cleanup_nodes().await;
     env.cleanup().await;
     story.say("processes stopped, objects deleted; the demo ran every step");
-}
-
-async fn cluster_ip(env: &common::TestEnv, service: &str) -> String {
-    eventually("the Service's ClusterIP", WAIT, || cluster_ip_of_opt(env, service)).await
-}
-
-async fn cluster_ip_of(env: &common::TestEnv, service: &str) -> String {
-    cluster_ip_of_opt(env, service).await.unwrap_or_default()
-}
-
-async fn cluster_ip_of_opt(env: &common::TestEnv, service: &str) -> Option<String> {
-    env.api::<Service>().get_opt(service).await.unwrap()?.spec?.cluster_ip
 }
 
 /// Prometheus's `histogram_quantile` over one histogram's cumulative buckets, as exposed.

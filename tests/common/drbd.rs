@@ -236,8 +236,16 @@ impl TestEnv {
         name
     }
 
-    /// Deletes the Nodes and VolumeAttachments this test made.
-    pub async fn cleanup_nodes(&self) {
+    pub async fn attachment_exists(&self, name: &str) -> bool {
+        Api::<VolumeAttachment>::all(self.client.clone())
+            .get_opt(name)
+            .await
+            .unwrap()
+            .is_some()
+    }
+
+    /// Deletes the Nodes and VolumeAttachments this test made (part of [`TestEnv::cleanup`]).
+    pub(super) async fn cleanup_nodes(&self) {
         let selector = format!("{NODE_LABEL}={}", self.id);
         let nodes: Api<Node> = Api::all(self.client.clone());
         let _ = nodes

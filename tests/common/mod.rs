@@ -92,8 +92,9 @@ impl TestEnv {
         format!("pvc-{}-{name}", self.id)
     }
 
-    /// Deletes the namespace and the PVs this test made.
+    /// Deletes the namespace and the PVs, Nodes and VolumeAttachments this test made.
     pub async fn cleanup(self) {
+        self.cleanup_nodes().await;
         let pvs = self.pvs();
         if let Ok(list) = pvs.list(&Default::default()).await {
             let prefix = self.pv_name("");
@@ -232,6 +233,16 @@ impl TestEnv {
             )
             .await
             .expect("annotate PV");
+    }
+
+    /// The ClusterIP of a Service in this namespace, once it has one.
+    pub async fn cluster_ip(&self, service: &str) -> Option<String> {
+        let service = self
+            .api::<k8s_openapi::api::core::v1::Service>()
+            .get_opt(service)
+            .await
+            .unwrap()?;
+        service.spec?.cluster_ip.filter(|ip| !ip.is_empty())
     }
 
     /// An annotation of a PV as stored now.
