@@ -2,7 +2,7 @@
 //! concurrency), `drbdsetup`, events and metrics. In dry-run mode it only reports.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, Pod, Taint};
@@ -46,7 +46,7 @@ pub struct Executor {
     metrics: AgentMetrics,
     settings: ActSettings,
     /// Action description → when it was last done or reported.
-    recent: Mutex<HashMap<String, Instant>>,
+    recent: HashMap<String, Instant>,
 }
 
 impl Executor {
@@ -63,31 +63,26 @@ impl Executor {
             events,
             metrics,
             settings,
-            recent: Mutex::default(),
+            recent: HashMap::new(),
         }
     }
 
     /// Carries out `actions` in order. `drbd_read_at` is when the DRBD state they were decided
     /// on was read: the start of the endpoint-rewrite latency.
-    pub async fn run(&self, actions: Vec<Action>, drbd_read_at: Instant) {
+    pub async fn run(&mut self, actions: Vec<Action>, drbd_read_at: Instant) {
         let now = Instant::now();
         let decided: Vec<String> = actions.iter().map(Action::describe).collect();
         // An action no longer decided has taken effect (or its cause went away): when it is
         // needed again, it is carried out at once.
+        let cooldown = self.settings.cooldown;
         self.recent
-            .lock()
-            .expect("recent actions poisoned")
-            .retain(|key, at| now.duration_since(*at) < self.settings.cooldown && decided.contains(key));
-        for action in actions {
-            let key = action.describe();
-            if self.recent.lock().expect("recent actions poisoned").contains_key(&key) {
+            .retain(|key, at| now.duration_since(*at) < cooldown && decided.contains(key));
+        for (action, key) in actions.iter().zip(decided) {
+            if self.recent.contains_key(&key) {
                 continue;
             }
-            if self.carry_out(&action, drbd_read_at).await {
-                self.recent
-                    .lock()
-                    .expect("recent actions poisoned")
-                    .insert(key, Instant::now());
+            if self.carry_out(action, drbd_read_at).await {
+                self.recent.insert(key, Instant::now());
             }
         }
     }
@@ -394,7 +389,7 @@ mod tests {
             .with(eq("pvc-1"))
             .times(2)
             .returning(|_| Ok(()));
-        let (executor, metrics) = stub_executor(drbd, false);
+        let (mut executor, metrics) = stub_executor(drbd, false);
         let now = Instant::now();
         executor.run(vec![demote()], now).await;
         executor.run(vec![demote()], now).await; // still decided: the cache lags, not repeated
@@ -414,7 +409,7 @@ mod tests {
                 stderr: "State change failed".into(),
             })
         });
-        let (executor, metrics) = stub_executor(drbd, false);
+        let (mut executor, metrics) = stub_executor(drbd, false);
         executor.run(vec![demote()], Instant::now()).await;
         executor.run(vec![demote()], Instant::now()).await;
         let failed = metrics.actions.with_label_values(&["force_secondary", "failed"]).get();
@@ -422,7 +417,7 @@ mod tests {
 
         let mut untouched = MockDrbdSource::new();
         untouched.expect_force_secondary().never();
-        let (dry, metrics) = stub_executor(untouched, true);
+        let (mut dry, metrics) = stub_executor(untouched, true);
         dry.run(vec![demote()], Instant::now()).await;
         let reported = metrics
             .refused_actions

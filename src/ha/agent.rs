@@ -33,7 +33,7 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
     });
     let settings = decision_settings(&args);
     let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone()));
-    let executor = Executor::new(
+    let mut executor = Executor::new(
         client.clone(),
         drbd.clone(),
         events,
