@@ -3,14 +3,12 @@
 //! so clients of the unchanged ClusterIP reach the new primary without waiting for the leader.
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Service};
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
 use crate::names::{AGENT_FIELD_MANAGER, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::classify::{self, Filters, Invalid, Skip};
 use crate::sharedvolume::reconcile::write_endpoints;
-use crate::volume::kubernetes::volume_from_pv;
+use crate::volume::kubernetes::{apply_annotation, volume_from_pv};
 
 /// What happened to the endpoints after the publish.
 #[derive(Debug, PartialEq, Eq)]
@@ -23,13 +21,14 @@ pub enum Followed {
 
 pub async fn publish_and_follow(client: &Client, pv_name: &str, endpoint: &str) -> Result<Followed, kube::Error> {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let patch = json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": pv_name, "annotations": {SERVICE_ENDPOINT_ANNOTATION: endpoint}},
-    });
-    let params = PatchParams::apply(AGENT_FIELD_MANAGER).force();
-    let pv = pvs.patch(pv_name, &params, &Patch::Apply(&patch)).await?;
+    let pv = apply_annotation(
+        &pvs,
+        AGENT_FIELD_MANAGER,
+        pv_name,
+        SERVICE_ENDPOINT_ANNOTATION,
+        endpoint,
+    )
+    .await?;
 
     let Some((namespace, name)) = pv
         .spec

@@ -42,15 +42,32 @@ impl VolumeBackend for PvAnnotations {
         _volume: &VolumeInfo,
         mount_endpoint: &str,
     ) -> Result<(), VolumeError> {
-        // Server-side apply of just this one annotation: the storage system's annotations and
-        // every other field stay theirs.
-        let patch = json!({
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv.name_any(), "annotations": {MOUNT_ENDPOINT_ANNOTATION: mount_endpoint}},
-        });
-        let params = PatchParams::apply(CONTROLLER_FIELD_MANAGER).force();
-        self.pvs.patch(&pv.name_any(), &params, &Patch::Apply(&patch)).await?;
+        apply_annotation(
+            &self.pvs,
+            CONTROLLER_FIELD_MANAGER,
+            &pv.name_any(),
+            MOUNT_ENDPOINT_ANNOTATION,
+            mount_endpoint,
+        )
+        .await?;
         Ok(())
     }
+}
+
+/// Server-side apply of just one annotation of a PV under `field_manager`: the storage system's
+/// annotations and every other field stay theirs. Returns the PV as stored.
+pub async fn apply_annotation(
+    pvs: &Api<PersistentVolume>,
+    field_manager: &str,
+    pv_name: &str,
+    key: &str,
+    value: &str,
+) -> Result<PersistentVolume, kube::Error> {
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "annotations": {key: value}},
+    });
+    let params = PatchParams::apply(field_manager).force();
+    pvs.patch(pv_name, &params, &Patch::Apply(&patch)).await
 }
