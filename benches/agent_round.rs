@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use serde_json::json;
-use shared_volume_controller::ha::decide::{Settings, Timers, decide};
-use shared_volume_controller::ha::drbd::{Connection, Device, Resource};
-use shared_volume_controller::ha::observe::{Snapshot, observe};
-use shared_volume_controller::ha::source::DrbdState;
+use shared_volume_controller::agent::decide::{DecisionSettings, decide};
+use shared_volume_controller::agent::drbd::{Connection, Device, DrbdState, Resource};
+use shared_volume_controller::agent::observe::{Snapshot, observe};
+use shared_volume_controller::agent::view::Timers;
 
 const LOCAL_RESOURCES: usize = 100;
 const NODES: usize = 50;
@@ -84,7 +84,7 @@ fn drbd() -> DrbdState {
 }
 
 fn round_time(snapshot: &Snapshot) -> Duration {
-    let settings = Settings {
+    let settings = DecisionSettings {
         fail_over_timeout: Duration::ZERO,
         fail_over_unsafe_pods: false,
         disable_node_taints: false,

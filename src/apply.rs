@@ -1,13 +1,15 @@
 //! The one way we write Kubernetes objects: server-side apply under a field manager, and only when
-//! the object in the cluster differs from what we want (a converged object costs no write).
+//! the object in the cluster differs from what we want (a converged object costs no write); and
+//! the apply of one PV annotation, for the endpoints the two loops publish.
 
 use std::fmt::Debug;
 
+use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 /// True when every field set in `desired` has the same value in `current`. Maps may carry extra
 /// keys (other writers' labels, defaulted fields); lists must match element by element.
@@ -49,6 +51,24 @@ where
     let params = PatchParams::apply(field_manager).force();
     let applied = api.patch(&desired.name_any(), &params, &Patch::Apply(desired)).await?;
     Ok(Some(applied))
+}
+
+/// Server-side apply of just one annotation of a PV under `field_manager`: the storage system's
+/// annotations and every other field stay theirs. Returns the PV as stored.
+pub async fn apply_annotation(
+    pvs: &Api<PersistentVolume>,
+    field_manager: &str,
+    pv_name: &str,
+    key: &str,
+    value: &str,
+) -> Result<PersistentVolume, kube::Error> {
+    let patch = json!({
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "annotations": {key: value}},
+    });
+    let params = PatchParams::apply(field_manager).force();
+    pvs.patch(pv_name, &params, &Patch::Apply(&patch)).await
 }
 
 #[cfg(test)]

@@ -4,11 +4,12 @@
 //! per-node DRBD HA agent (`agent` subcommand). See `README.md` for how they fit together.
 
 pub mod admin;
+pub mod agent;
 pub mod apply;
 pub mod cli;
+pub mod controller;
 pub mod events;
 pub mod feed;
-pub mod ha;
 pub mod metrics;
 pub mod names;
 pub mod sharedvolume;
@@ -33,8 +34,8 @@ pub async fn run(cli: Cli) -> Result<()> {
     )
     .await?;
     let result = match cli.command {
-        Command::Controller(args) => sharedvolume::run(args, registry, probes.clone(), shutdown.clone()).await,
-        Command::Agent(args) => ha::run(args, registry, probes.clone(), shutdown.clone()).await,
+        Command::Controller(args) => controller::run(args, registry, probes.clone(), shutdown.clone()).await,
+        Command::Agent(args) => agent::run(args, registry, probes.clone(), shutdown.clone()).await,
     };
     shutdown.cancel();
     admin.await??;

@@ -47,3 +47,8 @@ pub fn managed_selector() -> String {
 pub const IGNORE_FAIL_OVER_ANNOTATION: &str = "drbd.linbit.com/ignore-fail-over";
 /// Prefix of the per-node heartbeat Lease the HA agent renews.
 pub const AGENT_LEASE_PREFIX: &str = "shared-volume-agent-";
+
+/// Taint of a node whose DRBD resources lost quorum (Piraeus's key).
+pub const LOST_QUORUM_TAINT: &str = "drbd.linbit.com/lost-quorum";
+/// Taint of a node where a DRBD resource forces IO errors (Piraeus's key).
+pub const FORCE_IO_ERROR_TAINT: &str = "drbd.linbit.com/force-io-error";

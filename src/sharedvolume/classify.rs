@@ -1,9 +1,12 @@
 //! Pure decisions: is this claim a shared volume we manage, and if so, what is it built from?
+//! Each step gives one three-way [`Verdict`]: manage, skip (not ours), or invalid (ours, but bad
+//! input to report).
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
+use super::claim::is_read_write_many;
 use super::desired::{SharedVolume, label_value, service_name};
 use crate::volume::{NfsEndpoint, VolumeInfo};
 
@@ -35,8 +38,46 @@ pub struct Invalid {
 }
 
 impl Invalid {
-    fn new(reason: &'static str, message: String) -> Self {
+    pub fn new(reason: &'static str, message: String) -> Self {
         Self { reason, message }
+    }
+}
+
+/// What a classification step concluded about a claim.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict<T> {
+    /// Ours, built from this.
+    Manage(T),
+    /// Not ours (yet); nothing to report.
+    Skip(Skip),
+    /// Ours, but unusable as it stands.
+    Invalid(Invalid),
+}
+
+/// Why a claim is not managed: the two verdicts other than [`Verdict::Manage`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NotManaged {
+    Skip(Skip),
+    Invalid(Invalid),
+}
+
+impl<T> Verdict<T> {
+    /// The managed value, or why there is none.
+    pub fn manage(self) -> Result<T, NotManaged> {
+        match self {
+            Self::Manage(value) => Ok(value),
+            Self::Skip(skip) => Err(NotManaged::Skip(skip)),
+            Self::Invalid(invalid) => Err(NotManaged::Invalid(invalid)),
+        }
+    }
+}
+
+impl std::fmt::Display for NotManaged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Skip(skip) => write!(f, "the claim is not served: {skip:?}"),
+            Self::Invalid(invalid) => f.write_str(&invalid.message),
+        }
     }
 }
 
@@ -45,9 +86,9 @@ pub fn candidate_volume<'a>(
     claim: &PersistentVolumeClaim,
     pv: Option<&'a PersistentVolume>,
     filters: &Filters,
-) -> Result<Result<&'a PersistentVolume, Skip>, Invalid> {
+) -> Verdict<&'a PersistentVolume> {
     if claim.metadata.deletion_timestamp.is_some() {
-        return Ok(Err(Skip::Deleting));
+        return Verdict::Skip(Skip::Deleting);
     }
     let spec = claim.spec.as_ref();
     let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -55,14 +96,13 @@ pub fn candidate_volume<'a>(
         .and_then(|s| s.volume_name.as_deref())
         .filter(|_| phase == Some("Bound"))
     else {
-        return Ok(Err(Skip::NotBound));
+        return Verdict::Skip(Skip::NotBound);
     };
-    let rwx = |modes: Option<&Vec<String>>| modes.is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"));
-    if !rwx(spec.and_then(|s| s.access_modes.as_ref())) {
-        return Ok(Err(Skip::NotReadWriteMany));
+    if !is_read_write_many(spec.and_then(|s| s.access_modes.as_ref())) {
+        return Verdict::Skip(Skip::NotReadWriteMany);
     }
     let Some(pv) = pv else {
-        return Err(Invalid::new(
+        return Verdict::Invalid(Invalid::new(
             "VolumeMissing",
             format!(
                 "claim is bound to PersistentVolume {pv_name:?}, which does not exist; restore the volume or recreate the claim"
@@ -85,7 +125,7 @@ pub fn candidate_volume<'a>(
                 )
             })
             .unwrap_or_else(|| "no claim".into());
-        return Err(Invalid::new(
+        return Verdict::Invalid(Invalid::new(
             "VolumeBoundElsewhere",
             format!("PersistentVolume {pv_name:?} is bound to {holder}, not to this claim; fix the volume's claimRef"),
         ));
@@ -96,7 +136,7 @@ pub fn candidate_volume<'a>(
             .or_else(|| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()))
             .unwrap_or("");
         if !filters.storage_classes.iter().any(|c| c == class) {
-            return Ok(Err(Skip::StorageClassFiltered));
+            return Verdict::Skip(Skip::StorageClassFiltered);
         }
     }
     if !filters.csi_drivers.is_empty() {
@@ -107,10 +147,10 @@ pub fn candidate_volume<'a>(
             .map(|c| c.driver.as_str())
             .unwrap_or("");
         if !filters.csi_drivers.iter().any(|d| d == driver) {
-            return Ok(Err(Skip::CsiDriverFiltered));
+            return Verdict::Skip(Skip::CsiDriverFiltered);
         }
     }
-    Ok(Ok(pv))
+    Verdict::Manage(pv)
 }
 
 /// The step after: what the Service and endpoints are built from, given the volume's state.
@@ -118,26 +158,29 @@ pub fn shared_volume(
     claim: &PersistentVolumeClaim,
     pv: &PersistentVolume,
     volume: &VolumeInfo,
-) -> Result<Result<SharedVolume, Skip>, Invalid> {
+) -> Verdict<SharedVolume> {
     let Some(raw) = volume.service_endpoint.as_deref() else {
-        return Ok(Err(Skip::NoServiceEndpoint));
+        return Verdict::Skip(Skip::NoServiceEndpoint);
     };
-    let server: NfsEndpoint = raw.parse().map_err(|err| {
-        Invalid::new(
-            "InvalidServiceEndpoint",
-            format!(
-                "the volume's NFS service endpoint is unusable: {err}; fix it on the volume (PV {:?})",
-                pv.name_any()
-            ),
-        )
-    })?;
-    Ok(Ok(SharedVolume {
+    let server: NfsEndpoint = match raw.parse() {
+        Ok(server) => server,
+        Err(err) => {
+            return Verdict::Invalid(Invalid::new(
+                "InvalidServiceEndpoint",
+                format!(
+                    "the volume's NFS service endpoint is unusable: {err}; fix it on the volume (PV {:?})",
+                    pv.name_any()
+                ),
+            ));
+        }
+    };
+    Verdict::Manage(SharedVolume {
         namespace: claim.namespace().unwrap_or_default(),
         service_name: service_name(&pv.name_any()),
         volume_id: label_value(&volume.id),
         owner: claim_owner(claim),
         server,
-    }))
+    })
 }
 
 /// Controller reference to the claim, without `blockOwnerDeletion` (which would need the
@@ -230,9 +273,11 @@ mod tests {
             ("driver kept", rwx.clone(), Some(&ours), &by_driver, Ok(Ok(()))),
         ];
         for (name, claim, pv, filters, expected) in cases {
-            let got = candidate_volume(&claim, pv, filters)
-                .map(|r| r.map(|_| ()))
-                .map_err(|i| i.reason);
+            let got = match candidate_volume(&claim, pv, filters) {
+                Verdict::Manage(_) => Ok(Ok(())),
+                Verdict::Skip(skip) => Ok(Err(skip)),
+                Verdict::Invalid(invalid) => Err(invalid.reason),
+            };
             assert_eq!(got, expected, "{name}");
         }
     }
@@ -248,13 +293,15 @@ mod tests {
         };
         assert_eq!(
             shared_volume(&claim, &pv, &info(None)),
-            Ok(Err(Skip::NoServiceEndpoint))
+            Verdict::Skip(Skip::NoServiceEndpoint)
         );
-        let invalid = shared_volume(&claim, &pv, &info(Some("nfs.local:2049"))).unwrap_err();
+        let Verdict::Invalid(invalid) = shared_volume(&claim, &pv, &info(Some("nfs.local:2049"))) else {
+            panic!("a hostname must be invalid")
+        };
         assert_eq!(invalid.reason, "InvalidServiceEndpoint");
         assert!(invalid.message.contains("nfs.local:2049"), "{}", invalid.message);
         let volume = shared_volume(&claim, &pv, &info(Some("10.0.0.5:2049")))
-            .unwrap()
+            .manage()
             .unwrap();
         assert_eq!(volume.service_name, "pvc-1");
         assert_eq!(volume.namespace, "apps");

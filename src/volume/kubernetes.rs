@@ -2,11 +2,10 @@
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use serde_json::json;
 
 use super::{VolumeBackend, VolumeError, VolumeInfo, csi_resource_name};
+use crate::apply::apply_annotation;
 use crate::names::{CONTROLLER_FIELD_MANAGER, MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 
 pub struct PvAnnotations {
@@ -52,22 +51,4 @@ impl VolumeBackend for PvAnnotations {
         .await?;
         Ok(())
     }
-}
-
-/// Server-side apply of just one annotation of a PV under `field_manager`: the storage system's
-/// annotations and every other field stay theirs. Returns the PV as stored.
-pub async fn apply_annotation(
-    pvs: &Api<PersistentVolume>,
-    field_manager: &str,
-    pv_name: &str,
-    key: &str,
-    value: &str,
-) -> Result<PersistentVolume, kube::Error> {
-    let patch = json!({
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": pv_name, "annotations": {key: value}},
-    });
-    let params = PatchParams::apply(field_manager).force();
-    pvs.patch(pv_name, &params, &Patch::Apply(&patch)).await
 }

@@ -3,6 +3,7 @@
 //! to it. Backends sit behind [`VolumeBackend`].
 
 pub mod endpoint;
+mod factory;
 pub mod kubernetes;
 pub mod storageos;
 
@@ -11,6 +12,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::PersistentVolume;
 
 pub use endpoint::{EndpointError, NfsEndpoint};
+pub use factory::backend;
 
 /// What a backend knows of one volume.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

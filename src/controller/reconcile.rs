@@ -1,25 +1,25 @@
-//! The imperative shell of the shared-volume loop: fetch, decide (pure code), apply, publish.
+//! The imperative shell of the shared-volume loop: fetch, classify (pure code), apply, publish.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Endpoints, ObjectReference, PersistentVolume, PersistentVolumeClaim, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Service};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, Resource, ResourceExt};
 
-use super::classify::{self, Filters, Invalid, Skip};
-use super::desired::{self, SharedVolume};
 use crate::apply::apply_if_changed;
 use crate::events::EventSink;
 use crate::metrics::ControllerMetrics;
 use crate::names::CONTROLLER_FIELD_MANAGER;
+use crate::sharedvolume::classify::{self, Filters, Invalid, NotManaged, Skip};
+use crate::sharedvolume::desired::{self, SharedVolume};
+use crate::sharedvolume::endpoints::write_endpoints;
 use crate::volume::{VolumeBackend, VolumeError};
 
 /// Settings of one reconcile, from the command line.
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub struct ReconcileSettings {
     pub filters: Filters,
     pub create_poll_interval: Duration,
     pub create_wait_duration: Duration,
@@ -30,7 +30,7 @@ pub struct Settings {
 pub struct Context {
     pub client: Client,
     pub backend: Arc<dyn VolumeBackend>,
-    pub settings: Settings,
+    pub settings: ReconcileSettings,
     pub metrics: ControllerMetrics,
     pub events: EventSink,
     /// Claims (by uid) whose shared volume is managed now.
@@ -41,7 +41,7 @@ impl Context {
     pub fn new(
         client: Client,
         backend: Arc<dyn VolumeBackend>,
-        settings: Settings,
+        settings: ReconcileSettings,
         metrics: ControllerMetrics,
         events: EventSink,
     ) -> Self {
@@ -125,10 +125,9 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         Some(name) => Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await?,
         None => None,
     };
-    let pv = match classify::candidate_volume(claim, pv.as_ref(), &ctx.settings.filters) {
-        Ok(Ok(pv)) => pv,
-        Ok(Err(skip)) => return Ok(skipped(ctx, &uid, skip)),
-        Err(invalid) => return Ok(report_invalid(ctx, claim, invalid).await),
+    let pv = match classify::candidate_volume(claim, pv.as_ref(), &ctx.settings.filters).manage() {
+        Ok(pv) => pv,
+        Err(why) => return Ok(not_managed(ctx, claim, why).await),
     };
     let volume = match ctx.backend.volume(pv).await {
         Ok(Some(volume)) => volume,
@@ -147,10 +146,9 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         }
         Err(err) => return Err(err.into()),
     };
-    let shared = match classify::shared_volume(claim, pv, &volume) {
-        Ok(Ok(shared)) => shared,
-        Ok(Err(skip)) => return Ok(skipped(ctx, &uid, skip)),
-        Err(invalid) => return Ok(report_invalid(ctx, claim, invalid).await),
+    let shared = match classify::shared_volume(claim, pv, &volume).manage() {
+        Ok(shared) => shared,
+        Err(why) => return Ok(not_managed(ctx, claim, why).await),
     };
 
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &shared.namespace);
@@ -205,6 +203,13 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         mount_endpoint,
         published: true,
     })
+}
+
+async fn not_managed(ctx: &Context, claim: &PersistentVolumeClaim, why: NotManaged) -> Outcome {
+    match why {
+        NotManaged::Skip(skip) => skipped(ctx, &claim.uid().unwrap_or_default(), skip),
+        NotManaged::Invalid(invalid) => report_invalid(ctx, claim, invalid).await,
+    }
 }
 
 fn skipped(ctx: &Context, uid: &str, skip: Skip) -> Outcome {
@@ -267,26 +272,6 @@ async fn wait_for_cluster_ip(ctx: &Context, services: &Api<Service>, name: &str)
         }
         tokio::time::sleep(ctx.settings.create_poll_interval).await;
     }
-}
-
-/// Applies the Endpoints and EndpointSlice if they drifted. Shared with the HA agent.
-pub async fn write_endpoints(client: &Client, field_manager: &str, shared: &SharedVolume) -> Result<bool, kube::Error> {
-    let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), &shared.namespace);
-    let current = endpoints.get_opt(&shared.service_name).await?;
-    let wrote_endpoints = apply_if_changed(&endpoints, field_manager, &desired::endpoints(shared), current.as_ref())
-        .await?
-        .is_some();
-    let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &shared.namespace);
-    let current = slices.get_opt(&shared.service_name).await?;
-    let wrote_slice = apply_if_changed(
-        &slices,
-        field_manager,
-        &desired::endpoint_slice(shared),
-        current.as_ref(),
-    )
-    .await?
-    .is_some();
-    Ok(wrote_endpoints || wrote_slice)
 }
 
 async fn ensure_endpoints(ctx: &Context, shared: &SharedVolume) -> Result<(), ReconcileError> {

@@ -1,7 +1,6 @@
 //! Where DRBD state comes from: the `drbdsetup` binary, behind [`DrbdSource`] so the agent's
 //! logic can be tested with mocks.
 
-use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
@@ -11,16 +10,8 @@ use futures::stream::BoxStream;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use super::drbd::{self, Resource};
+use super::drbd::{self, DrbdState};
 use crate::feed;
-
-/// One reading of the local DRBD state.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct DrbdState {
-    pub resources: Vec<Resource>,
-    /// Resources with `quorum majority`; only these take part in fail-over and taints.
-    pub quorum_enabled: HashSet<String>,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum DrbdError {

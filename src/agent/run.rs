@@ -10,12 +10,14 @@ use futures::{FutureExt, StreamExt};
 use kube::Client;
 use prometheus::Registry;
 
-use super::act::{ActSettings, Executor};
+use super::act::{Executor, ExecutorSettings};
 use super::cache::Cache;
-use super::decide::{self, Settings, Timers};
+use super::decide::{self, DecisionSettings};
+use super::drbd::DrbdState;
 use super::heartbeat;
 use super::observe::observe;
-use super::source::{DrbdSetup, DrbdSource, DrbdState};
+use super::source::{DrbdSetup, DrbdSource};
+use super::view::Timers;
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
 use crate::events::EventSink;
@@ -38,7 +40,7 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
         drbd.clone(),
         events,
         metrics.clone(),
-        act_settings(&args),
+        executor_settings(&args),
     );
     let freshness = Freshness::new(*args.drbd_status_interval, *args.operations_timeout);
     probes.set_liveness_check({
@@ -138,8 +140,8 @@ async fn agent_client() -> Result<Client> {
     Client::try_from(config).context("cannot build a Kubernetes client")
 }
 
-fn decision_settings(args: &AgentArgs) -> Settings {
-    Settings {
+fn decision_settings(args: &AgentArgs) -> DecisionSettings {
+    DecisionSettings {
         fail_over_timeout: *args.fail_over_timeout,
         fail_over_unsafe_pods: args.fail_over_unsafe_pods,
         disable_node_taints: args.disable_node_taints,
@@ -149,8 +151,8 @@ fn decision_settings(args: &AgentArgs) -> Settings {
     }
 }
 
-fn act_settings(args: &AgentArgs) -> ActSettings {
-    ActSettings {
+fn executor_settings(args: &AgentArgs) -> ExecutorSettings {
+    ExecutorSettings {
         dry_run: args.dry_run,
         grace_period_seconds: args.grace_period_seconds,
         operations_timeout: *args.operations_timeout,
@@ -174,7 +176,12 @@ async fn synced(cache: &Cache, changes: &mut BoxStream<'static, ()>, shutdown: &
 /// The next time something is due without any change: the DRBD safety-net read, the
 /// reconcile interval, or the earliest fail-over timer still to expire (an expired one, whose
 /// peer stays away, is the reconcile interval's business).
-fn next_wake(next_read: Instant, timers: &Timers, settings: &Settings, reconcile_interval: Duration) -> Instant {
+fn next_wake(
+    next_read: Instant,
+    timers: &Timers,
+    settings: &DecisionSettings,
+    reconcile_interval: Duration,
+) -> Instant {
     let now = Instant::now();
     let next_timer = timers
         .values()
@@ -244,7 +251,7 @@ mod tests {
 
     #[test]
     fn expired_timers_do_not_make_the_loop_spin() {
-        let settings = Settings {
+        let settings = DecisionSettings {
             fail_over_timeout: Duration::from_secs(5),
             fail_over_unsafe_pods: false,
             disable_node_taints: false,

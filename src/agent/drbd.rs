@@ -6,6 +6,14 @@ use std::collections::HashSet;
 
 use serde::Deserialize;
 
+/// One reading of the local DRBD state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DrbdState {
+    pub resources: Vec<Resource>,
+    /// Resources with `quorum majority`; only these take part in fail-over and taints.
+    pub quorum_enabled: HashSet<String>,
+}
+
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 pub struct Resource {
     pub name: String,

@@ -1,18 +1,16 @@
-//! The HA agent's decisions: a pure function from what this node observes (DRBD state, the
-//! Kubernetes objects that matter, the running fail-over timers, now) to the actions to take.
-//! The shell fetches the observations and carries out the actions; nothing here does I/O.
+//! The HA agent's rules: a pure function from what this node observes ([`Observed`]: DRBD state,
+//! the Kubernetes objects that matter, the running fail-over timers, now) to the [`Action`]s to
+//! take. The shell fetches the observations and carries out the actions; nothing here does I/O.
 
-use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
+use super::action::{Action, Cause};
 use super::drbd::Resource;
-use super::source::DrbdState;
-
-pub const LOST_QUORUM_TAINT: &str = "drbd.linbit.com/lost-quorum";
-pub const FORCE_IO_ERROR_TAINT: &str = "drbd.linbit.com/force-io-error";
+use super::view::{Observed, PodView, Timers, VolumeView};
+use crate::names::{FORCE_IO_ERROR_TAINT, LOST_QUORUM_TAINT};
 
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub struct DecisionSettings {
     pub fail_over_timeout: Duration,
     pub fail_over_unsafe_pods: bool,
     pub disable_node_taints: bool,
@@ -23,184 +21,8 @@ pub struct Settings {
     pub evacuate_taint: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct NodeView {
-    pub name: String,
-    pub ready: bool,
-    /// Cordoned (`spec.unschedulable`).
-    pub unschedulable: bool,
-    /// Keys of the node's taints, whatever their effect.
-    pub taints: Vec<String>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PodView {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-    pub node: String,
-    pub running: bool,
-    pub terminating: bool,
-    pub has_owner: bool,
-    /// Annotated `drbd.linbit.com/ignore-fail-over`.
-    pub ignore_fail_over: bool,
-    /// Uses volumes that are not safe to fail over (hostPath, other network storage…).
-    pub unsafe_volumes: bool,
-}
-
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct VolumeView {
-    pub pv: String,
-    /// Pods that use the volume's claim, wherever they run.
-    pub pods: Vec<PodView>,
-    /// VolumeAttachments of the PV: (name, node).
-    pub attachments: Vec<(String, String)>,
-    /// Backs a ReadWriteMany claim served over NFS (its endpoints follow the primary).
-    pub shared: bool,
-    pub service_endpoint: Option<String>,
-}
-
-/// Everything the decisions look at.
-#[derive(Clone, Debug, Default)]
-pub struct Observed {
-    pub node: String,
-    /// This node's address for NFS clients.
-    pub node_ip: Option<String>,
-    pub drbd: DrbdState,
-    /// By DRBD resource name. A resource without a PV is simply absent.
-    pub volumes: HashMap<String, VolumeView>,
-    pub nodes: BTreeMap<String, NodeView>,
-    /// LINSTOR node name → Kubernetes node name (from the satellite pods).
-    pub satellite_nodes: HashMap<String, String>,
-}
-
-/// Fail-over timers, per (resource, peer): when the peer was first seen disconnected with
-/// consumers. Kept by the shell between calls.
-pub type Timers = HashMap<(String, String), Instant>;
-
-/// Why an action is taken; it names the events posted and the metrics counted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Cause {
-    /// A peer's node lost its DRBD connection (fail-over), or this node lost quorum.
-    LostQuorum,
-    /// A local resource forces IO errors.
-    ForceIoErrors,
-    /// This node is cordoned or tainted for evacuation.
-    Evacuation,
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub enum Action {
-    Taint {
-        node: String,
-        key: &'static str,
-        cause: Cause,
-        reason: String,
-    },
-    Untaint {
-        node: String,
-        key: &'static str,
-        cause: Cause,
-        reason: String,
-    },
-    Evict {
-        pod: PodRef,
-        cause: Cause,
-        reason: String,
-    },
-    ForceDelete {
-        pod: PodRef,
-        reason: String,
-    },
-    DeleteAttachment {
-        name: String,
-        reason: String,
-    },
-    ForceSecondary {
-        resource: String,
-        pv: String,
-    },
-    PublishServiceEndpoint {
-        pv: String,
-        endpoint: String,
-    },
-    /// An action the blast-radius guard would not take.
-    Refused {
-        action: Box<Action>,
-        why: String,
-    },
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct PodRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-impl From<&PodView> for PodRef {
-    fn from(pod: &PodView) -> Self {
-        Self {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            uid: pod.uid.clone(),
-        }
-    }
-}
-
-impl Action {
-    /// Short name, for metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Taint { .. } => "taint",
-            Self::Untaint { .. } => "untaint",
-            Self::Evict { .. } => "evict",
-            Self::ForceDelete { .. } => "force_delete",
-            Self::DeleteAttachment { .. } => "delete_attachment",
-            Self::ForceSecondary { .. } => "force_secondary",
-            Self::PublishServiceEndpoint { .. } => "publish",
-            Self::Refused { action, .. } => action.kind(),
-        }
-    }
-
-    /// What is done, in words (logs, events, and the key that keeps it from being repeated).
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Taint { node, key, .. } => format!("taint node {node} with {key}:NoSchedule"),
-            Self::Untaint { node, key, .. } => format!("remove taint {key} from node {node}"),
-            Self::Evict { pod, .. } => format!("evict pod {}/{}", pod.namespace, pod.name),
-            Self::ForceDelete { pod, .. } => format!("force-delete pod {}/{}", pod.namespace, pod.name),
-            Self::DeleteAttachment { name, .. } => format!("delete VolumeAttachment {name}"),
-            Self::ForceSecondary { resource, .. } => format!("run drbdsetup secondary --force {resource}"),
-            Self::PublishServiceEndpoint { pv, endpoint } => {
-                format!("publish {endpoint} as the NFS service endpoint of PV {pv} and point its endpoints here")
-            }
-            Self::Refused { action, .. } => format!("refused to {}", action.describe()),
-        }
-    }
-}
-
-impl NodeView {
-    fn has_taint(&self, key: &str) -> bool {
-        self.taints.iter().any(|t| t == key)
-    }
-}
-
-impl Observed {
-    fn kube_node<'a>(&'a self, drbd_peer: &'a str) -> &'a str {
-        self.satellite_nodes
-            .get(drbd_peer)
-            .map(String::as_str)
-            .unwrap_or(drbd_peer)
-    }
-
-    fn has_taint(&self, node: &str, key: &str) -> bool {
-        self.nodes.get(node).is_some_and(|n| n.has_taint(key))
-    }
-}
-
 /// Decides what to do now. `timers` is updated in place: started, kept or reset.
-pub fn decide(observed: &Observed, settings: &Settings, timers: &mut Timers, now: Instant) -> Vec<Action> {
+pub fn decide(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers, now: Instant) -> Vec<Action> {
     let mut actions = Vec::new();
     let mut live_timers = Vec::new();
     let mut lost_quorum_locally = Vec::new();
@@ -215,7 +37,7 @@ pub fn decide(observed: &Observed, settings: &Settings, timers: &mut Timers, now
                     actions.push(Action::Evict {
                         pod: pod.into(),
                         cause: Cause::ForceIoErrors,
-                        reason: format!("DRBD resource {} is forcing IO errors on this node", resource.name),
+                        note: format!("DRBD resource {} is forcing IO errors on this node", resource.name),
                     });
                 }
             }
@@ -246,7 +68,7 @@ pub fn decide(observed: &Observed, settings: &Settings, timers: &mut Timers, now
                 actions.push(Action::Evict {
                     pod: pod.into(),
                     cause: Cause::Evacuation,
-                    reason: format!(
+                    note: format!(
                         "node {} is being drained: moving the primary of DRBD resource {} elsewhere",
                         observed.node, resource.name
                     ),
@@ -304,7 +126,12 @@ pub fn decide(observed: &Observed, settings: &Settings, timers: &mut Timers, now
 
 /// This node's NFS endpoint, when it should serve the volume: it is the DRBD primary, every
 /// local device has quorum and no peer is primary. An isolated node never qualifies.
-fn own_endpoint(observed: &Observed, settings: &Settings, resource: &Resource, volume: &VolumeView) -> Option<String> {
+fn own_endpoint(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    resource: &Resource,
+    volume: &VolumeView,
+) -> Option<String> {
     if !(resource.is_primary() && resource.may_promote() && volume.shared) {
         return None;
     }
@@ -314,7 +141,7 @@ fn own_endpoint(observed: &Observed, settings: &Settings, resource: &Resource, v
 
 /// Publications of every shared volume this node serves, whatever is published now: the
 /// periodic resync repairs what was changed behind our back.
-pub fn republish(observed: &Observed, settings: &Settings) -> Vec<Action> {
+pub fn republish(observed: &Observed, settings: &DecisionSettings) -> Vec<Action> {
     observed
         .drbd
         .resources
@@ -331,7 +158,7 @@ pub fn republish(observed: &Observed, settings: &Settings) -> Vec<Action> {
         .collect()
 }
 
-fn evacuating(observed: &Observed, settings: &Settings) -> bool {
+fn evacuating(observed: &Observed, settings: &DecisionSettings) -> bool {
     let Some(taint) = &settings.evacuate_taint else {
         return false;
     };
@@ -342,18 +169,32 @@ fn evacuating(observed: &Observed, settings: &Settings) -> bool {
 }
 
 /// Pods of the volume on `node` that we may move: owned, not opted out, safe to fail over.
-fn movable<'a>(volume: &'a VolumeView, node: &'a str, settings: &'a Settings) -> impl Iterator<Item = &'a PodView> {
+fn movable<'a>(
+    volume: &'a VolumeView,
+    node: &'a str,
+    settings: &'a DecisionSettings,
+) -> impl Iterator<Item = &'a PodView> {
     volume.pods.iter().filter(move |p| {
         p.node == node && p.has_owner && !p.ignore_fail_over && (settings.fail_over_unsafe_pods || !p.unsafe_volumes)
     })
 }
 
 /// Movable pods that are not already on their way out.
-fn evictable<'a>(volume: &'a VolumeView, node: &'a str, settings: &'a Settings) -> impl Iterator<Item = &'a PodView> {
+fn evictable<'a>(
+    volume: &'a VolumeView,
+    node: &'a str,
+    settings: &'a DecisionSettings,
+) -> impl Iterator<Item = &'a PodView> {
     movable(volume, node, settings).filter(|p| !p.terminating)
 }
 
-fn fail_over(observed: &Observed, settings: &Settings, volume: &VolumeView, resource: &str, node: &str) -> Vec<Action> {
+fn fail_over(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    volume: &VolumeView,
+    resource: &str,
+    node: &str,
+) -> Vec<Action> {
     let why = format!(
         "node {node} lost its connection to DRBD resource {resource} for {:?}",
         settings.fail_over_timeout
@@ -364,7 +205,7 @@ fn fail_over(observed: &Observed, settings: &Settings, volume: &VolumeView, reso
             node: node.to_owned(),
             key: LOST_QUORUM_TAINT,
             cause: Cause::LostQuorum,
-            reason: why.clone(),
+            note: why.clone(),
         });
     }
     let node_ready = observed.nodes.get(node).is_some_and(|n| n.ready);
@@ -373,7 +214,7 @@ fn fail_over(observed: &Observed, settings: &Settings, volume: &VolumeView, reso
             actions.push(Action::Evict {
                 pod: pod.into(),
                 cause: Cause::LostQuorum,
-                reason: why.clone(),
+                note: why.clone(),
             });
         }
     } else {
@@ -381,14 +222,14 @@ fn fail_over(observed: &Observed, settings: &Settings, volume: &VolumeView, reso
         for pod in movable(volume, node, settings) {
             actions.push(Action::ForceDelete {
                 pod: pod.into(),
-                reason: why.clone(),
+                note: why.clone(),
             });
         }
     }
     for (name, _) in volume.attachments.iter().filter(|(_, n)| n == node) {
         actions.push(Action::DeleteAttachment {
             name: name.clone(),
-            reason: why.clone(),
+            note: why.clone(),
         });
     }
     actions
@@ -406,20 +247,20 @@ fn own_taint(observed: &Observed, actions: &mut Vec<Action>, key: &'static str, 
             node,
             key,
             cause,
-            reason: format!("DRBD resource(s) {} {lost} on this node", resources.join(", ")),
+            note: format!("DRBD resource(s) {} {lost} on this node", resources.join(", ")),
         });
     } else if resources.is_empty() && tainted {
         actions.push(Action::Untaint {
             node,
             key,
             cause,
-            reason: format!("no DRBD resource on this node {regained} any more"),
+            note: format!("no DRBD resource on this node {regained} any more"),
         });
     }
 }
 
 /// Refuses lost-quorum taints that would leave more than the allowed share of nodes tainted.
-fn guard_blast_radius(observed: &Observed, settings: &Settings, actions: Vec<Action>) -> Vec<Action> {
+fn guard_blast_radius(observed: &Observed, settings: &DecisionSettings, actions: Vec<Action>) -> Vec<Action> {
     let total = observed.nodes.len().max(1);
     let mut tainted = observed
         .nodes
@@ -454,10 +295,12 @@ fn guard_blast_radius(observed: &Observed, settings: &Settings, actions: Vec<Act
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ha::drbd::{Connection, Device};
+    use crate::agent::drbd::{Connection, Device, DrbdState};
+    use crate::agent::view::NodeView;
+    use std::collections::HashMap;
 
-    fn settings() -> Settings {
-        Settings {
+    fn settings() -> DecisionSettings {
+        DecisionSettings {
             fail_over_timeout: Duration::from_secs(5),
             fail_over_unsafe_pods: false,
             disable_node_taints: false,
@@ -619,7 +462,7 @@ mod tests {
                 "delete-attachment csi-att-1"
             ]
         );
-        let unsafe_ok = Settings {
+        let unsafe_ok = DecisionSettings {
             fail_over_unsafe_pods: true,
             ..settings()
         };
@@ -711,7 +554,7 @@ mod tests {
                 "untaint node-b drbd.linbit.com/force-io-error"
             ]
         );
-        let quiet = Settings {
+        let quiet = DecisionSettings {
             disable_node_taints: true,
             ..settings()
         };
@@ -786,7 +629,7 @@ mod tests {
         volume.attachments.clear();
         volume.service_endpoint = Some("10.0.0.2:2049".into());
         volume.pods = vec![pod("server", "node-b"), pod("elsewhere", "node-c")];
-        let evacuate = Settings {
+        let evacuate = DecisionSettings {
             evacuate_taint: Some("piraeus.io/evacuate".into()),
             ..settings()
         };

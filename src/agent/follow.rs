@@ -5,10 +5,13 @@
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Service};
 use kube::{Api, Client, ResourceExt};
 
+use crate::apply::apply_annotation;
 use crate::names::{AGENT_FIELD_MANAGER, SERVICE_ENDPOINT_ANNOTATION};
-use crate::sharedvolume::classify::{self, Filters, Invalid, Skip};
-use crate::sharedvolume::reconcile::write_endpoints;
-use crate::volume::kubernetes::{apply_annotation, volume_from_pv};
+use crate::sharedvolume::claim::bound_claim;
+use crate::sharedvolume::classify::{self, Filters};
+use crate::sharedvolume::endpoints::write_endpoints;
+use crate::volume::ClaimKey;
+use crate::volume::kubernetes::volume_from_pv;
 
 /// What happened to the endpoints after the publish.
 #[derive(Debug, PartialEq, Eq)]
@@ -30,23 +33,19 @@ pub async fn publish_and_follow(client: &Client, pv_name: &str, endpoint: &str) 
     )
     .await?;
 
-    let Some((namespace, name)) = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.claim_ref.as_ref())
-        .and_then(|c| Some((c.namespace.clone()?, c.name.clone()?)))
-    else {
+    let Some(ClaimKey { namespace, name }) = bound_claim(&pv) else {
         return Ok(Followed::Skipped("the PV is not bound to a claim".into()));
     };
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
     let Some(claim) = claims.get_opt(&name).await? else {
         return Ok(Followed::Skipped(format!("claim {namespace}/{name} does not exist")));
     };
-    let shared = match usable(classify::candidate_volume(&claim, Some(&pv), &Filters::default()))
-        .and_then(|pv| usable(classify::shared_volume(&claim, pv, &volume_from_pv(pv))))
+    let shared = match classify::candidate_volume(&claim, Some(&pv), &Filters::default())
+        .manage()
+        .and_then(|pv| classify::shared_volume(&claim, pv, &volume_from_pv(pv)).manage())
     {
         Ok(shared) => shared,
-        Err(why) => return Ok(Followed::Skipped(why)),
+        Err(why) => return Ok(Followed::Skipped(why.to_string())),
     };
     // Creating the Service is the controller's job; until it has, there is nothing to follow.
     let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
@@ -63,13 +62,4 @@ pub async fn publish_and_follow(client: &Client, pv_name: &str, endpoint: &str) 
     }
     write_endpoints(client, AGENT_FIELD_MANAGER, &shared).await?;
     Ok(Followed::Rewritten)
-}
-
-/// A classification step's result, with skips and bad input both as the reason we stop.
-fn usable<T>(step: Result<Result<T, Skip>, Invalid>) -> Result<T, String> {
-    match step {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(skip)) => Err(format!("the claim is not served: {skip:?}")),
-        Err(invalid) => Err(invalid.message),
-    }
 }

@@ -9,10 +9,11 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod, Volume};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::ResourceExt;
 
-use super::decide::{NodeView, Observed, PodView, VolumeView};
-use super::source::DrbdState;
+use super::drbd::DrbdState;
+use super::view::{NodeView, Observed, PodView, VolumeView};
 use crate::names::{IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
-use crate::volume::csi_resource_name;
+use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
+use crate::volume::{ClaimKey, csi_resource_name};
 
 /// The cached objects one decision round looks at.
 #[derive(Default)]
@@ -23,9 +24,6 @@ pub struct Snapshot {
     pub nodes: Vec<Arc<Node>>,
     pub satellites: Vec<Arc<Pod>>,
 }
-
-/// A claim by (namespace, name).
-type Claim = (String, String);
 
 /// Builds the view of `node`. Only PVs of local DRBD resources are looked at.
 pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &Snapshot) -> Observed {
@@ -38,31 +36,27 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         .map(|ip| ip.to_string());
     // The local resources' PVs first, so that only the pods of their claims are looked at closely.
     let local: HashSet<&str> = drbd.resources.iter().map(|r| r.name.as_str()).collect();
-    let local_pvs: Vec<(String, &PersistentVolume, Option<Claim>)> = snapshot
+    let local_pvs: Vec<(String, &PersistentVolume, Option<ClaimKey>)> = snapshot
         .pvs
         .iter()
         .filter_map(|pv| {
             let resource = csi_resource_name(pv).filter(|r| local.contains(r.as_str()))?;
-            let claim = pv
-                .spec
-                .as_ref()
-                .and_then(|s| s.claim_ref.as_ref())
-                .and_then(|c| Some((c.namespace.clone()?, c.name.clone()?)));
-            Some((resource, pv.as_ref(), claim))
+            Some((resource, pv.as_ref(), bound_claim(pv)))
         })
         .collect();
     let wanted: HashSet<(&str, &str)> = local_pvs
         .iter()
-        .filter_map(|(_, _, claim)| claim.as_ref().map(|(ns, name)| (ns.as_str(), name.as_str())))
+        .filter_map(|(_, _, claim)| claim.as_ref().map(|c| (c.namespace.as_str(), c.name.as_str())))
         .collect();
-    let mut pods_by_claim: HashMap<Claim, Vec<PodView>> = HashMap::new();
+    let mut pods_by_claim: HashMap<ClaimKey, Vec<PodView>> = HashMap::new();
     for pod in &snapshot.pods {
         let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
         for claim in claims(pod).filter(|claim| wanted.contains(&(namespace, *claim))) {
-            pods_by_claim
-                .entry((namespace.to_owned(), claim.to_owned()))
-                .or_default()
-                .push(pod_view(pod));
+            let key = ClaimKey {
+                namespace: namespace.to_owned(),
+                name: claim.to_owned(),
+            };
+            pods_by_claim.entry(key).or_default().push(pod_view(pod));
         }
     }
     let mut attachments_by_pv: HashMap<&str, Vec<(String, String)>> = HashMap::new();
@@ -84,16 +78,11 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
             .cloned()
             .unwrap_or_default();
         let attachments = attachments_by_pv.remove(pv.name_any().as_str()).unwrap_or_default();
-        let rwx = pv
-            .spec
-            .as_ref()
-            .and_then(|s| s.access_modes.as_ref())
-            .is_some_and(|m| m.iter().any(|m| m == "ReadWriteMany"));
         let view = VolumeView {
             pv: pv.name_any(),
             pods,
             attachments,
-            shared: rwx && claim.is_some(),
+            shared: pv_backs_shared_claim(pv),
             service_endpoint: pv.annotations().get(SERVICE_ENDPOINT_ANNOTATION).cloned(),
         };
         volumes.insert(resource, view);
@@ -197,7 +186,7 @@ pub fn trim_pod(pod: &mut Pod) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ha::drbd::Resource;
+    use crate::agent::drbd::Resource;
     use serde_json::json;
 
     fn parse<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Arc<T> {

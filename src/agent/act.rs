@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
 use kube::{Api, Client};
 
-use super::decide::{Action, Cause, PodRef};
+use super::action::{Action, PodRef};
 use super::follow::{Followed, publish_and_follow};
 use super::source::DrbdSource;
 use crate::events::EventSink;
@@ -19,7 +19,7 @@ use crate::metrics::AgentMetrics;
 use crate::names::AGENT_FIELD_MANAGER;
 
 #[derive(Clone, Debug)]
-pub struct ActSettings {
+pub struct ExecutorSettings {
     pub dry_run: bool,
     pub grace_period_seconds: u32,
     pub operations_timeout: Duration,
@@ -44,7 +44,7 @@ pub struct Executor {
     drbd: Arc<dyn DrbdSource>,
     events: EventSink,
     metrics: AgentMetrics,
-    settings: ActSettings,
+    settings: ExecutorSettings,
     /// Action description → when it was last done or reported.
     recent: HashMap<String, Instant>,
 }
@@ -55,7 +55,7 @@ impl Executor {
         drbd: Arc<dyn DrbdSource>,
         events: EventSink,
         metrics: AgentMetrics,
-        settings: ActSettings,
+        settings: ExecutorSettings,
     ) -> Self {
         Self {
             client,
@@ -89,7 +89,7 @@ impl Executor {
 
     /// Returns whether the action is settled (not to be retried before the cooldown).
     async fn carry_out(&self, action: &Action, drbd_read_at: Instant) -> bool {
-        let target = target(action);
+        let target = action.target();
         if let Action::Refused { action: inner, why } = action {
             self.metrics
                 .refused_actions
@@ -104,7 +104,7 @@ impl Executor {
                 .refused_actions
                 .with_label_values(&[action.kind(), "dry_run"])
                 .inc();
-            let note = format!("dry run: would {} ({})", action.describe(), why(action));
+            let note = format!("dry run: would {} ({})", action.describe(), action.note());
             self.events.normal(&target, "DryRun", "DryRun", note).await;
             return true;
         }
@@ -124,8 +124,8 @@ impl Executor {
                         .endpoint_rewrite
                         .observe(drbd_read_at.elapsed().as_secs_f64());
                 }
-                let (warning, reason) = event_reason(action);
-                let mut note = format!("{} ({})", action.describe(), why(action));
+                let (warning, reason) = action.event_reason();
+                let mut note = format!("{} ({})", action.describe(), action.note());
                 if let Some(caveat) = caveat {
                     note.push_str(&format!("; {caveat}"));
                 }
@@ -277,79 +277,10 @@ async fn change_taint(client: &Client, node: &str, key: &str, add: bool) -> Resu
     }
 }
 
-fn why(action: &Action) -> &str {
-    match action {
-        Action::Taint { reason, .. }
-        | Action::Untaint { reason, .. }
-        | Action::Evict { reason, .. }
-        | Action::ForceDelete { reason, .. }
-        | Action::DeleteAttachment { reason, .. } => reason,
-        Action::ForceSecondary { .. } => "the resource is suspended and no running local pod uses it",
-        Action::PublishServiceEndpoint { .. } => "this node is the DRBD primary with quorum",
-        Action::Refused { why, .. } => why,
-    }
-}
-
-/// (is a Warning, event reason). The reasons are Piraeus's where it has one.
-fn event_reason(action: &Action) -> (bool, &'static str) {
-    match action {
-        Action::Taint {
-            cause: Cause::ForceIoErrors,
-            ..
-        }
-        | Action::Evict {
-            cause: Cause::ForceIoErrors,
-            ..
-        } => (true, "VolumeForcingIoErrors"),
-        Action::Taint { .. } => (true, "NodeStorageQuorumLost"),
-        Action::Untaint {
-            cause: Cause::ForceIoErrors,
-            ..
-        } => (false, "NodeStorageIoErrorsCleared"),
-        Action::Untaint { .. } => (false, "NodeStorageQuorumRegained"),
-        Action::Evict {
-            cause: Cause::Evacuation,
-            ..
-        } => (false, "NodeEvacuation"),
-        Action::Evict { .. } | Action::ForceDelete { .. } | Action::DeleteAttachment { .. } => {
-            (true, "VolumeWithoutQuorum")
-        }
-        Action::ForceSecondary { .. } => (true, "SuspendedPrimaryDemoted"),
-        Action::PublishServiceEndpoint { .. } => (false, "ServiceEndpointMoved"),
-        Action::Refused { .. } => (true, "FailOverRefused"),
-    }
-}
-
-/// The object an action's events are about.
-fn target(action: &Action) -> ObjectReference {
-    match action {
-        Action::Taint { node, .. } | Action::Untaint { node, .. } => reference::<Node>(None, node, None),
-        Action::Evict { pod, .. } | Action::ForceDelete { pod, .. } => {
-            reference::<Pod>(Some(&pod.namespace), &pod.name, Some(&pod.uid))
-        }
-        Action::DeleteAttachment { name, .. } => reference::<VolumeAttachment>(None, name, None),
-        Action::ForceSecondary { pv, .. } | Action::PublishServiceEndpoint { pv, .. } => {
-            reference::<PersistentVolume>(None, pv, None)
-        }
-        Action::Refused { action, .. } => target(action),
-    }
-}
-
-fn reference<K: k8s_openapi::Resource>(namespace: Option<&str>, name: &str, uid: Option<&str>) -> ObjectReference {
-    ObjectReference {
-        api_version: Some(K::API_VERSION.into()),
-        kind: Some(K::KIND.into()),
-        namespace: namespace.map(Into::into),
-        name: Some(name.into()),
-        uid: uid.map(Into::into),
-        ..Default::default()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ha::source::{DrbdError, MockDrbdSource};
+    use crate::agent::source::{DrbdError, MockDrbdSource};
     use http_body_util::Full;
     use hyper::body::Bytes;
     use mockall::predicate::eq;
@@ -364,7 +295,7 @@ mod tests {
 
     fn stub_executor(drbd: MockDrbdSource, dry_run: bool) -> (Executor, AgentMetrics) {
         let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
-        let settings = ActSettings {
+        let settings = ExecutorSettings {
             dry_run,
             grace_period_seconds: 10,
             operations_timeout: Duration::from_secs(5),
@@ -437,45 +368,5 @@ mod tests {
         assert!(matches!(pod_outcome(Err(api_error(409))), Ok(Outcome::Skipped(_))));
         assert_eq!(pod_outcome(Err(api_error(429))).unwrap(), Outcome::Blocked);
         assert!(pod_outcome(Err(api_error(500))).is_err());
-    }
-
-    #[test]
-    fn events_name_the_cause_and_the_object() {
-        let pod = PodRef {
-            namespace: "apps".into(),
-            name: "web".into(),
-            uid: "u1".into(),
-        };
-        let evict = |cause| Action::Evict {
-            pod: pod.clone(),
-            cause,
-            reason: String::new(),
-        };
-        assert_eq!(event_reason(&evict(Cause::LostQuorum)), (true, "VolumeWithoutQuorum"));
-        assert_eq!(
-            event_reason(&evict(Cause::ForceIoErrors)),
-            (true, "VolumeForcingIoErrors")
-        );
-        assert_eq!(event_reason(&evict(Cause::Evacuation)), (false, "NodeEvacuation"));
-        let target = target(&evict(Cause::LostQuorum));
-        assert_eq!(
-            (
-                target.kind.as_deref(),
-                target.namespace.as_deref(),
-                target.uid.as_deref()
-            ),
-            (Some("Pod"), Some("apps"), Some("u1"))
-        );
-        let refused = Action::Refused {
-            action: Box::new(Action::Taint {
-                node: "n".into(),
-                key: crate::ha::decide::LOST_QUORUM_TAINT,
-                cause: Cause::LostQuorum,
-                reason: String::new(),
-            }),
-            why: "guard".into(),
-        };
-        assert_eq!(event_reason(&refused), (true, "FailOverRefused"));
-        assert_eq!(super::target(&refused).kind.as_deref(), Some("Node"));
     }
 }

@@ -1,0 +1,20 @@
+//! The DRBD HA loop (`agent` subcommand), one agent per node. Its pure core: the vocabulary of
+//! what it observes ([`view`]) and does ([`action`]), the rules between them ([`decide`]), the
+//! DRBD model and parser ([`drbd`]) and the indexes over cached objects ([`observe`]). Its shell:
+//! the loop ([`run`]), the Kubernetes caches ([`cache`]), the `drbdsetup` process ([`source`]),
+//! the execution of actions ([`act`]), endpoints that follow the primary ([`follow`]) and the
+//! heartbeat Lease ([`heartbeat`]).
+
+pub mod act;
+pub mod action;
+pub mod cache;
+pub mod decide;
+pub mod drbd;
+pub mod follow;
+pub mod heartbeat;
+pub mod observe;
+pub mod run;
+pub mod source;
+pub mod view;
+
+pub use run::run;

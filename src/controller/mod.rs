@@ -1,0 +1,129 @@
+//! The shared-volume loop (`controller` subcommand): a kube-runtime Controller on claims, owning
+//! the Services, Endpoints and EndpointSlices it creates, run only while this replica leads
+//! ([`leader`]). Each claim is reconciled by [`reconcile`].
+
+mod leader;
+pub mod reconcile;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use prometheus::Registry;
+
+use crate::admin::Probes;
+use crate::cli::ControllerArgs;
+use crate::events::EventSink;
+use crate::metrics::ControllerMetrics;
+use crate::names::{CONTROLLER_NAME, managed_selector};
+use crate::sharedvolume::{claim::bound_claim, classify};
+use crate::shutdown::Shutdown;
+use crate::volume;
+use reconcile::{Context, ReconcileSettings};
+
+pub async fn run(args: ControllerArgs, registry: Registry, probes: Probes, shutdown: Shutdown) -> Result<()> {
+    let client = Client::try_default()
+        .await
+        .context("cannot reach the Kubernetes API (in-cluster or KUBECONFIG)")?;
+    let metrics = ControllerMetrics::register(&registry)?;
+    let backend = volume::backend(&args, &client)?;
+    let settings = ReconcileSettings {
+        filters: classify::Filters {
+            storage_classes: args.storage_class.clone(),
+            csi_drivers: args.csi_driver.clone(),
+        },
+        create_poll_interval: *args.k8s_create_poll_interval,
+        create_wait_duration: *args.k8s_create_wait_duration,
+        resync_interval: *args.resync_interval,
+        error_requeue: std::time::Duration::from_secs(5),
+    };
+    let events = EventSink::new(client.clone(), CONTROLLER_NAME, Some(args.identity.clone()));
+    let ctx = Arc::new(Context::new(client.clone(), backend, settings, metrics.clone(), events));
+
+    if !args.leader_elect {
+        metrics.leader.set(1);
+        run_controller(ctx, args.namespace.clone(), args.concurrency, probes, shutdown).await;
+        return Ok(());
+    }
+    leader::lead_and_run(client, &args, ctx, metrics, probes, shutdown).await
+}
+
+/// Runs the kube-runtime Controller until `stop`; marks the replica ready once claims are cached.
+pub(crate) async fn run_controller(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    concurrency: u16,
+    probes: Probes,
+    stop: Shutdown,
+) {
+    let client = ctx.client.clone();
+    let managed = watcher::Config::default().labels(&managed_selector());
+    let mut controller = Controller::new(scoped(&client, namespace.as_deref()), watcher::Config::default())
+        .owns(scoped::<Service>(&client, namespace.as_deref()), managed.clone())
+        .owns(scoped::<Endpoints>(&client, namespace.as_deref()), managed.clone())
+        .owns(scoped::<EndpointSlice>(&client, namespace.as_deref()), managed)
+        .watches(
+            Api::<PersistentVolume>::all(client),
+            watcher::Config::default(),
+            claim_of_volume,
+        )
+        .with_config(controller::Config::default().concurrency(concurrency))
+        .graceful_shutdown_on({
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        });
+    if let Some(changes) = ctx.backend.changes() {
+        controller = controller.reconcile_on(changes.map(|claim| ObjectRef::new(&claim.name).within(&claim.namespace)));
+    }
+    let store = controller.store();
+    let readiness = {
+        let probes = probes.clone();
+        tokio::spawn(async move {
+            // The store's readiness signal wakes only its most recent waiter, and the controller
+            // itself waits on it too: poll again now and then instead of waiting once.
+            loop {
+                match tokio::time::timeout(Duration::from_millis(250), store.wait_until_ready()).await {
+                    Ok(Ok(())) => break,
+                    Ok(Err(_)) => return,
+                    Err(_) => continue,
+                }
+            }
+            tracing::info!("claim cache synced; reconciling");
+            probes.set_ready(true);
+        })
+    };
+    controller
+        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "controller event");
+            }
+        })
+        .await;
+    readiness.abort();
+}
+
+/// An Api over one namespace, or over all of them.
+fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// A PV change is a change of the claim it is bound to.
+fn claim_of_volume(pv: PersistentVolume) -> Option<ObjectRef<PersistentVolumeClaim>> {
+    let claim = bound_claim(&pv)?;
+    Some(ObjectRef::new(&claim.name).within(&claim.namespace))
+}
