@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
+use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use shared_volume_controller::agent::decide::{DecisionSettings, decide};
 use shared_volume_controller::agent::drbd::{Connection, Device, DrbdState, Resource};
@@ -55,6 +56,7 @@ fn cluster(pods: usize) -> Snapshot {
             })
             .collect(),
         satellites: vec![],
+        leases: vec![],
     }
 }
 
@@ -95,7 +97,7 @@ fn round_time(snapshot: &Snapshot) -> Duration {
     let rounds = 20;
     let started = Instant::now();
     for _ in 0..rounds {
-        let observed = observe("node-0", None, drbd(), snapshot);
+        let observed = observe("node-0", None, drbd(), snapshot, Timestamp::now());
         let actions = decide(&observed, &settings, &mut Timers::new(), Instant::now());
         black_box(actions);
     }

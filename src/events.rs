@@ -1,8 +1,10 @@
 //! Kubernetes events (events.k8s.io/v1), each also logged. Warnings about bad input are posted
-//! once per change of message, so a claim that stays broken does not flood the event stream.
+//! once per change of message, so an object that stays broken does not flood the event stream.
+//! Every post is bounded by a timeout: a hanging API server cannot stall the caller.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -10,9 +12,14 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 pub struct EventSink {
     recorder: Recorder,
-    /// Last warning note posted, by (object uid, reason).
+    /// Last warning note posted, by (object kind/namespace/name, reason): Nodes, PVs and
+    /// attachments are told apart by name as well as pods and claims.
     last_warning: Mutex<HashMap<(String, &'static str), String>>,
+    timeout: Duration,
 }
+
+/// How long one event post may take, unless [`EventSink::with_timeout`] says otherwise.
+const DEFAULT_POST_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl EventSink {
     pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
@@ -23,7 +30,13 @@ impl EventSink {
         Self {
             recorder: Recorder::new(client, reporter),
             last_warning: Mutex::default(),
+            timeout: DEFAULT_POST_TIMEOUT,
         }
+    }
+
+    /// Bounds every post by `timeout`.
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        Self { timeout, ..self }
     }
 
     /// Posts a Normal event.
@@ -40,7 +53,7 @@ impl EventSink {
 
     /// Posts a Warning event unless the same one was the last posted for this object and reason.
     pub async fn warning_once(&self, regarding: &ObjectReference, reason: &'static str, action: &str, note: String) {
-        let key = (regarding.uid.clone().unwrap_or_default(), reason);
+        let key = (describe(regarding), reason);
         {
             let mut last = self.last_warning.lock().expect("event cache poisoned");
             if last.get(&key) == Some(&note) {
@@ -53,11 +66,12 @@ impl EventSink {
     }
 
     /// Forgets the warnings posted for an object, so that a recurrence is reported again.
-    pub fn clear_warnings(&self, uid: &str) {
+    pub fn clear_warnings(&self, regarding: &ObjectReference) {
+        let object = describe(regarding);
         self.last_warning
             .lock()
             .expect("event cache poisoned")
-            .retain(|(u, _), _| u != uid);
+            .retain(|(o, _), _| *o != object);
     }
 
     async fn post(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
@@ -68,8 +82,15 @@ impl EventSink {
             action: action.into(),
             secondary: None,
         };
-        if let Err(err) = self.recorder.publish(&event, regarding).await {
-            tracing::warn!(object = describe(regarding), reason, error = %err, "cannot post event");
+        match tokio::time::timeout(self.timeout, self.recorder.publish(&event, regarding)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::warn!(object = describe(regarding), reason, error = %err, "cannot post event"),
+            Err(_) => tracing::warn!(
+                object = describe(regarding),
+                reason,
+                "cannot post event: timed out after {:?}",
+                self.timeout
+            ),
         }
     }
 }

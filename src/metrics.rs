@@ -17,6 +17,7 @@ pub const AGENT_REFUSED_ACTIONS: &str = "storageos_drbd_agent_refused_actions_to
 pub const AGENT_ENDPOINT_REWRITE: &str = "storageos_drbd_agent_endpoint_rewrite_duration_seconds";
 pub const AGENT_DRBD_STATE_AGE: &str = "storageos_drbd_agent_drbd_state_age_seconds";
 pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_total";
+pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
 
 /// Reconcile-duration buckets, 1 ms to 30 s.
 const RECONCILE_BUCKETS: &[f64] = &[
@@ -117,6 +118,8 @@ pub struct AgentMetrics {
     pub endpoint_rewrite: Histogram,
     pub drbd_state_age: prometheus::Gauge,
     pub drbd_read_errors: IntCounter,
+    /// Fail-overs held because the evidence says the peer is alive and serving.
+    pub held_fail_overs: IntCounter,
 }
 
 impl AgentMetrics {
@@ -166,6 +169,13 @@ impl AgentMetrics {
             drbd_read_errors: register(
                 registry,
                 IntCounter::new(AGENT_DRBD_READ_ERRORS, "Failed reads of the DRBD state.")?,
+            )?,
+            held_fail_overs: register(
+                registry,
+                IntCounter::new(
+                    AGENT_HELD_FAIL_OVERS,
+                    "Fail-overs held because a peer whose link dropped is shown alive and serving.",
+                )?,
             )?,
         })
     }

@@ -47,8 +47,26 @@ pub fn managed_selector() -> String {
 pub const IGNORE_FAIL_OVER_ANNOTATION: &str = "drbd.linbit.com/ignore-fail-over";
 /// Prefix of the per-node heartbeat Lease the HA agent renews.
 pub const AGENT_LEASE_PREFIX: &str = "shared-volume-agent-";
+/// Label on every heartbeat Lease, so that agents can watch each other's.
+pub const AGENT_LEASE_LABEL: &str = "storageos.com/drbd-agent-heartbeat";
+/// Heartbeat Lease annotation where each agent states its view of its DRBD resources (JSON),
+/// written whenever that view changes: the evidence peers weigh before failing a node over.
+pub const DRBD_REPORT_ANNOTATION: &str = "storageos.com/drbd-report";
+/// Field manager of the report (apart from the heartbeat's, so neither apply drops the other).
+pub const AGENT_REPORT_FIELD_MANAGER: &str = "shared-volume-agent-report";
+/// The Lease, in the agents' namespace, through which agents reserve fail-over slots under the
+/// blast-radius guard, with optimistic concurrency.
+pub const FAIL_OVER_GUARD_LEASE: &str = "shared-volume-agent-fail-over-guard";
+/// Its annotation: the nodes reserved, with when each reservation expires (JSON).
+pub const FAIL_OVER_RESERVATIONS_ANNOTATION: &str = "storageos.com/fail-over-reservations";
 
-/// Taint of a node whose DRBD resources lost quorum (Piraeus's key).
+/// Taint of a node whose DRBD resources lost quorum (Piraeus's key). Its value says who put it:
+/// [`TAINT_BY_OWN_AGENT`] or [`TAINT_BY_FAIL_OVER`], and so who may remove it.
 pub const LOST_QUORUM_TAINT: &str = "drbd.linbit.com/lost-quorum";
+/// The value of a taint an agent puts on its own node (it removes it once quorum is back).
+pub const TAINT_BY_OWN_AGENT: &str = "own-node";
+/// The value of the lost-quorum taint a peer puts on a node it fails over (the node's own agent
+/// removes it once the node is back and its DRBD resources reconnected).
+pub const TAINT_BY_FAIL_OVER: &str = "fail-over";
 /// Taint of a node where a DRBD resource forces IO errors (Piraeus's key).
 pub const FORCE_IO_ERROR_TAINT: &str = "drbd.linbit.com/force-io-error";

@@ -1,18 +1,20 @@
 //! Carries out the decided actions: Kubernetes writes (with UID preconditions and optimistic
-//! concurrency), `drbdsetup`, events and metrics. In dry-run mode it only reports.
+//! concurrency), `drbdsetup`, events and metrics. In dry-run mode it only reports. Every call is
+//! bounded by `--operations-timeout`; failed actions back off exponentially.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, EvictParams, PostParams, Preconditions};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
+use serde_json::{Value, json};
 
-use super::action::{Action, PodRef};
+use super::action::{Action, Cause, PodRef};
 use super::follow::{Followed, publish_and_follow};
+use super::guard::FailOverGuard;
 use super::source::DrbdSource;
 use crate::events::EventSink;
 use crate::metrics::AgentMetrics;
@@ -26,6 +28,9 @@ pub struct ExecutorSettings {
     /// An action done (or reported) is not repeated within this time while it stays decided
     /// (the cache may not show its effect yet).
     pub cooldown: Duration,
+    /// First retry delay of a failed action; it doubles up to [`ExecutorSettings::max_backoff`].
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
 }
 
 /// How one action ended.
@@ -35,8 +40,26 @@ enum Outcome {
     Done(Option<String>),
     /// Nothing to do any more (already gone, replaced, or left to the controller).
     Skipped(String),
-    /// A PodDisruptionBudget does not allow it now; tried again next round.
+    /// A PodDisruptionBudget does not allow it now; tried again later.
     Blocked,
+}
+
+/// What the executor remembers of an action it carried out or reported.
+#[derive(Debug, PartialEq, Eq)]
+enum Settled {
+    /// Not repeated within the cooldown while it stays decided.
+    ForCooldown,
+    /// Not repeated for as long as it stays decided (reports such as a held fail-over).
+    WhileDecided,
+    /// The blast-radius guard refused this node's fail-over: none of its steps this round.
+    Refused(String),
+    /// Failed or blocked: retried after a back-off.
+    Retry,
+}
+
+struct Backoff {
+    retry_at: Instant,
+    delay: Duration,
 }
 
 pub struct Executor {
@@ -45,8 +68,13 @@ pub struct Executor {
     events: EventSink,
     metrics: AgentMetrics,
     settings: ExecutorSettings,
-    /// Action description → when it was last done or reported.
-    recent: HashMap<String, Instant>,
+    guard: Option<FailOverGuard>,
+    /// Action description → when it was last done or reported, and for how long that holds.
+    recent: HashMap<String, (Instant, Settled)>,
+    /// Action description → when a failed action may be tried again.
+    backoff: HashMap<String, Backoff>,
+    /// UIDs of the VolumeAttachments deleted: none is deleted twice.
+    deleted_attachments: HashSet<String>,
 }
 
 impl Executor {
@@ -56,6 +84,7 @@ impl Executor {
         events: EventSink,
         metrics: AgentMetrics,
         settings: ExecutorSettings,
+        guard: Option<FailOverGuard>,
     ) -> Self {
         Self {
             client,
@@ -63,41 +92,75 @@ impl Executor {
             events,
             metrics,
             settings,
+            guard,
             recent: HashMap::new(),
+            backoff: HashMap::new(),
+            deleted_attachments: HashSet::new(),
         }
     }
 
     /// Carries out `actions` in order. `drbd_read_at` is when the DRBD state they were decided
-    /// on was read: the start of the endpoint-rewrite latency.
-    pub async fn run(&mut self, actions: Vec<Action>, drbd_read_at: Instant) {
+    /// on was read: the start of the endpoint-rewrite latency. `storage_nodes` are the nodes the
+    /// blast-radius guard counts, as this round saw them.
+    pub async fn run(&mut self, actions: Vec<Action>, drbd_read_at: Instant, storage_nodes: &BTreeSet<String>) {
         let now = Instant::now();
         let decided: Vec<String> = actions.iter().map(Action::describe).collect();
         // An action no longer decided has taken effect (or its cause went away): when it is
         // needed again, it is carried out at once.
         let cooldown = self.settings.cooldown;
-        self.recent
-            .retain(|key, at| now.duration_since(*at) < cooldown && decided.contains(key));
+        self.recent.retain(|key, (at, settled)| {
+            decided.contains(key) && (*settled == Settled::WhileDecided || now.duration_since(*at) < cooldown)
+        });
+        self.backoff.retain(|key, _| decided.contains(key));
+        // A refusal holds for the cooldown, like any settled action: until then none of that
+        // node's fail-over steps run, whichever round decides them.
+        let mut refused_nodes: HashSet<String> = self
+            .recent
+            .values()
+            .filter_map(|(_, settled)| match settled {
+                Settled::Refused(node) => Some(node.clone()),
+                _ => None,
+            })
+            .collect();
         for (action, key) in actions.iter().zip(decided) {
-            if self.recent.contains_key(&key) {
+            if action.failing_over().is_some_and(|node| refused_nodes.contains(node)) {
                 continue;
             }
-            if self.carry_out(action, drbd_read_at).await {
-                self.recent.insert(key, Instant::now());
+            if self.recent.contains_key(&key) || self.backoff.get(&key).is_some_and(|b| b.retry_at > now) {
+                continue;
+            }
+            match self.carry_out(action, drbd_read_at, storage_nodes).await {
+                Settled::Retry => {
+                    let delay = self
+                        .backoff
+                        .get(&key)
+                        .map_or(self.settings.min_backoff, |b| b.delay * 2)
+                        .min(self.settings.max_backoff);
+                    let retry_at = Instant::now() + delay;
+                    self.backoff.insert(key, Backoff { retry_at, delay });
+                }
+                settled => {
+                    if let Settled::Refused(node) = &settled {
+                        refused_nodes.insert(node.clone());
+                    }
+                    self.backoff.remove(&key);
+                    self.recent.insert(key, (Instant::now(), settled));
+                }
             }
         }
     }
 
-    /// Returns whether the action is settled (not to be retried before the cooldown).
-    async fn carry_out(&self, action: &Action, drbd_read_at: Instant) -> bool {
+    async fn carry_out(&mut self, action: &Action, drbd_read_at: Instant, storage_nodes: &BTreeSet<String>) -> Settled {
         let target = action.target();
         if let Action::Refused { action: inner, why } = action {
-            self.metrics
-                .refused_actions
-                .with_label_values(&[inner.kind(), "guard"])
-                .inc();
-            let note = format!("{}: {why}", action.describe());
-            self.events.warning(&target, "FailOverRefused", "Refuse", note).await;
-            return true;
+            return self.refuse(inner, why).await;
+        }
+        if let Action::HoldFailOver { .. } = action {
+            // A report, not a write: told once while the same evidence holds.
+            self.metrics.held_fail_overs.inc();
+            let note = format!("{} ({})", action.describe(), action.note());
+            self.events.normal(&target, "FailOverHeld", "HoldFailOver", note).await;
+            return Settled::WhileDecided;
         }
         if self.settings.dry_run {
             self.metrics
@@ -106,7 +169,29 @@ impl Executor {
                 .inc();
             let note = format!("dry run: would {} ({})", action.describe(), action.note());
             self.events.normal(&target, "DryRun", "DryRun", note).await;
-            return true;
+            return Settled::ForCooldown;
+        }
+        if let (
+            Action::Taint {
+                node,
+                cause: Cause::FailOver,
+                ..
+            },
+            Some(guard),
+        ) = (action, &self.guard)
+        {
+            match guard.reserve(node, storage_nodes).await {
+                Ok(Ok(())) => {}
+                Ok(Err(why)) => return self.refuse(action, &why).await,
+                Err(err) => {
+                    let note = format!("cannot {}: the blast-radius guard: {err}; retrying", action.describe());
+                    self.metrics.actions.with_label_values(&[action.kind(), "failed"]).inc();
+                    self.events
+                        .warning_once(&target, "FailOverActionFailed", action.kind(), note)
+                        .await;
+                    return Settled::Refused(node.clone());
+                }
+            }
         }
         let result = tokio::time::timeout(self.settings.operations_timeout, self.execute(action)).await;
         let result = result.unwrap_or_else(|_| Err(format!("timed out after {:?}", self.settings.operations_timeout)));
@@ -119,6 +204,9 @@ impl Executor {
         self.metrics.actions.with_label_values(&[action.kind(), label]).inc();
         match result {
             Ok(Outcome::Done(caveat)) => {
+                if let Action::DeleteAttachment { attachment, .. } = action {
+                    self.deleted_attachments.insert(attachment.uid.clone());
+                }
                 if let (Action::PublishServiceEndpoint { .. }, None) = (action, &caveat) {
                     self.metrics
                         .endpoint_rewrite
@@ -134,11 +222,11 @@ impl Executor {
                 } else {
                     self.events.normal(&target, reason, action.kind(), note).await;
                 }
-                true
+                Settled::ForCooldown
             }
             Ok(Outcome::Skipped(why)) => {
                 tracing::info!(action = %action.describe(), "skipped: {why}");
-                true
+                Settled::ForCooldown
             }
             Ok(Outcome::Blocked) => {
                 let note = format!(
@@ -148,15 +236,32 @@ impl Executor {
                 self.events
                     .warning_once(&target, "EvictionBlocked", action.kind(), note)
                     .await;
-                false
+                Settled::Retry
             }
             Err(err) => {
                 let note = format!("cannot {}: {err}; retrying", action.describe());
                 self.events
                     .warning_once(&target, "FailOverActionFailed", action.kind(), note)
                     .await;
-                false
+                Settled::Retry
             }
+        }
+    }
+
+    /// Reports a step the blast-radius guard refused; the rest of that node's fail-over is
+    /// skipped this round.
+    async fn refuse(&self, action: &Action, why: &str) -> Settled {
+        self.metrics
+            .refused_actions
+            .with_label_values(&[action.kind(), "guard"])
+            .inc();
+        let note = format!("refused to {}: {why}", action.describe());
+        self.events
+            .warning(&action.target(), "FailOverRefused", "Refuse", note)
+            .await;
+        match action.failing_over() {
+            Some(node) => Settled::Refused(node.to_owned()),
+            None => Settled::ForCooldown,
         }
     }
 
@@ -164,25 +269,32 @@ impl Executor {
         let client = &self.client;
         let kube = |err: kube::Error| err.to_string();
         match action {
-            Action::Taint { node, key, .. } => change_taint(client, node, key, true).await.map_err(kube),
-            Action::Untaint { node, key, .. } => change_taint(client, node, key, false).await.map_err(kube),
+            Action::Taint { node, key, value, .. } => change_taint(client, node, key, Some(value)).await.map_err(kube),
+            Action::Untaint { node, key, .. } => change_taint(client, node, key, None).await.map_err(kube),
             Action::Evict { pod, .. } => {
                 let params = EvictParams {
-                    delete_options: Some(delete_params(pod, self.settings.grace_period_seconds)),
+                    delete_options: Some(delete_params(&pod.uid, self.settings.grace_period_seconds)),
                     post_options: PostParams::default(),
                 };
                 let result = pods(client, pod).evict(&pod.name, &params).await;
                 pod_outcome(result.map(|_| ())).map_err(kube)
             }
             Action::ForceDelete { pod, .. } => {
-                let result = pods(client, pod).delete(&pod.name, &delete_params(pod, 0)).await;
+                let result = pods(client, pod).delete(&pod.name, &delete_params(&pod.uid, 0)).await;
                 pod_outcome(result.map(|_| ())).map_err(kube)
             }
-            Action::DeleteAttachment { name, .. } => {
+            Action::DeleteAttachment { attachment, .. } => {
+                if self.deleted_attachments.contains(&attachment.uid) {
+                    return Ok(Outcome::Skipped("this attachment was deleted already".into()));
+                }
                 let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-                match attachments.delete(name, &DeleteParams::default()).await {
+                let params = delete_params(&attachment.uid, self.settings.grace_period_seconds);
+                match attachments.delete(&attachment.name, &params).await {
                     Ok(_) => Ok(Outcome::Done(None)),
                     Err(err) if status(&err) == Some(404) => Ok(Outcome::Skipped("already deleted".into())),
+                    Err(err) if status(&err) == Some(409) => Ok(Outcome::Skipped(
+                        "the attachment was replaced (UID precondition)".into(),
+                    )),
                     Err(err) => Err(err.to_string()),
                 }
             }
@@ -199,7 +311,7 @@ impl Executor {
                 )))),
                 Err(err) => Err(err.to_string()),
             },
-            Action::Refused { .. } => Ok(Outcome::Skipped("refused".into())),
+            Action::HoldFailOver { .. } | Action::Refused { .. } => Ok(Outcome::Skipped("nothing to write".into())),
         }
     }
 }
@@ -215,12 +327,12 @@ fn pods(client: &Client, pod: &PodRef) -> Api<Pod> {
     Api::namespaced(client.clone(), &pod.namespace)
 }
 
-/// Deletes only the pod we decided about: a new pod of the same name has another UID.
-fn delete_params(pod: &PodRef, grace_period_seconds: u32) -> DeleteParams {
+/// Deletes only the object we decided about: a new one of the same name has another UID.
+fn delete_params(uid: &str, grace_period_seconds: u32) -> DeleteParams {
     DeleteParams {
         grace_period_seconds: Some(grace_period_seconds),
         preconditions: Some(Preconditions {
-            uid: Some(pod.uid.clone()),
+            uid: Some(uid.to_owned()),
             resource_version: None,
         }),
         ..Default::default()
@@ -239,37 +351,42 @@ fn pod_outcome(result: Result<(), kube::Error>) -> Result<Outcome, kube::Error> 
     }
 }
 
-/// Adds or removes a NoSchedule taint, keeping every other taint: read, change, write with the
-/// resourceVersion read, and start over when another writer got there first.
-async fn change_taint(client: &Client, node: &str, key: &str, add: bool) -> Result<Outcome, kube::Error> {
-    let nodes: Api<Node> = Api::all(client.clone());
+/// Adds (`value` given) or removes a NoSchedule taint, keeping every other taint as stored: the
+/// taints are read and written as raw JSON (a field a newer cluster added survives), with a
+/// merge patch guarded by the resourceVersion read; another writer first means starting over.
+async fn change_taint(client: &Client, node: &str, key: &str, value: Option<&str>) -> Result<Outcome, kube::Error> {
+    let nodes: Api<DynamicObject> = Api::all_with(client.clone(), &ApiResource::erase::<Node>(&()));
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let mut current = nodes.get(node).await?;
-        let taints = current
-            .spec
-            .get_or_insert_with(Default::default)
-            .taints
-            .get_or_insert_with(Vec::new);
-        if taints.iter().any(|t| t.key == key) == add {
+        let current = nodes.get(node).await?;
+        let mut taints: Vec<Value> = current
+            .data
+            .pointer("/spec/taints")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if taints.iter().any(|t| t["key"] == key) == value.is_some() {
             return Ok(Outcome::Skipped("the taint is already as wanted".into()));
         }
-        if add {
-            taints.push(Taint {
-                key: key.to_owned(),
-                effect: "NoSchedule".into(),
-                time_added: Some(Time(k8s_openapi::jiff::Timestamp::now())),
-                value: None,
-            });
-        } else {
-            taints.retain(|t| t.key != key);
+        match value {
+            Some(value) => taints.push(json!({
+                "key": key,
+                "value": value,
+                "effect": "NoSchedule",
+                "timeAdded": k8s_openapi::jiff::Timestamp::now().to_string(),
+            })),
+            None => taints.retain(|t| t["key"] != key),
         }
-        let params = PostParams {
+        let patch = json!({
+            "metadata": {"resourceVersion": current.metadata.resource_version},
+            "spec": {"taints": taints},
+        });
+        let params = PatchParams {
             field_manager: Some(AGENT_FIELD_MANAGER.into()),
             ..Default::default()
         };
-        match nodes.replace(node, &params, &current).await {
+        match nodes.patch(node, &params, &Patch::Merge(&patch)).await {
             Ok(_) => return Ok(Outcome::Done(None)),
             Err(err) if status(&err) == Some(409) && attempts < 5 => continue,
             Err(err) => return Err(err),
@@ -300,17 +417,24 @@ mod tests {
             grace_period_seconds: 10,
             operations_timeout: Duration::from_secs(5),
             cooldown: Duration::from_secs(60),
+            min_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(400),
         };
         let events = EventSink::new(stub_client(), "test", None);
-        let executor = Executor::new(stub_client(), Arc::new(drbd), events, metrics.clone(), settings);
+        let executor = Executor::new(stub_client(), Arc::new(drbd), events, metrics.clone(), settings, None);
         (executor, metrics)
     }
 
     fn demote() -> Action {
         Action::ForceSecondary {
             resource: "pvc-1".into(),
-            pv: "pv-1".into(),
+            node: "node-b".into(),
+            pv: Some("pv-1".into()),
         }
+    }
+
+    fn no_nodes() -> BTreeSet<String> {
+        BTreeSet::new()
     }
 
     #[tokio::test]
@@ -322,10 +446,10 @@ mod tests {
             .returning(|_| Ok(()));
         let (mut executor, metrics) = stub_executor(drbd, false);
         let now = Instant::now();
-        executor.run(vec![demote()], now).await;
-        executor.run(vec![demote()], now).await; // still decided: the cache lags, not repeated
-        executor.run(vec![], now).await; // no longer decided: forgotten
-        executor.run(vec![demote()], now).await; // needed again: done at once
+        executor.run(vec![demote()], now, &no_nodes()).await;
+        executor.run(vec![demote()], now, &no_nodes()).await; // still decided: the cache lags, not repeated
+        executor.run(vec![], now, &no_nodes()).await; // no longer decided: forgotten
+        executor.run(vec![demote()], now, &no_nodes()).await; // needed again: done at once
         let done = metrics.actions.with_label_values(&["force_secondary", "ok"]).get();
         assert_eq!(done, 2);
     }
@@ -341,20 +465,90 @@ mod tests {
             })
         });
         let (mut executor, metrics) = stub_executor(drbd, false);
-        executor.run(vec![demote()], Instant::now()).await;
-        executor.run(vec![demote()], Instant::now()).await;
-        let failed = metrics.actions.with_label_values(&["force_secondary", "failed"]).get();
-        assert_eq!(failed, 2);
+        let failed = || metrics.actions.with_label_values(&["force_secondary", "failed"]).get();
+        executor.run(vec![demote()], Instant::now(), &no_nodes()).await;
+        executor.run(vec![demote()], Instant::now(), &no_nodes()).await; // backing off: not tried
+        assert_eq!(failed(), 1);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        executor.run(vec![demote()], Instant::now(), &no_nodes()).await; // after 50 ms: tried again
+        assert_eq!(failed(), 2);
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        executor.run(vec![demote()], Instant::now(), &no_nodes()).await; // the delay doubled: not yet
+        assert_eq!(failed(), 2);
 
         let mut untouched = MockDrbdSource::new();
         untouched.expect_force_secondary().never();
         let (mut dry, metrics) = stub_executor(untouched, true);
-        dry.run(vec![demote()], Instant::now()).await;
+        dry.run(vec![demote()], Instant::now(), &no_nodes()).await;
         let reported = metrics
             .refused_actions
             .with_label_values(&["force_secondary", "dry_run"])
             .get();
         assert_eq!(reported, 1);
+    }
+
+    fn fail_over_of(node: &str) -> Vec<Action> {
+        let pod = PodRef {
+            namespace: "apps".into(),
+            name: "app".into(),
+            uid: "u1".into(),
+            node: node.into(),
+        };
+        let taint = Action::Taint {
+            node: node.into(),
+            key: crate::names::LOST_QUORUM_TAINT,
+            value: crate::names::TAINT_BY_FAIL_OVER,
+            cause: Cause::FailOver,
+            note: String::new(),
+        };
+        vec![
+            Action::Refused {
+                action: Box::new(taint),
+                why: "guard".into(),
+            },
+            Action::ForceDelete {
+                pod,
+                note: String::new(),
+            },
+        ]
+    }
+
+    #[tokio::test]
+    async fn a_refused_fail_over_does_nothing_else_to_that_node() {
+        let mut drbd = MockDrbdSource::new();
+        drbd.expect_force_secondary().times(1).returning(|_| Ok(()));
+        let (mut executor, metrics) = stub_executor(drbd, false);
+        let mut actions = fail_over_of("node-a");
+        actions.push(demote());
+        executor.run(actions, Instant::now(), &no_nodes()).await;
+        let refused = metrics.refused_actions.with_label_values(&["taint", "guard"]).get();
+        let deleted = metrics.actions.with_label_values(&["force_delete", "ok"]).get();
+        let demoted = metrics.actions.with_label_values(&["force_secondary", "ok"]).get();
+        assert_eq!((refused, deleted, demoted), (1, 0, 1));
+        // The next round decides the same again: the refusal is not repeated, and still holds.
+        executor.run(fail_over_of("node-a"), Instant::now(), &no_nodes()).await;
+        let refused = metrics.refused_actions.with_label_values(&["taint", "guard"]).get();
+        let deleted = metrics.actions.with_label_values(&["force_delete", "ok"]).get();
+        assert_eq!((refused, deleted), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_held_fail_over_is_reported_once_while_the_evidence_stays() {
+        let (mut executor, metrics) = stub_executor(MockDrbdSource::new(), true);
+        let hold = |evidence: &str| Action::HoldFailOver {
+            node: "node-a".into(),
+            resource: "pvc-1".into(),
+            pv: "pv-1".into(),
+            evidence: evidence.into(),
+        };
+        for _ in 0..3 {
+            executor.run(vec![hold("alive")], Instant::now(), &no_nodes()).await;
+        }
+        assert_eq!(metrics.held_fail_overs.get(), 1);
+        executor
+            .run(vec![hold("connected to c")], Instant::now(), &no_nodes())
+            .await;
+        assert_eq!(metrics.held_fail_overs.get(), 2, "new evidence is reported again");
     }
 
     fn api_error(code: u16) -> kube::Error {

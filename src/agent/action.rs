@@ -5,13 +5,15 @@
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
-use super::view::PodView;
+use super::view::{AttachmentView, PodView};
 
 /// Why an action is taken; it names the events posted and the metrics counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
-    /// A peer's node lost its DRBD connection (fail-over), or this node lost quorum.
+    /// This node lost quorum.
     LostQuorum,
+    /// A peer's node lost the volume: it is failed over.
+    FailOver,
     /// A local resource forces IO errors.
     ForceIoErrors,
     /// This node is cordoned or tainted for evacuation.
@@ -23,6 +25,8 @@ pub enum Action {
     Taint {
         node: String,
         key: &'static str,
+        /// Who put it ([`crate::names::TAINT_BY_OWN_AGENT`] or `TAINT_BY_FAIL_OVER`).
+        value: &'static str,
         cause: Cause,
         note: String,
     },
@@ -42,16 +46,25 @@ pub enum Action {
         note: String,
     },
     DeleteAttachment {
-        name: String,
+        attachment: AttachmentView,
         note: String,
     },
     ForceSecondary {
         resource: String,
-        pv: String,
+        /// This node.
+        node: String,
+        pv: Option<String>,
     },
     PublishServiceEndpoint {
         pv: String,
         endpoint: String,
+    },
+    /// A fail-over the evidence does not support: the peer is alive and serving.
+    HoldFailOver {
+        node: String,
+        resource: String,
+        pv: String,
+        evidence: String,
     },
     /// An action the blast-radius guard would not take.
     Refused {
@@ -65,6 +78,7 @@ pub struct PodRef {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    pub node: String,
 }
 
 impl From<&PodView> for PodRef {
@@ -73,6 +87,7 @@ impl From<&PodView> for PodRef {
             namespace: pod.namespace.clone(),
             name: pod.name.clone(),
             uid: pod.uid.clone(),
+            node: pod.node.clone(),
         }
     }
 }
@@ -88,6 +103,7 @@ impl Action {
             Self::DeleteAttachment { .. } => "delete_attachment",
             Self::ForceSecondary { .. } => "force_secondary",
             Self::PublishServiceEndpoint { .. } => "publish",
+            Self::HoldFailOver { .. } => "hold_fail_over",
             Self::Refused { action, .. } => action.kind(),
         }
     }
@@ -95,15 +111,21 @@ impl Action {
     /// What is done, in words (logs, events, and the key that keeps it from being repeated).
     pub fn describe(&self) -> String {
         match self {
-            Self::Taint { node, key, .. } => format!("taint node {node} with {key}:NoSchedule"),
+            Self::Taint { node, key, value, .. } => format!("taint node {node} with {key}={value}:NoSchedule"),
             Self::Untaint { node, key, .. } => format!("remove taint {key} from node {node}"),
             Self::Evict { pod, .. } => format!("evict pod {}/{}", pod.namespace, pod.name),
             Self::ForceDelete { pod, .. } => format!("force-delete pod {}/{}", pod.namespace, pod.name),
-            Self::DeleteAttachment { name, .. } => format!("delete VolumeAttachment {name}"),
+            Self::DeleteAttachment { attachment, .. } => format!("delete VolumeAttachment {}", attachment.name),
             Self::ForceSecondary { resource, .. } => format!("run drbdsetup secondary --force {resource}"),
             Self::PublishServiceEndpoint { pv, endpoint } => {
                 format!("publish {endpoint} as the NFS service endpoint of PV {pv} and point its endpoints here")
             }
+            Self::HoldFailOver {
+                node,
+                resource,
+                evidence,
+                ..
+            } => format!("hold the fail-over of node {node} for DRBD resource {resource}: {evidence}"),
             Self::Refused { action, .. } => format!("refused to {}", action.describe()),
         }
     }
@@ -116,54 +138,79 @@ impl Action {
             | Self::Evict { note, .. }
             | Self::ForceDelete { note, .. }
             | Self::DeleteAttachment { note, .. } => note,
-            Self::ForceSecondary { .. } => "the resource is suspended and no running local pod uses it",
+            Self::ForceSecondary { .. } => "the resource is suspended and no local pod uses it",
             Self::PublishServiceEndpoint { .. } => "this node is the DRBD primary with quorum",
+            Self::HoldFailOver { .. } => "one disconnected link is not evidence that the peer lost the volume",
             Self::Refused { why, .. } => why,
+        }
+    }
+
+    /// The node this action fails over, if it is part of a fail-over: the blast-radius guard
+    /// refuses all of a node's fail-over or none of it.
+    pub fn failing_over(&self) -> Option<&str> {
+        match self {
+            Self::Taint {
+                node,
+                cause: Cause::FailOver,
+                ..
+            } => Some(node),
+            Self::Evict {
+                pod,
+                cause: Cause::FailOver,
+                ..
+            }
+            | Self::ForceDelete { pod, .. } => Some(&pod.node),
+            Self::DeleteAttachment { attachment, .. } => Some(&attachment.node),
+            _ => None,
         }
     }
 
     /// (is a Warning, event reason). The reasons are Piraeus's where it has one.
     pub fn event_reason(&self) -> (bool, &'static str) {
         match self {
-            Action::Taint {
+            Self::Taint {
                 cause: Cause::ForceIoErrors,
                 ..
             }
-            | Action::Evict {
+            | Self::Evict {
                 cause: Cause::ForceIoErrors,
                 ..
             } => (true, "VolumeForcingIoErrors"),
-            Action::Taint { .. } => (true, "NodeStorageQuorumLost"),
-            Action::Untaint {
+            Self::Taint { .. } => (true, "NodeStorageQuorumLost"),
+            Self::Untaint {
                 cause: Cause::ForceIoErrors,
                 ..
             } => (false, "NodeStorageIoErrorsCleared"),
-            Action::Untaint { .. } => (false, "NodeStorageQuorumRegained"),
-            Action::Evict {
+            Self::Untaint { .. } => (false, "NodeStorageQuorumRegained"),
+            Self::Evict {
                 cause: Cause::Evacuation,
                 ..
             } => (false, "NodeEvacuation"),
-            Action::Evict { .. } | Action::ForceDelete { .. } | Action::DeleteAttachment { .. } => {
+            Self::Evict { .. } | Self::ForceDelete { .. } | Self::DeleteAttachment { .. } => {
                 (true, "VolumeWithoutQuorum")
             }
-            Action::ForceSecondary { .. } => (true, "SuspendedPrimaryDemoted"),
-            Action::PublishServiceEndpoint { .. } => (false, "ServiceEndpointMoved"),
-            Action::Refused { .. } => (true, "FailOverRefused"),
+            Self::ForceSecondary { .. } => (true, "SuspendedPrimaryDemoted"),
+            Self::PublishServiceEndpoint { .. } => (false, "ServiceEndpointMoved"),
+            Self::HoldFailOver { .. } => (false, "FailOverHeld"),
+            Self::Refused { .. } => (true, "FailOverRefused"),
         }
     }
 
     /// The object the action's events are about.
     pub fn target(&self) -> ObjectReference {
         match self {
-            Action::Taint { node, .. } | Action::Untaint { node, .. } => reference::<Node>(None, node, None),
-            Action::Evict { pod, .. } | Action::ForceDelete { pod, .. } => {
+            Self::Taint { node, .. } | Self::Untaint { node, .. } => reference::<Node>(None, node, None),
+            Self::Evict { pod, .. } | Self::ForceDelete { pod, .. } => {
                 reference::<Pod>(Some(&pod.namespace), &pod.name, Some(&pod.uid))
             }
-            Action::DeleteAttachment { name, .. } => reference::<VolumeAttachment>(None, name, None),
-            Action::ForceSecondary { pv, .. } | Action::PublishServiceEndpoint { pv, .. } => {
-                reference::<PersistentVolume>(None, pv, None)
+            Self::DeleteAttachment { attachment, .. } => {
+                reference::<VolumeAttachment>(None, &attachment.name, Some(&attachment.uid))
             }
-            Action::Refused { action, .. } => action.target(),
+            Self::ForceSecondary { pv: Some(pv), .. }
+            | Self::PublishServiceEndpoint { pv, .. }
+            | Self::HoldFailOver { pv, .. } => reference::<PersistentVolume>(None, pv, None),
+            Self::ForceSecondary { node, pv: None, .. } => reference::<Node>(None, node, None),
+            Self::Refused { action, .. } => action.target(),
         }
     }
 }
@@ -174,7 +221,7 @@ fn reference<K: k8s_openapi::Resource>(namespace: Option<&str>, name: &str, uid:
         kind: Some(K::KIND.into()),
         namespace: namespace.map(Into::into),
         name: Some(name.into()),
-        uid: uid.map(Into::into),
+        uid: uid.filter(|u| !u.is_empty()).map(Into::into),
         ..Default::default()
     }
 }
@@ -183,25 +230,29 @@ fn reference<K: k8s_openapi::Resource>(namespace: Option<&str>, name: &str, uid:
 mod tests {
     use super::*;
 
-    #[test]
-    fn events_name_the_cause_and_the_object() {
+    fn evict(cause: Cause) -> Action {
         let pod = PodRef {
             namespace: "apps".into(),
             name: "web".into(),
             uid: "u1".into(),
+            node: "node-a".into(),
         };
-        let evict = |cause| Action::Evict {
-            pod: pod.clone(),
+        Action::Evict {
+            pod,
             cause,
             note: String::new(),
-        };
-        assert_eq!(evict(Cause::LostQuorum).event_reason(), (true, "VolumeWithoutQuorum"));
+        }
+    }
+
+    #[test]
+    fn events_name_the_cause_and_the_object() {
+        assert_eq!(evict(Cause::FailOver).event_reason(), (true, "VolumeWithoutQuorum"));
         assert_eq!(
             evict(Cause::ForceIoErrors).event_reason(),
             (true, "VolumeForcingIoErrors")
         );
         assert_eq!(evict(Cause::Evacuation).event_reason(), (false, "NodeEvacuation"));
-        let target = evict(Cause::LostQuorum).target();
+        let target = evict(Cause::FailOver).target();
         assert_eq!(
             (
                 target.kind.as_deref(),
@@ -214,12 +265,27 @@ mod tests {
             action: Box::new(Action::Taint {
                 node: "n".into(),
                 key: crate::names::LOST_QUORUM_TAINT,
-                cause: Cause::LostQuorum,
+                value: crate::names::TAINT_BY_FAIL_OVER,
+                cause: Cause::FailOver,
                 note: String::new(),
             }),
             why: "guard".into(),
         };
         assert_eq!(refused.event_reason(), (true, "FailOverRefused"));
         assert_eq!(refused.target().kind.as_deref(), Some("Node"));
+    }
+
+    #[test]
+    fn fail_over_steps_name_their_node() {
+        assert_eq!(evict(Cause::FailOver).failing_over(), Some("node-a"));
+        assert_eq!(evict(Cause::ForceIoErrors).failing_over(), None);
+        let own_taint = Action::Taint {
+            node: "node-b".into(),
+            key: crate::names::LOST_QUORUM_TAINT,
+            value: crate::names::TAINT_BY_OWN_AGENT,
+            cause: Cause::LostQuorum,
+            note: String::new(),
+        };
+        assert_eq!(own_taint.failing_over(), None);
     }
 }

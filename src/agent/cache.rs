@@ -1,11 +1,13 @@
-//! The agent's view of Kubernetes: reflectors on PVs, Pods (trimmed), VolumeAttachments, Nodes
-//! and the LINSTOR satellite pods, and one stream that ticks whenever any of them changes.
+//! The agent's view of Kubernetes: reflectors on PVs, Pods (trimmed), VolumeAttachments, Nodes,
+//! the LINSTOR satellite pods and the agents' heartbeat Leases, and one stream that ticks
+//! whenever any of them changes.
 
 use std::fmt::Debug;
 use std::hash::Hash;
 
 use futures::stream::{self, BoxStream};
 use futures::{StreamExt, future};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self, Store};
@@ -14,6 +16,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::observe::{Snapshot, trim_pod};
+use crate::names::AGENT_LEASE_LABEL;
 
 pub struct Cache {
     pvs: Store<PersistentVolume>,
@@ -21,12 +24,18 @@ pub struct Cache {
     attachments: Store<VolumeAttachment>,
     nodes: Store<Node>,
     satellites: Store<Pod>,
+    leases: Store<Lease>,
 }
 
 impl Cache {
     /// Starts the reflectors. They run while the returned stream is polled; it yields once per
     /// change of any watched object.
-    pub fn start(client: &Client, node_selector: &str, satellite_selector: &str) -> (Self, BoxStream<'static, ()>) {
+    pub fn start(
+        client: &Client,
+        node_selector: &str,
+        satellite_selector: &str,
+        lease_namespace: &str,
+    ) -> (Self, BoxStream<'static, ()>) {
         let all = watcher::Config::default;
         let (pvs, pv_changes) = reflect(Api::all(client.clone()), all(), drop_managed_fields);
         let (pods, pod_changes) = reflect(Api::all(client.clone()), all(), trim_pod);
@@ -38,12 +47,18 @@ impl Cache {
         );
         let (satellites, satellite_changes) =
             reflect(Api::all(client.clone()), all().labels(satellite_selector), trim_pod);
+        let (leases, lease_changes) = reflect(
+            Api::namespaced(client.clone(), lease_namespace),
+            all().labels(AGENT_LEASE_LABEL),
+            drop_managed_fields,
+        );
         let changes = stream::select_all([
             pv_changes,
             pod_changes,
             attachment_changes,
             node_changes,
             satellite_changes,
+            lease_changes,
         ])
         .boxed();
         let cache = Self {
@@ -52,18 +67,22 @@ impl Cache {
             attachments,
             nodes,
             satellites,
+            leases,
         };
         (cache, changes)
     }
 
     /// Resolves once every reflector has listed its objects.
     pub async fn synced(&self) {
-        let _ = future::join5(
-            self.pvs.wait_until_ready(),
-            self.pods.wait_until_ready(),
-            self.attachments.wait_until_ready(),
-            self.nodes.wait_until_ready(),
-            self.satellites.wait_until_ready(),
+        let _ = future::join(
+            future::join5(
+                self.pvs.wait_until_ready(),
+                self.pods.wait_until_ready(),
+                self.attachments.wait_until_ready(),
+                self.nodes.wait_until_ready(),
+                self.satellites.wait_until_ready(),
+            ),
+            self.leases.wait_until_ready(),
         )
         .await;
     }
@@ -75,6 +94,7 @@ impl Cache {
             attachments: self.attachments.state(),
             nodes: self.nodes.state(),
             satellites: self.satellites.state(),
+            leases: self.leases.state(),
         }
     }
 }

@@ -10,7 +10,8 @@ use serde::Deserialize;
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DrbdState {
     pub resources: Vec<Resource>,
-    /// Resources with `quorum majority`; only these take part in fail-over and taints.
+    /// Resources with quorum enabled (`majority`, `all` or a number); only these take part in
+    /// fail-over and taints.
     pub quorum_enabled: HashSet<String>,
 }
 
@@ -55,9 +56,14 @@ impl Resource {
         self.role == PRIMARY
     }
 
-    /// Every local device has quorum.
+    /// Every local device has quorum; a resource with no devices has none.
     pub fn has_quorum(&self) -> bool {
-        self.devices.iter().all(|d| d.quorum)
+        !self.devices.is_empty() && self.devices.iter().all(|d| d.quorum)
+    }
+
+    /// Every peer connection is `Connected`.
+    pub fn fully_connected(&self) -> bool {
+        self.connections.iter().all(Connection::is_connected)
     }
 
     /// Every local device has quorum and no peer is Primary: this node could take over.
@@ -106,8 +112,8 @@ pub fn parse_status(json: &str) -> Result<Vec<Resource>, ParseError> {
     })
 }
 
-/// Names of the resources whose quorum option is `majority` (the only setting that counts as
-/// quorum-enabled).
+/// Names of the resources with quorum enabled: `majority`, `all` or a number of votes (`off`,
+/// or no setting, leaves it disabled).
 pub fn parse_quorum_enabled(json: &str) -> Result<HashSet<String>, ParseError> {
     if json.trim().is_empty() {
         return Ok(HashSet::new());
@@ -118,9 +124,13 @@ pub fn parse_quorum_enabled(json: &str) -> Result<HashSet<String>, ParseError> {
     })?;
     Ok(shown
         .into_iter()
-        .filter(|r| r.options.quorum.as_deref() == Some("majority"))
+        .filter(|r| r.options.quorum.as_deref().is_some_and(enables_quorum))
         .map(|r| r.resource)
         .collect())
+}
+
+fn enables_quorum(setting: &str) -> bool {
+    matches!(setting, "majority" | "all") || setting.parse::<u32>().is_ok_and(|votes| votes > 0)
 }
 
 #[cfg(test)]
@@ -169,6 +179,15 @@ mod tests {
     }
 
     #[test]
+    fn a_resource_without_devices_has_no_quorum() {
+        let resource = Resource {
+            name: "diskless".into(),
+            ..Default::default()
+        };
+        assert!(!resource.has_quorum() && !resource.may_promote());
+    }
+
+    #[test]
     fn no_drbd_means_no_resources() {
         assert_eq!(parse_status("").unwrap(), Vec::new());
         assert_eq!(parse_status("[]").unwrap(), Vec::new());
@@ -182,14 +201,17 @@ mod tests {
     }
 
     #[test]
-    fn only_majority_counts_as_quorum_enabled() {
+    fn majority_all_and_numbers_enable_quorum() {
         let shown = r#"[
           {"resource": "pvc-1", "options": {"quorum": "majority", "on-no-quorum": "io-error"}, "connections": []},
           {"resource": "pvc-2", "options": {"quorum": "off"}},
           {"resource": "pvc-3", "options": {"quorum": "2"}},
-          {"resource": "pvc-4"}
+          {"resource": "pvc-4"},
+          {"resource": "pvc-5", "options": {"quorum": "all"}},
+          {"resource": "pvc-6", "options": {"quorum": "0"}}
         ]"#;
         let enabled = parse_quorum_enabled(shown).unwrap();
-        assert_eq!(enabled, HashSet::from(["pvc-1".to_string()]));
+        let expected = ["pvc-1", "pvc-3", "pvc-5"].map(String::from);
+        assert_eq!(enabled, HashSet::from(expected));
     }
 }

@@ -1,17 +1,21 @@
 //! From cached Kubernetes objects to the agent's [`Observed`] view (pure): the indexes the
-//! decisions need (PV by DRBD resource, pods by claim, attachments by PV, satellites by name).
+//! decisions need (PV by DRBD resource, pods by claim, attachments by PV, satellites by name,
+//! the peers' reports from their heartbeat Leases).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod, Volume};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
 use super::drbd::DrbdState;
-use super::view::{NodeView, Observed, PodView, VolumeView};
-use crate::names::{IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
+use super::report::Report;
+use super::view::{AttachmentView, NodeView, Observed, PeerReport, PodView, VolumeView};
+use crate::names::{DRBD_REPORT_ANNOTATION, IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
 use crate::volume::{ClaimKey, csi_resource_name};
 
@@ -23,10 +27,13 @@ pub struct Snapshot {
     pub attachments: Vec<Arc<VolumeAttachment>>,
     pub nodes: Vec<Arc<Node>>,
     pub satellites: Vec<Arc<Pod>>,
+    /// The agents' heartbeat Leases.
+    pub leases: Vec<Arc<Lease>>,
 }
 
-/// Builds the view of `node`. Only PVs of local DRBD resources are looked at.
-pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &Snapshot) -> Observed {
+/// Builds the view of `node` at wall-clock time `now`. Only PVs of local DRBD resources are
+/// looked at.
+pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &Snapshot, now: Timestamp) -> Observed {
     let nodes: BTreeMap<String, NodeView> = snapshot.nodes.iter().map(|n| (n.name_any(), node_view(n))).collect();
     let node_ip = node_ip
         .or_else(|| {
@@ -56,18 +63,21 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
                 namespace: namespace.to_owned(),
                 name: claim.to_owned(),
             };
-            pods_by_claim.entry(key).or_default().push(pod_view(pod));
+            pods_by_claim.entry(key).or_default().push(pod_view(pod, claim));
         }
     }
-    let mut attachments_by_pv: HashMap<&str, Vec<(String, String)>> = HashMap::new();
+    let mut attachments_by_pv: HashMap<&str, Vec<AttachmentView>> = HashMap::new();
     for attachment in snapshot
         .attachments
         .iter()
         .filter(|a| a.metadata.deletion_timestamp.is_none())
     {
         if let Some(pv) = attachment.spec.source.persistent_volume_name.as_deref() {
-            let entry = (attachment.name_any(), attachment.spec.node_name.clone());
-            attachments_by_pv.entry(pv).or_default().push(entry);
+            attachments_by_pv.entry(pv).or_default().push(AttachmentView {
+                name: attachment.name_any(),
+                uid: attachment.uid().unwrap_or_default(),
+                node: attachment.spec.node_name.clone(),
+            });
         }
     }
     let mut volumes = HashMap::new();
@@ -92,6 +102,7 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         .iter()
         .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
         .collect();
+    let (reports, agent_nodes) = peer_reports(&snapshot.leases, now);
     Observed {
         node: node.to_owned(),
         node_ip,
@@ -99,7 +110,37 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         volumes,
         nodes,
         satellite_nodes,
+        reports,
+        agent_nodes,
     }
+}
+
+/// The agents' reports by node, and the nodes that hold a heartbeat Lease. A report counts as
+/// alive while its Lease is renewed.
+fn peer_reports(leases: &[Arc<Lease>], now: Timestamp) -> (HashMap<String, PeerReport>, BTreeSet<String>) {
+    let mut reports = HashMap::new();
+    let mut agent_nodes = BTreeSet::new();
+    for lease in leases {
+        let Some(spec) = &lease.spec else { continue };
+        let Some(holder) = spec.holder_identity.clone() else {
+            continue;
+        };
+        agent_nodes.insert(holder.clone());
+        let Some(report) = lease
+            .annotations()
+            .get(DRBD_REPORT_ANNOTATION)
+            .and_then(|r| Report::parse(r))
+        else {
+            continue;
+        };
+        let duration = SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
+        let alive = spec
+            .renew_time
+            .as_ref()
+            .is_some_and(|renewed| renewed.0.checked_add(duration).is_ok_and(|expiry| expiry > now));
+        reports.insert(holder, PeerReport { report, alive });
+    }
+    (reports, agent_nodes)
 }
 
 pub fn node_view(node: &Node) -> NodeView {
@@ -116,7 +157,17 @@ pub fn node_view(node: &Node) -> NodeView {
         unschedulable: spec.and_then(|s| s.unschedulable).unwrap_or(false),
         taints: spec
             .and_then(|s| s.taints.as_ref())
-            .map(|t| t.iter().map(|t| t.key.clone()).collect())
+            .map(|t| {
+                t.iter()
+                    .map(|t| (t.key.clone(), t.value.clone().unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        addresses: node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .map(|a| a.iter().map(|a| a.address.clone()).collect())
             .unwrap_or_default(),
     }
 }
@@ -129,18 +180,26 @@ pub fn internal_ip(node: &Node) -> Option<IpAddr> {
         .and_then(|a| a.address.parse().ok())
 }
 
-fn pod_view(pod: &Pod) -> PodView {
+/// The pod as a consumer of `claim`.
+fn pod_view(pod: &Pod, claim: &str) -> PodView {
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let mounts = volumes
+        .iter()
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .filter(|c| c.claim_name == claim);
     PodView {
         namespace: pod.namespace().unwrap_or_default(),
         name: pod.name_any(),
         uid: pod.uid().unwrap_or_default(),
         node: pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default(),
-        running: pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
+        running: phase == Some("Running"),
+        finished: matches!(phase, Some("Succeeded" | "Failed")),
         terminating: pod.metadata.deletion_timestamp.is_some(),
         has_owner: !pod.owner_references().is_empty(),
         ignore_fail_over: pod.annotations().contains_key(IGNORE_FAIL_OVER_ANNOTATION),
         unsafe_volumes: volumes.iter().any(|v| !is_safe_to_fail_over(v)),
+        read_only: mounts.clone().count() > 0 && mounts.clone().all(|c| c.read_only == Some(true)),
     }
 }
 
@@ -189,6 +248,10 @@ mod tests {
     use crate::agent::drbd::Resource;
     use serde_json::json;
 
+    fn now() -> Timestamp {
+        "2026-11-23T08:00:00Z".parse().unwrap()
+    }
+
     fn parse<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Arc<T> {
         Arc::new(serde_json::from_value(value).unwrap())
     }
@@ -224,7 +287,7 @@ mod tests {
             ],
             attachments: vec![
                 parse(json!({
-                    "metadata": {"name": "csi-1"},
+                    "metadata": {"name": "csi-1", "uid": "a1"},
                     "spec": {"attacher": "x", "nodeName": "node-a", "source": {"persistentVolumeName": "pv-1"}}
                 })),
                 parse(json!({
@@ -234,13 +297,24 @@ mod tests {
             ],
             nodes: vec![parse(json!({
                 "metadata": {"name": "node-b"},
-                "spec": {"unschedulable": true, "taints": [{"key": "drbd.linbit.com/lost-quorum", "effect": "NoSchedule"}]},
+                "spec": {"unschedulable": true, "taints": [{"key": "drbd.linbit.com/lost-quorum", "value": "fail-over", "effect": "NoSchedule"}]},
                 "status": {"conditions": [{"type": "Ready", "status": "True"}],
                            "addresses": [{"type": "Hostname", "address": "b"}, {"type": "InternalIP", "address": "10.0.0.2"}]}
             }))],
             satellites: vec![parse(json!({
                 "metadata": {"name": "linstor-b"}, "spec": {"nodeName": "node-b", "containers": []}
             }))],
+            leases: vec![
+                parse(json!({
+                    "metadata": {"name": "shared-volume-agent-node-a", "annotations": {"storageos.com/drbd-report":
+                        "{\"at\":\"2026-11-23T07:59:59Z\",\"resources\":{\"pvc-1\":{\"primary\":true,\"quorum\":true,\"connected\":[\"node-c\"],\"disconnected\":[\"node-b\"]}}}"}},
+                    "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 40, "renewTime": "2026-11-23T07:59:30.000000Z"}
+                })),
+                parse(json!({
+                    "metadata": {"name": "shared-volume-agent-node-c"},
+                    "spec": {"holderIdentity": "node-c", "leaseDurationSeconds": 40, "renewTime": "2026-11-23T07:59:30.000000Z"}
+                })),
+            ],
         }
     }
 
@@ -256,14 +330,19 @@ mod tests {
 
     #[test]
     fn indexes_volumes_pods_attachments_nodes_and_satellites() {
-        let observed = observe("node-b", None, drbd(), &snapshot());
+        let observed = observe("node-b", None, drbd(), &snapshot(), now());
         assert_eq!(observed.node_ip.as_deref(), Some("10.0.0.2"));
         assert_eq!(observed.volumes.len(), 1, "only local DRBD resources");
         let volume = &observed.volumes["pvc-1"];
         assert_eq!(volume.pv, "pv-1");
         assert!(volume.shared);
         assert_eq!(volume.service_endpoint.as_deref(), Some("10.0.0.1:2049"));
-        assert_eq!(volume.attachments, [("csi-1".to_string(), "node-a".to_string())]);
+        let attachment = AttachmentView {
+            name: "csi-1".into(),
+            uid: "a1".into(),
+            node: "node-a".into(),
+        };
+        assert_eq!(volume.attachments, [attachment]);
         let [pod] = volume.pods.as_slice() else {
             panic!("pods of another namespace's claim must not count: {:?}", volume.pods)
         };
@@ -273,33 +352,63 @@ mod tests {
                 pod.running,
                 pod.has_owner,
                 pod.ignore_fail_over,
-                pod.unsafe_volumes
+                pod.unsafe_volumes,
+                pod.read_only
             ),
-            ("web", true, true, true, true)
+            ("web", true, true, true, true, false)
         );
         let node = &observed.nodes["node-b"];
         assert!(node.ready && node.unschedulable);
-        assert_eq!(node.taints, ["drbd.linbit.com/lost-quorum"]);
+        assert_eq!(node.taint_value("drbd.linbit.com/lost-quorum"), Some("fail-over"));
+        assert_eq!(node.addresses, ["b", "10.0.0.2"]);
         assert_eq!(observed.satellite_nodes["linstor-b"], "node-b");
+    }
+
+    #[test]
+    fn reports_count_while_their_lease_is_renewed() {
+        let observed = observe("node-b", None, drbd(), &snapshot(), now());
+        assert_eq!(observed.agent_nodes, ["node-a", "node-c"].map(String::from).into());
+        let a = &observed.reports["node-a"];
+        assert!(a.alive);
+        assert!(a.report.resources["pvc-1"].primary);
+        assert!(!observed.reports.contains_key("node-c"), "a Lease without a report");
+        let later = now().checked_add(SignedDuration::from_secs(41)).unwrap();
+        let observed = observe("node-b", None, drbd(), &snapshot(), later);
+        assert!(!observed.reports["node-a"].alive, "the Lease expired");
+    }
+
+    #[test]
+    fn finished_and_read_only_consumers() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"namespace": "apps", "name": "reader"},
+            "spec": {"containers": [], "volumes": [
+                {"name": "d", "persistentVolumeClaim": {"claimName": "data", "readOnly": true}},
+                {"name": "o", "persistentVolumeClaim": {"claimName": "other"}}]},
+            "status": {"phase": "Succeeded"}
+        }))
+        .unwrap();
+        let view = pod_view(&pod, "data");
+        assert!(view.read_only && view.finished && !view.running);
+        assert!(!pod_view(&pod, "other").read_only);
     }
 
     #[test]
     fn the_node_ip_flag_wins_over_the_node_address() {
         let ip = "fd00::7".parse().ok();
         assert_eq!(
-            observe("node-b", ip, drbd(), &snapshot()).node_ip.as_deref(),
+            observe("node-b", ip, drbd(), &snapshot(), now()).node_ip.as_deref(),
             Some("fd00::7")
         );
-        assert_eq!(observe("node-x", None, drbd(), &snapshot()).node_ip, None);
+        assert_eq!(observe("node-x", None, drbd(), &snapshot(), now()).node_ip, None);
     }
 
     #[test]
     fn trimmed_pods_keep_what_decisions_read() {
         let mut pod = (*snapshot().pods[0]).clone();
-        let before = pod_view(&pod);
+        let before = pod_view(&pod, "data");
         let claims_before: Vec<String> = claims(&pod).map(String::from).collect();
         trim_pod(&mut pod);
-        assert_eq!(pod_view(&pod), before);
+        assert_eq!(pod_view(&pod, "data"), before);
         assert_eq!(claims(&pod).collect::<Vec<_>>(), claims_before);
     }
 }

@@ -1,23 +1,28 @@
 //! The agent's loop: wake on a DRBD change (events2), a Kubernetes change, a fail-over timer that
 //! expires, or the periodic safety-net intervals; read, decide, act.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use kube::Client;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::{Api, Client};
 use prometheus::Registry;
 
 use super::act::{Executor, ExecutorSettings};
 use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
 use super::drbd::DrbdState;
-use super::heartbeat;
-use super::observe::observe;
+use super::guard::FailOverGuard;
+use super::heartbeat::Heartbeat;
+use super::observe::{node_view, observe};
+use super::report::Report;
 use super::source::{DrbdSetup, DrbdSource};
-use super::view::Timers;
+use super::view::{Observed, Timers};
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
 use crate::events::EventSink;
@@ -28,21 +33,30 @@ use crate::shutdown::Shutdown;
 pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: Shutdown) -> Result<()> {
     let client = agent_client().await?;
     let metrics = AgentMetrics::register(&registry)?;
+    let timeout = *args.operations_timeout;
     let drbd: Arc<dyn DrbdSource> = Arc::new(DrbdSetup {
         binary: args.drbdsetup_path.clone(),
         proc_path: args.drbd_proc_path.clone(),
-        timeout: *args.operations_timeout,
+        timeout,
     });
     let settings = decision_settings(&args);
-    let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone()));
+    let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone())).with_timeout(timeout);
+    let guard = FailOverGuard::new(
+        &client,
+        &args.lease_namespace,
+        &args.node_selector,
+        args.max_tainted_fraction,
+        timeout,
+    );
     let mut executor = Executor::new(
         client.clone(),
         drbd.clone(),
         events,
         metrics.clone(),
         executor_settings(&args),
+        Some(guard),
     );
-    let freshness = Freshness::new(*args.drbd_status_interval, *args.operations_timeout);
+    let freshness = Freshness::new(*args.drbd_status_interval, timeout);
     probes.set_liveness_check({
         let freshness = freshness.clone();
         move || freshness.check()
@@ -56,16 +70,22 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
             }
         }
     });
-    let heartbeat = tokio::spawn(heartbeat::run(
+    let heartbeat = Heartbeat::new(
         client.clone(),
-        args.lease_namespace.clone(),
-        args.node_name.clone(),
+        &args.lease_namespace,
+        &args.node_name,
         args.lease_duration_seconds,
-        shutdown.clone(),
-    ));
+        timeout,
+    );
+    let heartbeat_task = tokio::spawn(heartbeat.clone().run(shutdown.clone()));
     tracing::info!(node = %args.node_name, dry_run = args.dry_run, "agent starting");
 
-    let (cache, mut kube_changes) = Cache::start(&client, &args.node_selector, &args.satellite_pod_label);
+    let (cache, mut kube_changes) = Cache::start(
+        &client,
+        &args.node_selector,
+        &args.satellite_pod_label,
+        &args.lease_namespace,
+    );
     let mut drbd_changes = drbd.changes();
     if !synced(&cache, &mut kube_changes, &shutdown).await {
         return Ok(());
@@ -73,8 +93,10 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
     tracing::info!("Kubernetes caches synced");
 
     let node_ip = args.node_ip;
+    let usable_for = *args.drbd_status_interval + timeout;
     let mut timers = Timers::new();
     let mut drbd_state: Option<(DrbdState, Instant)> = None;
+    let mut reported: Option<Report> = None;
     let mut drbd_due = true;
     // Scheduled from the last attempt, not the last success: a failing drbdsetup is retried at
     // the status interval, not in a tight loop.
@@ -88,17 +110,26 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
                     record_resources(&metrics, &state);
                     freshness.mark_read();
                     drbd_state = Some((state, Instant::now()));
-                    probes.set_ready(true);
                 }
                 Err(err) => {
+                    // A failed read leaves no state to act on: what was read before may be
+                    // exactly what changed.
                     metrics.drbd_read_errors.inc();
-                    tracing::warn!(error = %err, "cannot read DRBD state");
+                    drbd_state = None;
+                    tracing::warn!(error = %err, "cannot read DRBD state; no action until a read succeeds");
                 }
             }
             drbd_due = false;
         }
-        if let Some((state, read_at)) = &drbd_state {
-            let observed = observe(&args.node_name, node_ip, state.clone(), &cache.snapshot());
+        let fresh = drbd_state
+            .as_ref()
+            .filter(|(_, read_at)| read_at.elapsed() <= usable_for);
+        probes.set_ready(fresh.is_some());
+        if let Some((state, read_at)) = fresh {
+            reported = report(&heartbeat, state, reported).await;
+            let snapshot = cache.snapshot();
+            let mut observed = observe(&args.node_name, node_ip, state.clone(), &snapshot, Timestamp::now());
+            add_uncached_peers(&client, &mut observed, timeout).await;
             let now = Instant::now();
             let mut actions = decide::decide(&observed, &settings, &mut timers, now);
             if now >= next_resync {
@@ -108,14 +139,15 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
             if !actions.is_empty() {
                 tracing::debug!(?actions, "decided");
             }
-            executor.run(actions, *read_at).await;
+            executor.run(actions, *read_at, &observed.storage_nodes()).await;
         }
 
         let wake = next_wake(next_read, &timers, &settings, *args.reconcile_interval);
         tokio::select! {
             _ = shutdown.cancelled() => break,
             Some(()) = drbd_changes.next() => drbd_due = true,
-            Some(()) = kube_changes.next() => {}
+            // A burst of Kubernetes changes makes one round, not one each.
+            Some(()) = kube_changes.next() => tokio::time::sleep(KUBE_DEBOUNCE).await,
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
         // Take every change that is already waiting in this one round.
@@ -125,9 +157,52 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
         while let Some(Some(())) = kube_changes.next().now_or_never() {}
     }
     age_gauge.abort();
-    let _ = heartbeat.await;
+    let _ = heartbeat_task.await;
     tracing::info!(node = %args.node_name, "agent stopped");
     Ok(())
+}
+
+/// States this node's DRBD view on its heartbeat Lease when it changed; returns what is stated
+/// now (a failed write is tried again next round).
+async fn report(heartbeat: &Heartbeat, state: &DrbdState, reported: Option<Report>) -> Option<Report> {
+    let mut report = Report::of(state);
+    if reported.as_ref().is_some_and(|r| r.same_view(&report)) {
+        return reported;
+    }
+    report.at = Timestamp::now().to_string();
+    match heartbeat.publish(&report).await {
+        Ok(()) => Some(report),
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot state this node's DRBD view on its heartbeat Lease");
+            reported
+        }
+    }
+}
+
+/// Reads fresh the nodes of disconnected peers that the cache does not hold (outside
+/// `--node-selector`): such a node is judged by what it is, never taken for NotReady. A node
+/// that does not exist stays unknown, and nothing is done to it.
+async fn add_uncached_peers(client: &Client, observed: &mut Observed, timeout: Duration) {
+    let missing: BTreeSet<String> = observed
+        .drbd
+        .resources
+        .iter()
+        .filter(|r| observed.volumes.contains_key(&r.name))
+        .flat_map(|r| r.connections.iter().filter(|c| !c.is_connected()))
+        .map(|c| observed.kube_node(&c.name).to_owned())
+        .filter(|node| !observed.nodes.contains_key(node))
+        .collect();
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in missing {
+        match tokio::time::timeout(timeout, nodes.get_opt(&name)).await {
+            Ok(Ok(Some(node))) => {
+                observed.nodes.insert(name, node_view(&node));
+            }
+            Ok(Ok(None)) => tracing::debug!(node = %name, "DRBD peer has no Node: nothing to fail over"),
+            Ok(Err(err)) => tracing::warn!(node = %name, error = %err, "cannot read the node of a DRBD peer"),
+            Err(_) => tracing::warn!(node = %name, "cannot read the node of a DRBD peer: timed out"),
+        }
+    }
 }
 
 async fn agent_client() -> Result<Client> {
@@ -157,8 +232,13 @@ fn executor_settings(args: &AgentArgs) -> ExecutorSettings {
         grace_period_seconds: args.grace_period_seconds,
         operations_timeout: *args.operations_timeout,
         cooldown: *args.operations_timeout,
+        min_backoff: Duration::from_secs(1),
+        max_backoff: Duration::from_secs(120),
     }
 }
+
+/// Kubernetes changes arriving within this time of each other make one round.
+const KUBE_DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// Drives the reflectors until every cache has listed its objects; false on shutdown first.
 async fn synced(cache: &Cache, changes: &mut BoxStream<'static, ()>, shutdown: &Shutdown) -> bool {
@@ -184,8 +264,7 @@ fn next_wake(
 ) -> Instant {
     let now = Instant::now();
     let next_timer = timers
-        .values()
-        .map(|started| *started + settings.fail_over_timeout)
+        .deadlines(settings.fail_over_timeout)
         .filter(|deadline| *deadline > now)
         .min();
     [Some(next_read), Some(now + reconcile_interval), next_timer]
@@ -251,20 +330,17 @@ mod tests {
 
     #[test]
     fn expired_timers_do_not_make_the_loop_spin() {
-        let settings = DecisionSettings {
-            fail_over_timeout: Duration::from_secs(5),
-            fail_over_unsafe_pods: false,
-            disable_node_taints: false,
-            max_tainted_fraction: 0.5,
-            nfs_port: 2049,
-            evacuate_taint: None,
-        };
+        let settings = DecisionSettings::for_tests();
         let now = Instant::now();
         let next_read = now + Duration::from_secs(5);
         let reconcile = Duration::from_secs(10);
-        let expired: Timers = [(("r".to_string(), "p".to_string()), now - Duration::from_secs(60))].into();
+        let timers = |started| Timers {
+            fail_over: [(("r".to_string(), "p".to_string()), started)].into(),
+            ..Timers::new()
+        };
+        let expired = timers(now - Duration::from_secs(60));
         assert!(next_wake(next_read, &expired, &settings, reconcile) >= next_read);
-        let running: Timers = [(("r".to_string(), "p".to_string()), now - Duration::from_secs(3))].into();
+        let running = timers(now - Duration::from_secs(3));
         assert!(next_wake(next_read, &running, &settings, reconcile) < now + Duration::from_secs(3));
     }
 

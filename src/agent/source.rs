@@ -104,16 +104,16 @@ impl DrbdSource for DrbdSetup {
                     .spawn();
                 match spawned {
                     Ok(mut child) => {
-                        let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
-                        while let Ok(Some(_)) = lines.next_line().await {
-                            backoff = Duration::from_millis(500);
-                            // A full channel already holds a pending re-read: dropping is fine.
-                            if sender.is_closed() {
-                                return;
-                            }
-                            let _ = sender.try_send(());
+                        let stdout = child.stdout.take().expect("piped stdout");
+                        let forwarded = forward_changes(stdout, &sender).await;
+                        // We stopped reading: kill before waiting, so a child that still writes
+                        // (or hangs) cannot block us on a full pipe.
+                        let _ = child.kill().await;
+                        match forwarded {
+                            None => return,
+                            Some(true) => backoff = Duration::from_millis(500),
+                            Some(false) => {}
                         }
-                        let _ = child.wait().await;
                         tracing::info!("drbdsetup events2 ended; restarting in {backoff:?}");
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot run drbdsetup events2; retrying in {backoff:?}"),
@@ -124,6 +124,34 @@ impl DrbdSource for DrbdSetup {
                 backoff = (backoff * 2).min(Duration::from_secs(30));
             }
         })
+    }
+}
+
+/// Signals a change for every chunk of `events2` output that ends a line, until the output ends
+/// or fails: `Some(whether any line came)`, or `None` once the consumer is gone. Lines are never
+/// kept: their content does not matter (a change means "read again"), so neither their length
+/// nor their encoding does.
+async fn forward_changes(
+    stdout: impl tokio::io::AsyncRead + Unpin,
+    sender: &tokio::sync::mpsc::Sender<()>,
+) -> Option<bool> {
+    let mut reader = BufReader::new(stdout);
+    let mut any_line = false;
+    loop {
+        let chunk = match reader.fill_buf().await {
+            Ok([]) | Err(_) => return Some(any_line),
+            Ok(chunk) => chunk,
+        };
+        let (len, ends_a_line) = (chunk.len(), chunk.contains(&b'\n'));
+        reader.consume(len);
+        if sender.is_closed() {
+            return None;
+        }
+        if ends_a_line {
+            any_line = true;
+            // A full channel already holds a pending re-read: dropping is fine.
+            let _ = sender.try_send(());
+        }
     }
 }
 
@@ -195,5 +223,22 @@ esac
         let err = source.run(&["bogus"]).await.unwrap_err().to_string();
         assert!(err.contains("bogus") && err.contains("unknown command"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn events2_output_of_any_length_or_encoding_is_a_change() {
+        let mut output = b"\xff\xfe not UTF-8\n".to_vec();
+        output.extend(std::iter::repeat_n(b'x', 1 << 20));
+        output.extend(b"\nchange resource name:pvc-1\n");
+        let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
+        assert_eq!(forward_changes(output.as_slice(), &sender).await, Some(true));
+        assert!(receiver.try_recv().is_ok(), "a change was signalled");
+        assert_eq!(forward_changes(&b""[..], &sender).await, Some(false));
+        drop(receiver);
+        assert_eq!(
+            forward_changes(&b"line\n"[..], &sender).await,
+            None,
+            "the consumer is gone"
+        );
     }
 }

@@ -1,10 +1,11 @@
 //! The agent's vocabulary of what it observes: this node's DRBD state and the Kubernetes objects
 //! that matter to it, as plain values the decisions read. Built by [`super::observe`].
 
-use std::collections::{BTreeMap, HashMap};
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use super::drbd::DrbdState;
+use super::report::Report;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeView {
@@ -12,8 +13,10 @@ pub struct NodeView {
     pub ready: bool,
     /// Cordoned (`spec.unschedulable`).
     pub unschedulable: bool,
-    /// Keys of the node's taints, whatever their effect.
-    pub taints: Vec<String>,
+    /// The node's taints, key → value, whatever their effect.
+    pub taints: BTreeMap<String, String>,
+    /// The node's addresses (status.addresses), to tell which node an NFS endpoint is on.
+    pub addresses: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -23,12 +26,23 @@ pub struct PodView {
     pub uid: String,
     pub node: String,
     pub running: bool,
+    /// Succeeded or Failed: it holds nothing any more.
+    pub finished: bool,
     pub terminating: bool,
     pub has_owner: bool,
     /// Annotated `drbd.linbit.com/ignore-fail-over`.
     pub ignore_fail_over: bool,
     /// Uses volumes that are not safe to fail over (hostPath, other network storage…).
     pub unsafe_volumes: bool,
+    /// Mounts the volume's claim read-only only.
+    pub read_only: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AttachmentView {
+    pub name: String,
+    pub uid: String,
+    pub node: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -36,11 +50,19 @@ pub struct VolumeView {
     pub pv: String,
     /// Pods that use the volume's claim, wherever they run.
     pub pods: Vec<PodView>,
-    /// VolumeAttachments of the PV: (name, node).
-    pub attachments: Vec<(String, String)>,
+    /// VolumeAttachments of the PV that are not being deleted.
+    pub attachments: Vec<AttachmentView>,
     /// Backs a ReadWriteMany claim served over NFS (its endpoints follow the primary).
     pub shared: bool,
     pub service_endpoint: Option<String>,
+}
+
+/// What a peer's agent last stated about its DRBD resources, from its heartbeat Lease.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PeerReport {
+    pub report: Report,
+    /// The agent still renews its Lease: what it stated may still hold.
+    pub alive: bool,
 }
 
 /// Everything the decisions look at.
@@ -52,17 +74,47 @@ pub struct Observed {
     pub drbd: DrbdState,
     /// By DRBD resource name. A resource without a PV is simply absent.
     pub volumes: HashMap<String, VolumeView>,
+    /// The storage nodes in the cache (`--node-selector`), and any peer node read fresh because
+    /// the cache does not hold it. A node that is in neither does not exist.
     pub nodes: BTreeMap<String, NodeView>,
     /// LINSTOR node name → Kubernetes node name (from the satellite pods).
     pub satellite_nodes: HashMap<String, String>,
+    /// The reports of the agents on other nodes, by Kubernetes node name.
+    pub reports: HashMap<String, PeerReport>,
+    /// Nodes where an agent runs or ran (they hold a heartbeat Lease).
+    pub agent_nodes: BTreeSet<String>,
 }
 
-/// Fail-over timers, per (resource, peer): when the peer was first seen disconnected with
-/// consumers. Kept by the shell between calls.
-pub type Timers = HashMap<(String, String), Instant>;
+/// Timers kept by the shell between rounds.
+#[derive(Clone, Debug, Default)]
+pub struct Timers {
+    /// Per (resource, DRBD peer): when the peer was first seen disconnected with consumers.
+    pub fail_over: HashMap<(String, String), Instant>,
+    /// Per resource: when it was first seen as a suspended primary without local consumers.
+    pub suspended: HashMap<String, Instant>,
+}
+
+impl Timers {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// When each running timer expires.
+    pub fn deadlines(&self, timeout: Duration) -> impl Iterator<Item = Instant> + '_ {
+        self.fail_over
+            .values()
+            .chain(self.suspended.values())
+            .map(move |started| *started + timeout)
+    }
+}
+
 impl NodeView {
     pub fn has_taint(&self, key: &str) -> bool {
-        self.taints.iter().any(|t| t == key)
+        self.taints.contains_key(key)
+    }
+
+    pub fn taint_value(&self, key: &str) -> Option<&str> {
+        self.taints.get(key).map(String::as_str)
     }
 }
 
@@ -75,7 +127,29 @@ impl Observed {
             .unwrap_or(drbd_peer)
     }
 
+    /// Whether a DRBD peer name, as another node sees it, is this node.
+    pub fn is_this_node(&self, drbd_peer: &str) -> bool {
+        self.kube_node(drbd_peer) == self.node
+    }
+
     pub fn has_taint(&self, node: &str, key: &str) -> bool {
         self.nodes.get(node).is_some_and(|n| n.has_taint(key))
+    }
+
+    /// The storage nodes the blast-radius guard counts: where an agent runs or ran, this node,
+    /// and every DRBD peer of this node (they replicate its data, agent or not).
+    pub fn storage_nodes(&self) -> BTreeSet<String> {
+        let peers = self
+            .drbd
+            .resources
+            .iter()
+            .flat_map(|r| &r.connections)
+            .map(|c| self.kube_node(&c.name).to_owned());
+        self.agent_nodes
+            .iter()
+            .cloned()
+            .chain(peers)
+            .chain([self.node.clone()])
+            .collect()
     }
 }

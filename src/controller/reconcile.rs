@@ -168,7 +168,7 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
     let cluster_ip = ensure_service(ctx, &services, &shared, existing.as_ref()).await?;
     ensure_endpoints(ctx, &shared).await?;
     ctx.track(&uid, true);
-    ctx.events.clear_warnings(&uid);
+    ctx.events.clear_warnings(&claim.object_ref(&()));
 
     let mount_endpoint = desired::mount_endpoint(&cluster_ip)
         .ok_or_else(|| ReconcileError::NoClusterIp(shared.service_name.clone(), ctx.settings.create_wait_duration))?;
@@ -207,15 +207,15 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
 
 async fn not_managed(ctx: &Context, claim: &PersistentVolumeClaim, why: NotManaged) -> Outcome {
     match why {
-        NotManaged::Skip(skip) => skipped(ctx, &claim.uid().unwrap_or_default(), skip),
+        NotManaged::Skip(skip) => skipped(ctx, claim, skip),
         NotManaged::Invalid(invalid) => report_invalid(ctx, claim, invalid).await,
     }
 }
 
-fn skipped(ctx: &Context, uid: &str, skip: Skip) -> Outcome {
-    ctx.track(uid, false);
+fn skipped(ctx: &Context, claim: &PersistentVolumeClaim, skip: Skip) -> Outcome {
+    ctx.track(&claim.uid().unwrap_or_default(), false);
     if skip == Skip::Deleting {
-        ctx.events.clear_warnings(uid);
+        ctx.events.clear_warnings(&claim.object_ref(&()));
     }
     Outcome::Skipped(skip)
 }

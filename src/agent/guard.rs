@@ -1,0 +1,140 @@
+//! The blast-radius guard across agents. Before a fail-over taint an agent reserves the node in
+//! one shared Lease, written with optimistic concurrency and counted from fresh reads, so that
+//! agents deciding at once never take the cluster past `--max-tainted-fraction`. Each agent's
+//! own round already refuses what its cache shows to be too much ([`super::decide`]); this is
+//! the check that holds when several decide at the same time.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+use super::decide::guard_allows;
+use super::observe::node_view;
+use crate::names::{AGENT_LEASE_LABEL, FAIL_OVER_GUARD_LEASE, FAIL_OVER_RESERVATIONS_ANNOTATION, LOST_QUORUM_TAINT};
+
+/// How long a reservation counts: by then the taint it stood for is on the Node.
+const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(120);
+const ATTEMPTS: usize = 5;
+
+#[derive(Clone)]
+pub struct FailOverGuard {
+    pub nodes: Api<Node>,
+    pub leases: Api<Lease>,
+    pub node_selector: String,
+    pub max_fraction: f64,
+    pub timeout: Duration,
+}
+
+impl FailOverGuard {
+    pub fn new(
+        client: &Client,
+        lease_namespace: &str,
+        node_selector: &str,
+        max_fraction: f64,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            nodes: Api::all(client.clone()),
+            leases: Api::namespaced(client.clone(), lease_namespace),
+            node_selector: node_selector.to_owned(),
+            max_fraction,
+            timeout,
+        }
+    }
+
+    /// Reserves a fail-over of `node`: `Ok(Ok(()))` when reserved, `Ok(Err(why))` when the guard
+    /// refuses it, `Err` when it cannot tell (then nothing may be done to the node).
+    pub async fn reserve(&self, node: &str, storage_nodes: &BTreeSet<String>) -> Result<Result<(), String>, String> {
+        match tokio::time::timeout(self.timeout, self.try_reserve(node, storage_nodes)).await {
+            Ok(result) => result,
+            Err(_) => Err(format!("timed out after {:?}", self.timeout)),
+        }
+    }
+
+    async fn try_reserve(&self, node: &str, storage_nodes: &BTreeSet<String>) -> Result<Result<(), String>, String> {
+        let err = |err: kube::Error| err.to_string();
+        for _ in 0..ATTEMPTS {
+            let agents = self
+                .leases
+                .list(&ListParams::default().labels(AGENT_LEASE_LABEL))
+                .await
+                .map_err(err)?;
+            let mut storage = storage_nodes.clone();
+            storage.extend(
+                agents
+                    .items
+                    .iter()
+                    .filter_map(|l| l.spec.as_ref()?.holder_identity.clone()),
+            );
+            let nodes = self
+                .nodes
+                .list(&ListParams::default().labels(&self.node_selector))
+                .await
+                .map_err(err)?;
+            let mut counted: BTreeSet<String> = nodes
+                .items
+                .iter()
+                .map(node_view)
+                .filter(|n| n.has_taint(LOST_QUORUM_TAINT) && storage.contains(&n.name))
+                .map(|n| n.name)
+                .collect();
+            let current = self.leases.get_opt(FAIL_OVER_GUARD_LEASE).await.map_err(err)?;
+            let now = Timestamp::now();
+            let mut reservations = current.as_ref().map(reservations).unwrap_or_default();
+            reservations.retain(|_, expiry| *expiry > now);
+            counted.extend(reservations.keys().cloned());
+            if let Err(why) = guard_allows(&counted, node, storage.len(), self.max_fraction) {
+                return Ok(Err(why));
+            }
+            let expiry = now.checked_add(RESERVATION_TTL).map_err(|e| e.to_string())?;
+            reservations.insert(node.to_owned(), expiry);
+            let stored: BTreeMap<&String, String> = reservations.iter().map(|(n, t)| (n, t.to_string())).collect();
+            let text = serde_json::to_string(&stored).map_err(|e| e.to_string())?;
+            let written = match current {
+                Some(mut lease) => {
+                    lease
+                        .annotations_mut()
+                        .insert(FAIL_OVER_RESERVATIONS_ANNOTATION.into(), text);
+                    let name = lease.name_any();
+                    self.leases.replace(&name, &PostParams::default(), &lease).await
+                }
+                None => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(FAIL_OVER_GUARD_LEASE.into()),
+                            annotations: Some([(FAIL_OVER_RESERVATIONS_ANNOTATION.to_string(), text)].into()),
+                            ..Default::default()
+                        },
+                        spec: None,
+                    };
+                    self.leases.create(&PostParams::default(), &lease).await
+                }
+            };
+            match written {
+                Ok(_) => return Ok(Ok(())),
+                // Another agent reserved first: count again with what it wrote.
+                Err(kube::Error::Api(status)) if status.code == 409 => continue,
+                Err(other) => return Err(other.to_string()),
+            }
+        }
+        Err("the guard Lease kept changing under concurrent reservations".into())
+    }
+}
+
+/// The reservations on the guard Lease, node → expiry (malformed entries count as none).
+fn reservations(lease: &Lease) -> BTreeMap<String, Timestamp> {
+    let stored: BTreeMap<String, String> = lease
+        .annotations()
+        .get(FAIL_OVER_RESERVATIONS_ANNOTATION)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default();
+    stored
+        .into_iter()
+        .filter_map(|(node, expiry)| Some((node, expiry.parse().ok()?)))
+        .collect()
+}
