@@ -5,69 +5,17 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::drbd::{SimNode, cluster_events, drbd_taints, healthy, lost, resource, slice_addresses};
+use common::drbd::{
+    FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
+    resource, slice_addresses, teardown, three_nodes, wait_for_eviction, wait_for_taint,
+};
 use common::process::Process;
-use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
-use serde_json::{Value, json};
-
-const WAIT: Duration = Duration::from_secs(30);
-const LOST_QUORUM: &str = "drbd.linbit.com/lost-quorum";
-const FORCE_IO_ERROR: &str = "drbd.linbit.com/force-io-error";
-
-/// A test namespace, three Ready nodes a, b, c, and an RWX claim `data` whose PV (also the DRBD
-/// resource name) is served from node a.
-async fn three_nodes(test: &str) -> (TestEnv, Vec<SimNode>, String) {
-    let env = common::setup(test).await;
-    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
-    let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
-    (env, nodes, pv.metadata.name.unwrap())
-}
-
-/// [`three_nodes`], all connected with node a Primary, and a pod `app` on node a using the claim.
-async fn app_on_node_a(test: &str) -> (TestEnv, Vec<SimNode>, String) {
-    let (env, nodes, pv) = three_nodes(test).await;
-    healthy(&nodes, &[&pv], 0);
-    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
-        .await;
-    (env, nodes, pv)
-}
-
-async fn teardown(env: TestEnv, processes: Vec<Process>) {
-    for process in processes {
-        process.stop().await;
-    }
-    env.cleanup().await;
-}
-
-async fn pod_state(env: &TestEnv, name: &str) -> Option<Pod> {
-    env.api::<Pod>().get_opt(name).await.unwrap()
-}
-
-/// Waits until the pod is being deleted (evicted: it has a deletionTimestamp).
-async fn wait_for_eviction(env: &TestEnv, name: &str) {
-    let what = format!("pod {name} evicted");
-    eventually(&what, WAIT, || async {
-        pod_state(env, name).await?.metadata.deletion_timestamp.map(|_| ())
-    })
-    .await;
-}
-
-async fn wait_for_taint(env: &TestEnv, node: &str, key: &str, present: bool) {
-    let what = format!("taint {key} {} node {node}", if present { "on" } else { "off" });
-    eventually(&what, WAIT, || async {
-        (env.taints(node).await.iter().any(|t| t == key) == present).then_some(())
-    })
-    .await;
-}
-
-fn no_labels() -> Value {
-    json!({})
-}
+use serde_json::json;
 
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]

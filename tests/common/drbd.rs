@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::process::Process;
-use super::{TestEnv, eventually};
+use super::{TestEnv, eventually, serving};
 
 /// Label on every Node a test creates: `svc-test=<test id>`.
 pub const NODE_LABEL: &str = "svc-test";
@@ -187,6 +187,19 @@ impl TestEnv {
     /// A Running pod on `node` that mounts `claim`, owned by a ConfigMap (so it counts as managed
     /// and the garbage collector keeps it), with `annotations` and `labels`.
     pub async fn running_pod(&self, name: &str, node: &str, claim: &str, annotations: Value, labels: Value) -> Pod {
+        let volume = json!({"name": "data", "persistentVolumeClaim": {"claimName": claim}});
+        self.running_pod_with(name, node, volume, annotations, labels).await
+    }
+
+    /// Like [`TestEnv::running_pod`], with the pod's one volume given whole.
+    pub async fn running_pod_with(
+        &self,
+        name: &str,
+        node: &str,
+        volume: Value,
+        annotations: Value,
+        labels: Value,
+    ) -> Pod {
         let owners: Api<ConfigMap> = self.api();
         let owner = match owners.get_opt("owner").await.unwrap() {
             Some(owner) => owner,
@@ -206,7 +219,7 @@ impl TestEnv {
             "spec": {
                 "nodeName": node,
                 "containers": [{"name": "app", "image": "busybox"}],
-                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+                "volumes": [volume],
             }
         }))
         .unwrap();
@@ -301,18 +314,23 @@ fn others(nodes: &[SimNode], i: usize) -> impl Iterator<Item = (usize, &str)> {
 pub async fn cluster_events(env: &TestEnv, name: &str, reason: &str) -> Vec<Event> {
     let what = format!("a {reason} event about {name}");
     eventually(&what, Duration::from_secs(30), || async {
-        let events: Vec<Event> = Api::<Event>::namespaced(env.client.clone(), "default")
-            .list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .collect();
+        let events = cluster_events_now(env, name, reason).await;
         (!events.is_empty()).then_some(events)
     })
     .await
+}
+
+/// The events about a cluster-scoped object (posted in `default`) with `reason`, now.
+pub async fn cluster_events_now(env: &TestEnv, name: &str, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(env.client.clone(), "default")
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
 }
 
 /// The node's `drbd.linbit.com/*` taints, if any. (New Nodes also carry the apiserver's
@@ -333,4 +351,60 @@ pub async fn slice_addresses(env: &TestEnv, name: &str) -> Vec<String> {
         Some(slice) => slice.endpoints.into_iter().flat_map(|e| e.addresses).collect(),
         None => vec![],
     }
+}
+
+// Scenario helpers shared by the agent's end-to-end tests.
+
+pub const WAIT: Duration = Duration::from_secs(30);
+pub const LOST_QUORUM: &str = "drbd.linbit.com/lost-quorum";
+pub const FORCE_IO_ERROR: &str = "drbd.linbit.com/force-io-error";
+
+/// A test namespace, three Ready nodes a, b, c, and an RWX claim `data` whose PV (also the DRBD
+/// resource name) is served from node a.
+pub async fn three_nodes(test: &str) -> (TestEnv, Vec<SimNode>, String) {
+    let env = super::setup(test).await;
+    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
+    let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
+    (env, nodes, pv.metadata.name.unwrap())
+}
+
+/// [`three_nodes`], all connected with node a Primary, and a pod `app` on node a using the claim.
+pub async fn app_on_node_a(test: &str) -> (TestEnv, Vec<SimNode>, String) {
+    let (env, nodes, pv) = three_nodes(test).await;
+    healthy(&nodes, &[&pv], 0);
+    env.running_pod("app", &nodes[0].name, "data", json!({}), no_labels())
+        .await;
+    (env, nodes, pv)
+}
+
+pub async fn teardown(env: TestEnv, processes: Vec<Process>) {
+    for process in processes {
+        process.stop().await;
+    }
+    env.cleanup().await;
+}
+
+pub async fn pod_state(env: &TestEnv, name: &str) -> Option<Pod> {
+    env.api::<Pod>().get_opt(name).await.unwrap()
+}
+
+/// Waits until the pod is being deleted (evicted: it has a deletionTimestamp).
+pub async fn wait_for_eviction(env: &TestEnv, name: &str) {
+    let what = format!("pod {name} evicted");
+    eventually(&what, WAIT, || async {
+        pod_state(env, name).await?.metadata.deletion_timestamp.map(|_| ())
+    })
+    .await;
+}
+
+pub async fn wait_for_taint(env: &TestEnv, node: &str, key: &str, present: bool) {
+    let what = format!("taint {key} {} node {node}", if present { "on" } else { "off" });
+    eventually(&what, WAIT, || async {
+        (env.taints(node).await.iter().any(|t| t == key) == present).then_some(())
+    })
+    .await;
+}
+
+pub fn no_labels() -> Value {
+    json!({})
 }

@@ -1,0 +1,432 @@
+//! End-to-end tests of fail-over safety: every destructive action of the agent rests on evidence
+//! that holds (not one dropped link), stale DRBD state is no evidence, the blast-radius guard
+//! covers whole fail-overs across agents, and consumers that do not hold DRBD are left alone.
+//! Simulated DRBD nodes (a fake `drbdsetup` each), real agent processes, the real control plane.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::drbd::{
+    LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, lost, no_labels, pod_state, resource,
+    slice_addresses, teardown, three_nodes, wait_for_eviction, wait_for_taint,
+};
+use common::process::Process;
+use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, PostParams, WatchEvent, WatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+/// Peers as (name, connection state, peer role), for [`resource`].
+fn peer<'a>(node: &'a SimNode, state: &'a str, role: &'a str) -> (&'a str, &'a str, &'a str) {
+    (node.name.as_str(), state, role)
+}
+
+/// Whether the pod exists and nobody started deleting it.
+async fn untouched(env: &TestEnv, pod: &str) -> bool {
+    pod_state(env, pod)
+        .await
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+}
+
+/// Counts the writes to a Node during `window`.
+async fn node_writes(env: &TestEnv, node: &str, window: Duration) -> usize {
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    let current = nodes.get(node).await.unwrap();
+    let params = WatchParams::default()
+        .fields(&format!("metadata.name={node}"))
+        .timeout(window.as_secs() as u32);
+    let stream = nodes
+        .watch(&params, &current.resource_version().unwrap())
+        .await
+        .unwrap();
+    let changes = stream.try_filter(|event| futures::future::ready(matches!(event, WatchEvent::Modified(_))));
+    tokio::time::timeout(window + Duration::from_secs(5), changes.count())
+        .await
+        .expect("the watch ends with its timeout")
+}
+
+fn touch(node: &SimNode, fault: &str) {
+    std::fs::write(node.dir.join(fault), "").unwrap();
+}
+
+fn clear(node: &SimNode, fault: &str) {
+    let _ = std::fs::remove_file(node.dir.join(fault));
+}
+
+/// Scenario 1: only the a–b link drops; a stays Primary with quorum through c. Nothing happens
+/// to a, and its Node is not rewritten in a loop.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_dropped_link_alone_never_takes_down_a_healthy_primary() {
+    let (env, nodes, pv) = app_on_node_a("failover-asymmetric").await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    let mut agents = Vec::new();
+    for node in &nodes {
+        agents.push(env.start_agent(node, &[]).await);
+    }
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    a.set(&[resource(
+        &pv,
+        "Primary",
+        true,
+        &[peer(b, "Connecting", "Unknown"), peer(c, "Connected", "Secondary")],
+    )]);
+    b.set(&[resource(
+        &pv,
+        "Secondary",
+        true,
+        &[peer(a, "Connecting", "Unknown"), peer(c, "Connected", "Secondary")],
+    )]);
+    let writes = node_writes(&env, &a.name, Duration::from_secs(30)).await;
+    assert_eq!(
+        drbd_taints(&env, &a.name).await,
+        None,
+        "no taint on the healthy primary"
+    );
+    assert!(untouched(&env, "app").await, "its pod is not evicted");
+    assert!(env.attachment_exists(&attachment).await, "its attachment stays");
+    assert!(writes <= 2, "node a written {writes} times in 30 s");
+    let held = cluster_events(&env, &pv, "FailOverHeld").await;
+    let note = held[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains(&a.name),
+        "the event names the node and the evidence: {note}"
+    );
+    assert!(agents[1].metric("storageos_drbd_agent_held_fail_overs_total").await >= 1.0);
+    teardown(env, agents).await;
+}
+
+/// Scenario 2: node a is really isolated (its agent gone, every link down, the Node still
+/// Ready): failed over in about the timeout, and the endpoints follow the new primary.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn an_isolated_primary_is_failed_over_and_the_endpoints_follow() {
+    let (env, nodes, pv) = app_on_node_a("failover-isolated").await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    let controller = Process::start(
+        &format!("{}-controller", env.ns),
+        &["controller", "--namespace", &env.ns, "--leader-elect", "false"],
+    );
+    controller.wait_ready().await;
+    eventually("the slice at node a", WAIT, || async {
+        (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
+    })
+    .await;
+    let cluster_ip = env.cluster_ip(&pv).await;
+    let mut agents = vec![controller];
+    for node in &nodes {
+        agents.push(env.start_agent(node, &[]).await);
+    }
+    agents.remove(1).stop().await;
+    let lost_at = Instant::now();
+    lost(&nodes, &[&pv], 0, None);
+    wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
+    let tainted = lost_at.elapsed();
+    wait_for_eviction(&env, "app").await;
+    let evicted = lost_at.elapsed();
+    // The kubelet would finish the eviction; then the attachment goes.
+    let pods: Api<Pod> = env.api();
+    pods.delete("app", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually("the attachment deleted", WAIT, || async {
+        (!env.attachment_exists(&attachment).await).then_some(())
+    })
+    .await;
+    eprintln!("isolated primary (fail-over timeout 1 s): tainted after {tainted:?}, evicted after {evicted:?}");
+    assert!(
+        evicted < Duration::from_secs(4),
+        "fail-over took {evicted:?}, expected about the timeout + 1 s"
+    );
+    lost(&nodes, &[&pv], 0, Some(1));
+    eventually("the slice at node b", WAIT, || async {
+        (slice_addresses(&env, &pv).await == [nodes[1].ip.clone()]).then_some(())
+    })
+    .await;
+    assert_eq!(env.cluster_ip(&pv).await, cluster_ip, "the ClusterIP never changes");
+    teardown(env, agents).await;
+}
+
+/// Scenario 3: the primary's node loses quorum while its agent still reaches the API: its own
+/// report is the evidence, and it is failed over.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_primary_that_reports_its_quorum_lost_is_failed_over() {
+    let (env, nodes, pv) = app_on_node_a("failover-no-quorum").await;
+    let mut agents = Vec::new();
+    for node in &nodes {
+        agents.push(env.start_agent(node, &[]).await);
+    }
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let isolated = resource(
+        &pv,
+        "Primary",
+        false,
+        &[peer(b, "Connecting", "Unknown"), peer(c, "Connecting", "Unknown")],
+    );
+    a.set(&[isolated]);
+    lost(&nodes, &[&pv], 0, None);
+    wait_for_eviction(&env, "app").await;
+    env.wait_for_events("app", "VolumeWithoutQuorum").await;
+    wait_for_taint(&env, &a.name, LOST_QUORUM, true).await;
+    teardown(env, agents).await;
+}
+
+/// Scenario 4: six storage nodes, four lost, two agents deciding at once against a 0.5 guard:
+/// never more than three tainted, and nothing at all done to a refused node.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn agents_deciding_at_once_never_pass_the_guard() {
+    let env = common::setup("failover-guard").await;
+    let nodes = env.sim_nodes(&["a", "b", "c", "d", "e", "f"]).await;
+    let (e, f) = (&nodes[4], &nodes[5]);
+    // Volume i is served by node i (a–d) and replicated to e (volumes 0, 1) or f (2, 3).
+    let mut pvs = Vec::new();
+    let mut attachments = Vec::new();
+    for (i, server) in nodes[..4].iter().enumerate() {
+        let claim = format!("data-{i}");
+        let (_, pv) = env.bound_rwx_claim(&claim, serving(&server.endpoint())).await;
+        let pv = pv.metadata.name.unwrap();
+        env.running_pod(&format!("app-{i}"), &server.name, &claim, json!({}), no_labels())
+            .await;
+        attachments.push(env.attachment(&format!("att-{i}"), &pv, &server.name).await);
+        pvs.push(pv);
+    }
+    let replica = |i: usize| if i < 2 { e } else { f };
+    let set_all = |state: &str, role: &str| {
+        for (i, server) in nodes[..4].iter().enumerate() {
+            server.set(&[resource(
+                &pvs[i],
+                "Primary",
+                true,
+                &[peer(replica(i), "Connected", "Secondary")],
+            )]);
+        }
+        for (replica, range) in [(e, 0..2), (f, 2..4)] {
+            let states: Vec<_> = range
+                .map(|i| resource(&pvs[i], "Secondary", true, &[peer(&nodes[i], state, role)]))
+                .collect();
+            replica.set(&states);
+        }
+    };
+    set_all("Connected", "Primary");
+    let guard = ["--max-tainted-fraction", "0.5"];
+    let mut agents = Vec::new();
+    for node in &nodes {
+        agents.push(env.start_agent(node, &guard).await);
+    }
+    // Nodes a–d die: their agents with them.
+    let survivors = agents.split_off(4);
+    for agent in agents {
+        agent.stop().await;
+    }
+    for server in &nodes[..4] {
+        env.set_node_ready(&server.name, false).await;
+    }
+    set_all("Connecting", "Unknown");
+    let refused = eventually("a fail-over refused by the guard", WAIT, || async {
+        for server in &nodes[..4] {
+            if !common::drbd::cluster_events_now(&env, &server.name, "FailOverRefused")
+                .await
+                .is_empty()
+            {
+                return Some(server.name.clone());
+            }
+        }
+        None
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut tainted = Vec::new();
+    for server in &nodes[..4] {
+        if drbd_taints(&env, &server.name).await.is_some() {
+            tainted.push(server.name.clone());
+        }
+    }
+    assert_eq!(tainted.len(), 3, "3 of 6 storage nodes at most: {tainted:?}");
+    assert!(!tainted.contains(&refused), "the refused node {refused} is not tainted");
+    let i = nodes.iter().position(|n| n.name == refused).unwrap();
+    assert!(untouched(&env, &format!("app-{i}")).await, "its pod is left alone");
+    assert!(env.attachment_exists(&attachments[i]).await, "its attachment stays");
+    teardown(env, survivors).await;
+}
+
+/// Scenario 5: a pod the agent leaves alone keeps the VolumeAttachment on the failed node.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn an_ignored_pod_keeps_its_attachment() {
+    let (env, nodes, pv) = app_on_node_a("failover-ignored").await;
+    let ignored = json!({"drbd.linbit.com/ignore-fail-over": ""});
+    env.running_pod("ignored", &nodes[0].name, "data", ignored, no_labels())
+        .await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    env.set_node_ready(&nodes[0].name, false).await;
+    let agent = env.start_agent(&nodes[1], &[]).await;
+    lost(&nodes, &[&pv], 0, None);
+    eventually("the pod on node a force-deleted", WAIT, || async {
+        pod_state(&env, "app").await.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(untouched(&env, "ignored").await);
+    assert!(
+        env.attachment_exists(&attachment).await,
+        "the ignored pod still holds the volume"
+    );
+    teardown(env, vec![agent]).await;
+}
+
+/// Scenario 6: a consumer on a node the agent does not cache (outside `--node-selector`) is
+/// judged by that node's real state, never taken for NotReady and force-deleted.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_consumer_outside_the_node_selector_is_not_force_deleted() {
+    let (env, nodes, pv) = three_nodes("failover-outside").await;
+    let outside = format!("{}-outside", env.id);
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": outside}})).unwrap();
+    let node_api: Api<Node> = Api::all(env.client.clone());
+    node_api.create(&PostParams::default(), &node).await.unwrap();
+    env.set_node_ready(&outside, true).await;
+    env.running_pod("client", &outside, "data", json!({}), no_labels())
+        .await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    let away = (outside.as_str(), "Connecting", "Unknown");
+    let peers = [
+        peer(b, "Connected", "Secondary"),
+        peer(c, "Connected", "Secondary"),
+        away,
+    ];
+    a.set(&[resource(&pv, "Primary", true, &peers)]);
+    let agent = env.start_agent(a, &[]).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        untouched(&env, "client").await,
+        "the NFS client on a Ready node is left alone"
+    );
+    assert_eq!(drbd_taints(&env, &outside).await, None);
+    node_api.delete(&outside, &DeleteParams::default()).await.unwrap();
+    teardown(env, vec![agent]).await;
+}
+
+/// Scenario 7: drbdsetup fails, then hangs, after a read that showed a peer disconnected: no
+/// action from the stale view, the agent reports itself unready; once reads succeed again it
+/// acts on fresh state.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn no_action_from_stale_drbd_state() {
+    let (env, nodes, pv) = app_on_node_a("failover-stale").await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    env.set_node_ready(&nodes[0].name, false).await;
+    let b = &nodes[1];
+    let agent = env
+        .start_agent(b, &["--fail-over-timeout", "3s", "--operations-timeout", "2s"])
+        .await;
+    lost(&nodes, &[&pv], 0, None);
+    tokio::time::sleep(Duration::from_millis(1500)).await; // read at least once: the timer runs
+    touch(b, "fail");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        agent.get("/readyz").await.map(|r| r.0),
+        Some(503),
+        "unready while reads fail"
+    );
+    touch(b, "hang");
+    clear(b, "fail");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        drbd_taints(&env, &nodes[0].name).await,
+        None,
+        "no taint from a stale view"
+    );
+    assert!(
+        pod_state(&env, "app").await.is_some(),
+        "no force-delete from a stale view"
+    );
+    assert!(env.attachment_exists(&attachment).await);
+    assert!(agent.metric("storageos_drbd_agent_drbd_read_errors_total").await >= 1.0);
+    clear(b, "hang");
+    wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
+    assert_eq!(agent.get("/readyz").await.map(|r| r.0), Some(200));
+    teardown(env, vec![agent]).await;
+}
+
+/// Scenario 8: NFS clients of a shared volume on a Ready replica node whose link drops are not
+/// evicted: they reach the volume over the ClusterIP, not DRBD.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn nfs_clients_on_a_ready_replica_are_left_alone() {
+    let (env, nodes, pv) = three_nodes("failover-clients").await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    env.running_pod("client", &c.name, "data", json!({}), no_labels()).await;
+    let attachment = env.attachment("att", &pv, &c.name).await;
+    a.set(&[resource(
+        &pv,
+        "Primary",
+        true,
+        &[peer(b, "Connected", "Secondary"), peer(c, "Connecting", "Unknown")],
+    )]);
+    b.set(&[resource(
+        &pv,
+        "Secondary",
+        true,
+        &[peer(a, "Connected", "Primary"), peer(c, "Connecting", "Unknown")],
+    )]);
+    let agents = vec![env.start_agent(a, &[]).await, env.start_agent(b, &[]).await];
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(untouched(&env, "client").await);
+    assert!(env.attachment_exists(&attachment).await);
+    assert_eq!(drbd_taints(&env, &c.name).await, None);
+    teardown(env, agents).await;
+}
+
+/// Scenario 9: a pod that mounts the claim read-only is not failed over.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_read_only_consumer_is_left_alone() {
+    let (env, nodes, pv) = app_on_node_a("failover-read-only").await;
+    let volume = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": true}});
+    env.running_pod_with("reader", &nodes[0].name, volume, json!({}), no_labels())
+        .await;
+    env.set_node_ready(&nodes[0].name, false).await;
+    let agent = env.start_agent(&nodes[1], &[]).await;
+    lost(&nodes, &[&pv], 0, None);
+    eventually("the read-write pod force-deleted", WAIT, || async {
+        pod_state(&env, "app").await.is_none().then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(untouched(&env, "reader").await);
+    teardown(env, vec![agent]).await;
+}
+
+/// Scenario 10: `events2` prints garbage, non-UTF-8 bytes and an over-long line: the agent keeps
+/// reacting to DRBD changes at once (its status interval here is 30 s).
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn garbage_from_events2_does_not_stop_the_reactions() {
+    let (env, nodes, pv) = three_nodes("failover-garbage").await;
+    let b = &nodes[1];
+    touch(b, "garbage");
+    let agent = env.start_agent(b, &["--drbd-status-interval", "30s"]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let peers = [
+        peer(&nodes[0], "Connected", "Secondary"),
+        peer(&nodes[2], "Connected", "Secondary"),
+    ];
+    b.set(&[resource(&pv, "Secondary", true, &peers)]);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let promoted_at = Instant::now();
+    b.set(&[resource(&pv, "Primary", true, &peers)]);
+    eventually("node b published", Duration::from_secs(5), || async {
+        (env.pv_annotation(&pv, SERVICE_ENDPOINT).await == Some(b.endpoint())).then_some(())
+    })
+    .await;
+    eprintln!(
+        "events2 with garbage: role change → published in {:?}",
+        promoted_at.elapsed()
+    );
+    teardown(env, vec![agent]).await;
+}
