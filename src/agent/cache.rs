@@ -1,6 +1,8 @@
-//! The agent's view of Kubernetes: reflectors on PVs, Pods (trimmed), VolumeAttachments, Nodes,
-//! the LINSTOR satellite pods and the agents' heartbeat Leases, and one stream that ticks
-//! whenever any of them changes.
+//! The agent's view of Kubernetes: reflectors on PVs, this node's own Pods, VolumeAttachments,
+//! Nodes, the LINSTOR satellite pods and the agents' heartbeat Leases, every object trimmed to
+//! what the decisions read, and one stream that ticks whenever any of them changes. Pods on other
+//! nodes are not watched: their number, and their churn, would make every agent's memory and
+//! watch traffic grow with the cluster. A suspected peer's pods are read fresh instead.
 
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -15,7 +17,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::observe::{Snapshot, trim_pod};
+use super::observe::{Snapshot, trim_attachment, trim_node, trim_pod, trim_pv};
 use crate::names::AGENT_LEASE_LABEL;
 
 pub struct Cache {
@@ -32,19 +34,17 @@ impl Cache {
     /// change of any watched object.
     pub fn start(
         client: &Client,
+        node: &str,
         node_selector: &str,
         satellite_selector: &str,
         lease_namespace: &str,
     ) -> (Self, BoxStream<'static, ()>) {
         let all = watcher::Config::default;
-        let (pvs, pv_changes) = reflect(Api::all(client.clone()), all(), drop_managed_fields);
-        let (pods, pod_changes) = reflect(Api::all(client.clone()), all(), trim_pod);
-        let (attachments, attachment_changes) = reflect(Api::all(client.clone()), all(), drop_managed_fields);
-        let (nodes, node_changes) = reflect(
-            Api::all(client.clone()),
-            all().labels(node_selector),
-            drop_managed_fields,
-        );
+        let (pvs, pv_changes) = reflect(Api::all(client.clone()), all(), trim_pv);
+        let own_pods = all().fields(&format!("spec.nodeName={node}"));
+        let (pods, pod_changes) = reflect(Api::all(client.clone()), own_pods, trim_pod);
+        let (attachments, attachment_changes) = reflect(Api::all(client.clone()), all(), trim_attachment);
+        let (nodes, node_changes) = reflect(Api::all(client.clone()), all().labels(node_selector), trim_node);
         let (satellites, satellite_changes) =
             reflect(Api::all(client.clone()), all().labels(satellite_selector), trim_pod);
         let (leases, lease_changes) = reflect(

@@ -222,6 +222,63 @@ fn is_safe_to_fail_over(volume: &Volume) -> bool {
         || volume.projected.is_some()
 }
 
+/// Drops what the decisions never read from a cached PV: what remains is its name, the
+/// service-endpoint annotation, access modes, claimRef and CSI driver and handle.
+pub fn trim_pv(pv: &mut PersistentVolume) {
+    pv.managed_fields_mut().clear();
+    pv.labels_mut().clear();
+    pv.annotations_mut().retain(|k, _| k == SERVICE_ENDPOINT_ANNOTATION);
+    pv.status = None;
+    if let Some(spec) = pv.spec.take() {
+        let csi = spec
+            .csi
+            .map(|csi| k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
+                driver: csi.driver,
+                volume_handle: csi.volume_handle,
+                ..Default::default()
+            });
+        pv.spec = Some(k8s_openapi::api::core::v1::PersistentVolumeSpec {
+            access_modes: spec.access_modes,
+            claim_ref: spec.claim_ref,
+            csi,
+            ..Default::default()
+        });
+    }
+}
+
+/// Drops what the decisions never read from a cached Node (its status lists images and
+/// volumes, often the larger part of it): readiness, addresses, taints and cordon remain.
+pub fn trim_node(node: &mut Node) {
+    node.managed_fields_mut().clear();
+    node.labels_mut().clear();
+    node.annotations_mut().clear();
+    if let Some(spec) = node.spec.take() {
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            taints: spec.taints,
+            unschedulable: spec.unschedulable,
+            ..Default::default()
+        });
+    }
+    if let Some(status) = node.status.take() {
+        let ready = status
+            .conditions
+            .map(|c| c.into_iter().filter(|c| c.type_ == "Ready").collect());
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            conditions: ready,
+            addresses: status.addresses,
+            ..Default::default()
+        });
+    }
+}
+
+/// Drops what the decisions never read from a cached VolumeAttachment.
+pub fn trim_attachment(attachment: &mut VolumeAttachment) {
+    attachment.managed_fields_mut().clear();
+    attachment.labels_mut().clear();
+    attachment.annotations_mut().clear();
+    attachment.status = None;
+}
+
 /// Drops what the decisions never read from a cached Pod, to keep the cache small.
 pub fn trim_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
@@ -400,6 +457,32 @@ mod tests {
             Some("fd00::7")
         );
         assert_eq!(observe("node-x", None, drbd(), &snapshot(), now()).node_ip, None);
+    }
+
+    fn trimmed<K: Clone>(list: &[Arc<K>], trim: fn(&mut K)) -> Vec<Arc<K>> {
+        list.iter()
+            .map(|object| {
+                let mut object = (**object).clone();
+                trim(&mut object);
+                Arc::new(object)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn trimmed_volumes_nodes_and_attachments_keep_what_decisions_read() {
+        let full = snapshot();
+        let trimmed = Snapshot {
+            pvs: trimmed(&full.pvs, trim_pv),
+            nodes: trimmed(&full.nodes, trim_node),
+            attachments: trimmed(&full.attachments, trim_attachment),
+            ..snapshot()
+        };
+        let before = observe("node-b", None, drbd(), &full, now());
+        let after = observe("node-b", None, drbd(), &trimmed, now());
+        assert_eq!(after.volumes, before.volumes);
+        assert_eq!(after.nodes, before.nodes);
+        assert_eq!(after.node_ip, before.node_ip);
     }
 
     #[test]

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
 use kube::{Api, Client};
 use prometheus::Registry;
 
@@ -19,7 +20,7 @@ use super::decide::{self, DecisionSettings};
 use super::drbd::DrbdState;
 use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
-use super::observe::{node_view, observe};
+use super::observe::{Snapshot, node_view, observe, trim_pod};
 use super::report::Report;
 use super::source::{DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
@@ -82,6 +83,7 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
 
     let (cache, mut kube_changes) = Cache::start(
         &client,
+        &args.node_name,
         &args.node_selector,
         &args.satellite_pod_label,
         &args.lease_namespace,
@@ -127,9 +129,17 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
         probes.set_ready(fresh.is_some());
         if let Some((state, read_at)) = fresh {
             reported = report(&heartbeat, state, reported).await;
-            let snapshot = cache.snapshot();
+            let mut snapshot = cache.snapshot();
             let mut observed = observe(&args.node_name, node_ip, state.clone(), &snapshot, Timestamp::now());
-            add_uncached_peers(&client, &mut observed, timeout).await;
+            let suspects = suspected_peers(&observed);
+            if !suspects.is_empty() {
+                let unreadable = read_peer_pods(&client, &suspects, &mut snapshot, timeout).await;
+                observed = observe(&args.node_name, node_ip, state.clone(), &snapshot, Timestamp::now());
+                add_uncached_peers(&client, &mut observed, &suspects, timeout).await;
+                for node in unreadable {
+                    observed.nodes.remove(&node);
+                }
+            }
             let now = Instant::now();
             let mut actions = decide::decide(&observed, &settings, &mut timers, now);
             if now >= next_resync {
@@ -179,24 +189,64 @@ async fn report(heartbeat: &Heartbeat, state: &DrbdState, reported: Option<Repor
     }
 }
 
-/// Reads fresh the nodes of disconnected peers that the cache does not hold (outside
-/// `--node-selector`): such a node is judged by what it is, never taken for NotReady. A node
-/// that does not exist stays unknown, and nothing is done to it.
-async fn add_uncached_peers(client: &Client, observed: &mut Observed, timeout: Duration) {
-    let missing: BTreeSet<String> = observed
+/// The nodes of the DRBD peers this node has lost the link to, for resources with a PV: the only
+/// other nodes whose pods (and, outside the cache, Node) the decisions may need.
+fn suspected_peers(observed: &Observed) -> BTreeSet<String> {
+    observed
         .drbd
         .resources
         .iter()
         .filter(|r| observed.volumes.contains_key(&r.name))
         .flat_map(|r| r.connections.iter().filter(|c| !c.is_connected()))
         .map(|c| observed.kube_node(&c.name).to_owned())
-        .filter(|node| !observed.nodes.contains_key(node))
+        .filter(|node| *node != observed.node)
+        .collect()
+}
+
+/// Reads fresh the pods on suspected peers' nodes (the cache holds this node's only) into the
+/// snapshot. Returns the nodes whose pods could not be read: without knowing what runs there,
+/// nothing may be done to them this round.
+async fn read_peer_pods(
+    client: &Client,
+    suspects: &BTreeSet<String>,
+    snapshot: &mut Snapshot,
+    timeout: Duration,
+) -> BTreeSet<String> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut unreadable = BTreeSet::new();
+    for node in suspects {
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        match tokio::time::timeout(timeout, pods.list(&on_node)).await {
+            Ok(Ok(list)) => snapshot.pods.extend(list.items.into_iter().map(|mut pod| {
+                trim_pod(&mut pod);
+                Arc::new(pod)
+            })),
+            Ok(Err(err)) => {
+                tracing::warn!(node = %node, error = %err, "cannot read the pods of a suspected peer's node");
+                unreadable.insert(node.clone());
+            }
+            Err(_) => {
+                tracing::warn!(node = %node, "cannot read the pods of a suspected peer's node: timed out");
+                unreadable.insert(node.clone());
+            }
+        }
+    }
+    unreadable
+}
+
+/// Reads fresh the nodes of suspected peers that the cache does not hold (outside
+/// `--node-selector`): such a node is judged by what it is, never taken for NotReady. A node
+/// that does not exist stays unknown, and nothing is done to it.
+async fn add_uncached_peers(client: &Client, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
+    let missing: Vec<&String> = suspects
+        .iter()
+        .filter(|node| !observed.nodes.contains_key(*node))
         .collect();
     let nodes: Api<Node> = Api::all(client.clone());
     for name in missing {
-        match tokio::time::timeout(timeout, nodes.get_opt(&name)).await {
+        match tokio::time::timeout(timeout, nodes.get_opt(name)).await {
             Ok(Ok(Some(node))) => {
-                observed.nodes.insert(name, node_view(&node));
+                observed.nodes.insert(name.clone(), node_view(&node));
             }
             Ok(Ok(None)) => tracing::debug!(node = %name, "DRBD peer has no Node: nothing to fail over"),
             Ok(Err(err)) => tracing::warn!(node = %name, error = %err, "cannot read the node of a DRBD peer"),
