@@ -1,5 +1,7 @@
 //! Command line: one binary, two subcommands. Every flag has an environment fallback, named after
-//! the flag in upper snake case (`--admin-addr` ↔ `ADMIN_ADDR`), unless noted.
+//! the flag in upper snake case (`--admin-addr` ↔ `ADMIN_ADDR`), unless noted. The flags of the
+//! Piraeus HA agent and of the StorageOS shared-volume controller are accepted too (see
+//! [`crate::compat`], which also takes their single-dash spelling).
 
 use std::net::SocketAddr;
 
@@ -29,6 +31,20 @@ pub struct CommonArgs {
     /// Log filter in RUST_LOG syntax (RUST_LOG, when set, wins).
     #[arg(long, env = "LOG_LEVEL", default_value = "info", global = true)]
     pub log_level: String,
+    /// Path of a kubeconfig file (no env fallback: KUBECONFIG is read as usual). Default:
+    /// in-cluster, or KUBECONFIG, or ~/.kube/config.
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// Read and write timeout of each request to the Kubernetes API. Default: none (the agent
+    /// bounds every call by --operations-timeout anyway).
+    #[arg(long, env = "KUBE_API_TIMEOUT", global = true)]
+    pub kube_api_timeout: Option<Duration>,
+    /// Piraeus and klog: log verbosity (0–1 info, 2–4 debug, 5+ trace). Use --log-level.
+    #[arg(long = "v", value_name = "LEVEL", global = true)]
+    pub verbosity: Option<u8>,
+    /// Piraeus: the timeout of one API request ("0": none). Use --kube-api-timeout.
+    #[arg(long, value_name = "DURATION", global = true)]
+    pub request_timeout: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -53,8 +69,8 @@ pub struct ControllerArgs {
     /// Where volumes keep their NFS endpoints.
     #[arg(long, env = "VOLUME_BACKEND", value_enum, default_value = "kubernetes")]
     pub volume_backend: VolumeBackendKind,
-    /// StorageOS API address (storageos backend); the port defaults to 5705.
-    #[arg(long, env = "API_ENDPOINT", default_value = "http://storageos:5705")]
+    /// StorageOS API address (storageos backend); the scheme defaults to http, the port to 5705.
+    #[arg(long, env = "API_ENDPOINT", default_value = "storageos")]
     pub api_endpoint: String,
     /// Directory with the files `username` and `password` for the StorageOS API (a mounted Secret).
     #[arg(long, env = "API_SECRET_PATH", default_value = "/etc/storageos/secrets/api")]
@@ -76,7 +92,11 @@ pub struct ControllerArgs {
     pub csi_driver: Vec<String>,
     /// Manage only claims in this namespace. Default: every namespace.
     #[arg(long, env = "WATCH_NAMESPACE")]
-    pub namespace: Option<String>,
+    pub watch_namespace: Option<String>,
+    /// How long to wait before reconciling a claim again after a failure (StorageOS's retry on
+    /// API failure).
+    #[arg(long, env = "API_RETRY_INTERVAL", default_value = "5s")]
+    pub api_retry_interval: Duration,
     /// Claims reconciled at once.
     #[arg(long, env = "CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
@@ -92,11 +112,37 @@ pub struct ControllerArgs {
     /// Run only while holding the Lease (for more than one replica).
     #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
+    /// StorageOS: enable leader election (`-enable-leader-election`, `=true` or `=false`).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub enable_leader_election: Option<bool>,
+    /// StorageOS: the metrics address (`:8080`). Sets --admin-addr.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<String>,
+    /// StorageOS: how often cached volumes are re-validated. Accepted, no effect: every poll
+    /// lists every volume.
+    #[arg(long, value_name = "DURATION")]
+    pub volume_expiry_interval: Option<Duration>,
+    /// StorageOS (zap): log level, `debug`, `info`, `error` or a number. Sets --log-level.
+    #[arg(long, value_name = "LEVEL")]
+    pub zap_log_level: Option<String>,
+    /// StorageOS (zap): log encoding, `json` or `console`. Sets --log-format.
+    #[arg(long, value_name = "ENCODER")]
+    pub zap_encoder: Option<String>,
+    /// StorageOS (zap): development logging. Accepted, no effect.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub zap_devel: Option<bool>,
+    /// StorageOS (zap): stack trace level. Accepted, no effect.
+    #[arg(long, value_name = "LEVEL")]
+    pub zap_stacktrace_level: Option<String>,
+    /// StorageOS (zap): time encoding. Accepted, no effect.
+    #[arg(long, value_name = "ENCODING")]
+    pub zap_time_encoding: Option<String>,
     /// Name of the leader-election Lease.
     #[arg(long, env = "LEASE_NAME", default_value = "shared-volume-controller")]
     pub lease_name: String,
-    /// Namespace of the leader-election Lease (env: POD_NAMESPACE).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    /// Namespace of the leader-election Lease, where the controller is installed (env:
+    /// POD_NAMESPACE; `--namespace` as in StorageOS).
+    #[arg(long, alias = "namespace", env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
     /// Seconds a leader holds the Lease without renewing it.
     #[arg(long, env = "LEASE_DURATION_SECONDS", default_value_t = 15)]
@@ -146,19 +192,23 @@ pub struct AgentArgs {
     /// How long a peer may stay disconnected before its node is failed over.
     #[arg(long, env = "FAIL_OVER_TIMEOUT", default_value = "5s")]
     pub fail_over_timeout: Duration,
-    /// Grace period of evictions, in seconds.
+    /// Grace period of deleting Kubernetes objects (evictions, attachments), in seconds; pods on
+    /// a NotReady node are force-deleted with 0.
     #[arg(long, env = "GRACE_PERIOD_SECONDS", default_value_t = 10)]
     pub grace_period_seconds: u32,
     /// Timeout of one action (an API call or a drbdsetup command).
-    #[arg(long, env = "OPERATIONS_TIMEOUT", default_value = "30s")]
+    #[arg(long, env = "OPERATIONS_TIMEOUT", default_value = "1m")]
     pub operations_timeout: Duration,
     /// Decisions are taken again at least this often, even when nothing changed.
-    #[arg(long, env = "RECONCILE_INTERVAL", default_value = "10s")]
+    #[arg(long, env = "RECONCILE_INTERVAL", default_value = "5s")]
     pub reconcile_interval: Duration,
-    /// How often the endpoints of the volumes this node serves are checked against the API
-    /// (not the cache), repairing drift.
-    #[arg(long, env = "RESYNC_INTERVAL", default_value = "15m")]
+    /// How often the agent re-checks against the API what its caches say: the endpoints of the
+    /// volumes this node serves are published again, repairing drift.
+    #[arg(long, env = "RESYNC_INTERVAL", default_value = "5m")]
     pub resync_interval: Duration,
+    /// Piraeus: address of the /healthz endpoint. Sets --admin-addr.
+    #[arg(long, value_name = "ADDR")]
+    pub health_bind_address: Option<String>,
     /// Also fail over pods with volumes that are not safe to fail over (hostPath, other network storage…).
     #[arg(long, env = "FAIL_OVER_UNSAFE_PODS")]
     pub fail_over_unsafe_pods: bool,

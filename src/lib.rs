@@ -7,9 +7,11 @@ pub mod admin;
 pub mod agent;
 pub mod apply;
 pub mod cli;
+pub mod compat;
 pub mod controller;
 pub mod events;
 pub mod feed;
+pub mod kube_client;
 pub mod metrics;
 pub mod names;
 pub mod sharedvolume;
@@ -23,6 +25,14 @@ use crate::cli::{Cli, Command};
 
 /// Runs the chosen subcommand until it fails or a termination signal arrives.
 pub async fn run(cli: Cli) -> Result<()> {
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        admin_addr = %cli.common.admin_addr,
+        log_level = %cli.common.log_level,
+        log_format = ?cli.common.log_format,
+        kube_api_timeout = %cli.common.kube_api_timeout.map_or("none".into(), |t| t.to_string()),
+        "settings"
+    );
     let shutdown = shutdown::on_signals();
     let probes = admin::Probes::default();
     let registry = metrics::new_registry()?;
@@ -33,10 +43,19 @@ pub async fn run(cli: Cli) -> Result<()> {
         shutdown.clone(),
     )
     .await?;
-    let result = match cli.command {
-        Command::Controller(args) => controller::run(args, registry, probes.clone(), shutdown.clone()).await,
-        Command::Agent(args) => agent::run(args, registry, probes.clone(), shutdown.clone()).await,
-    };
+    let result = async {
+        match cli.command {
+            Command::Controller(args) => {
+                let client = kube_client::connect(&cli.common, true).await?;
+                controller::run(args, client, registry, probes.clone(), shutdown.clone()).await
+            }
+            Command::Agent(args) => {
+                let client = kube_client::connect(&cli.common, false).await?;
+                agent::run(args, client, registry, probes.clone(), shutdown.clone()).await
+            }
+        }
+    }
+    .await;
     shutdown.cancel();
     admin.await??;
     result

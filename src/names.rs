@@ -1,8 +1,9 @@
 //! Every well-known name the project reads or writes: annotations, labels, ports, field managers.
 
-// The StorageOS keys are `storageos.com/nfs/service-endpoint` and `storageos.com/nfs/mount-endpoint`,
-// but an annotation key may hold only one `/`: the apiserver rejects those on a PV. The nearest
-// valid keys replace the second `/` with `-`.
+// In StorageOS the service endpoint is the volume's `nfs.serviceEndpoint` field and the mount
+// endpoint the volume label `storageos.com/nfs/mount-endpoint`. On a PV both live in annotations,
+// and an annotation key may hold only one `/` (the apiserver rejects the label's spelling there):
+// the PV keys replace the second `/` with `-`.
 /// PV annotation where the storage system (or our agent) writes where the NFS server listens.
 pub const SERVICE_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs-service-endpoint";
 /// PV annotation where the controller publishes the address clients mount.

@@ -1,5 +1,7 @@
 //! Logging set-up: text or JSON lines, with a `RUST_LOG`-style filter.
 
+use std::io::IsTerminal;
+
 use anyhow::{Context, Result};
 use tracing_subscriber::EnvFilter;
 
@@ -17,8 +19,10 @@ pub fn init(format: &LogFormat, filter: &str) -> Result<()> {
         _ => filter.to_owned(),
     };
     let filter = EnvFilter::try_new(&filter).with_context(|| format!("bad log filter {filter:?}"))?;
+    // Colours only on a terminal: a log file or a pod's log must not carry escape codes.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.try_init(),

@@ -24,7 +24,7 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     let controller = Process::start(
         &format!("{}-controller", env.ns),
-        &["controller", "--namespace", &env.ns, "--leader-elect", "false"],
+        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
     );
     controller.wait_ready().await;
     let mount = eventually("a published mount endpoint", WAIT, || {

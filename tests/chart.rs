@@ -333,7 +333,7 @@ async fn run_as_the_charts_service_accounts(env: &TestEnv, controller_sa: &str, 
     let as_controller = kubeconfig_as(env, controller_sa, "controller");
     let controller = Process::start_with_env(
         &format!("{}-controller", env.ns),
-        &["controller", "--namespace", &env.ns, "--lease-namespace", &env.ns],
+        &["controller", "--watch-namespace", &env.ns, "--lease-namespace", &env.ns],
         &[("KUBECONFIG", as_controller.as_str())],
     );
     controller.wait_ready().await;

@@ -17,7 +17,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// Starts a controller that manages only the test's namespace, without leader election.
 async fn start_controller(env: &TestEnv, extra: &[&str]) -> Process {
-    let mut args = vec!["controller", "--namespace", &env.ns, "--leader-elect", "false"];
+    let mut args = vec!["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
     args.extend_from_slice(extra);
     let process = Process::start(&env.ns, &args);
     process.wait_ready().await;
@@ -412,7 +412,7 @@ async fn only_the_leader_writes_and_a_standby_takes_over() {
     let lease = ["--lease-namespace", &env.ns, "--lease-name", "svc-leader"];
     let timing = ["--lease-duration-seconds", "4", "--lease-grace-seconds", "2"];
     let start = |identity: &'static str| {
-        let mut args = vec!["controller", "--namespace", &env.ns, "--identity", identity];
+        let mut args = vec!["controller", "--watch-namespace", &env.ns, "--identity", identity];
         args.extend_from_slice(&lease);
         args.extend_from_slice(&timing);
         Process::start(&format!("{}-{identity}", env.ns), &args)

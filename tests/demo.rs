@@ -55,7 +55,7 @@ async fn demo() {
     story.chapter("2. The controller and one HA agent per node");
     let controller = Process::start(
         &format!("{}-controller", env.ns),
-        &["controller", "--namespace", &env.ns, "--leader-elect", "false"],
+        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
     );
     controller.wait_ready().await;
     story.say(format!(

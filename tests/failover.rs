@@ -108,7 +108,7 @@ async fn an_isolated_primary_is_failed_over_and_the_endpoints_follow() {
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     let controller = Process::start(
         &format!("{}-controller", env.ns),
-        &["controller", "--namespace", &env.ns, "--leader-elect", "false"],
+        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
     );
     controller.wait_ready().await;
     eventually("the slice at node a", WAIT, || async {

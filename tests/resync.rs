@@ -59,7 +59,7 @@ async fn resyncing_converged_volumes_writes_nothing() {
         &env.ns,
         &[
             "controller",
-            "--namespace",
+            "--watch-namespace",
             &env.ns,
             "--leader-elect",
             "false",

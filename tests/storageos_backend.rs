@@ -21,7 +21,7 @@ async fn start_controller(env: &TestEnv, api: &FakeStorageOs) -> (Process, tempd
     let secret_path = secret.path.to_str().unwrap().to_owned();
     let args = [
         "controller",
-        "--namespace",
+        "--watch-namespace",
         &env.ns,
         "--leader-elect",
         "false",

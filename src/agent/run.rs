@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -31,8 +31,13 @@ use crate::metrics::AgentMetrics;
 use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
 
-pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: Shutdown) -> Result<()> {
-    let client = agent_client().await?;
+pub async fn run(
+    args: AgentArgs,
+    client: Client,
+    registry: Registry,
+    probes: Probes,
+    shutdown: Shutdown,
+) -> Result<()> {
     let metrics = AgentMetrics::register(&registry)?;
     let timeout = *args.operations_timeout;
     let drbd: Arc<dyn DrbdSource> = Arc::new(DrbdSetup {
@@ -79,7 +84,17 @@ pub async fn run(args: AgentArgs, registry: Registry, probes: Probes, shutdown: 
         timeout,
     );
     let heartbeat_task = tokio::spawn(heartbeat.clone().run(shutdown.clone()));
-    tracing::info!(node = %args.node_name, dry_run = args.dry_run, "agent starting");
+    tracing::info!(
+        node = %args.node_name,
+        dry_run = args.dry_run,
+        drbd_status_interval = %args.drbd_status_interval,
+        fail_over_timeout = %args.fail_over_timeout,
+        operations_timeout = %args.operations_timeout,
+        reconcile_interval = %args.reconcile_interval,
+        resync_interval = %args.resync_interval,
+        grace_period_seconds = args.grace_period_seconds,
+        "agent starting"
+    );
 
     let (cache, mut kube_changes) = Cache::start(
         &client,
@@ -253,16 +268,6 @@ async fn add_uncached_peers(client: &Client, observed: &mut Observed, suspects: 
             Err(_) => tracing::warn!(node = %name, "cannot read the node of a DRBD peer: timed out"),
         }
     }
-}
-
-async fn agent_client() -> Result<Client> {
-    let mut config = kube::Config::infer()
-        .await
-        .context("cannot find the Kubernetes API (in-cluster or KUBECONFIG)")?;
-    // An eviction a PodDisruptionBudget blocks is answered with 429 and Retry-After: we want that
-    // answer at once (and retry in a later round), not a client that waits inside the call.
-    config.default_retry = false;
-    Client::try_from(config).context("cannot build a Kubernetes client")
 }
 
 fn decision_settings(args: &AgentArgs) -> DecisionSettings {

@@ -46,7 +46,7 @@ pub(super) async fn lead_and_run(
         let stop = shutdown.child_token();
         let task = tokio::spawn(run_controller(
             ctx.clone(),
-            args.namespace.clone(),
+            args.watch_namespace.clone(),
             args.concurrency,
             probes.clone(),
             stop.clone(),

@@ -8,7 +8,7 @@ pub mod reconcile;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -28,10 +28,27 @@ use crate::shutdown::Shutdown;
 use crate::volume;
 use reconcile::{Context, ReconcileSettings};
 
-pub async fn run(args: ControllerArgs, registry: Registry, probes: Probes, shutdown: Shutdown) -> Result<()> {
-    let client = Client::try_default()
-        .await
-        .context("cannot reach the Kubernetes API (in-cluster or KUBECONFIG)")?;
+pub async fn run(
+    args: ControllerArgs,
+    client: Client,
+    registry: Registry,
+    probes: Probes,
+    shutdown: Shutdown,
+) -> Result<()> {
+    tracing::info!(
+        volume_backend = ?args.volume_backend,
+        api_endpoint = %args.api_endpoint,
+        api_secret_path = %args.api_secret_path.display(),
+        api_refresh_interval = %args.api_refresh_interval,
+        api_retry_interval = %args.api_retry_interval,
+        volume_poll_interval = %args.volume_poll_interval,
+        k8s_create_poll_interval = %args.k8s_create_poll_interval,
+        k8s_create_wait_duration = %args.k8s_create_wait_duration,
+        leader_elect = args.leader_elect,
+        lease_namespace = %args.lease_namespace,
+        watch_namespace = args.watch_namespace.as_deref().unwrap_or("(all)"),
+        "controller starting"
+    );
     let metrics = ControllerMetrics::register(&registry)?;
     let backend = volume::backend(&args, &client)?;
     let settings = ReconcileSettings {
@@ -42,14 +59,14 @@ pub async fn run(args: ControllerArgs, registry: Registry, probes: Probes, shutd
         create_poll_interval: *args.k8s_create_poll_interval,
         create_wait_duration: *args.k8s_create_wait_duration,
         resync_interval: *args.resync_interval,
-        error_requeue: std::time::Duration::from_secs(5),
+        error_requeue: *args.api_retry_interval,
     };
     let events = EventSink::new(client.clone(), CONTROLLER_NAME, Some(args.identity.clone()));
     let ctx = Arc::new(Context::new(client.clone(), backend, settings, metrics.clone(), events));
 
     if !args.leader_elect {
         metrics.leader.set(1);
-        run_controller(ctx, args.namespace.clone(), args.concurrency, probes, shutdown).await;
+        run_controller(ctx, args.watch_namespace.clone(), args.concurrency, probes, shutdown).await;
         return Ok(());
     }
     leader::lead_and_run(client, &args, ctx, metrics, probes, shutdown).await

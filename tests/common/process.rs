@@ -19,7 +19,7 @@ pub struct Process {
 }
 
 /// A loopback address with a port that was free a moment ago.
-fn free_addr() -> SocketAddr {
+pub fn free_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
     listener.local_addr().unwrap()
 }
@@ -51,6 +51,13 @@ impl Process {
             .spawn()
             .expect("start the binary");
         Self { child, admin, log }
+    }
+
+    /// Talks to the admin server at `admin` instead: for a process told to serve elsewhere (a
+    /// compatibility flag such as `--health-bind-address`).
+    pub fn serving_at(mut self, admin: SocketAddr) -> Self {
+        self.admin = admin;
+        self
     }
 
     /// GETs `path` from the admin server: `(status code, body)`, or `None` when not serving.
