@@ -1,4 +1,4 @@
-.PHONY: test demo tools cluster-up cluster-down
+.PHONY: test demo bench tools cluster-up cluster-down
 
 # Every test: tools, fmt, clippy, unit tests and end-to-end tests on a local control plane.
 test:
@@ -7,6 +7,10 @@ test:
 # The demo: controller + three HA agents over simulated DRBD nodes, through a node failure.
 demo:
 	hack/demo.sh
+
+# End-to-end figures against the bare floor, full size, on a fresh control plane (see README).
+bench:
+	hack/with-cluster.sh cargo bench --locked --bench scale
 
 tools:
 	hack/tools.sh

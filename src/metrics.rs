@@ -18,6 +18,7 @@ pub const AGENT_ENDPOINT_REWRITE: &str = "storageos_drbd_agent_endpoint_rewrite_
 pub const AGENT_DRBD_STATE_AGE: &str = "storageos_drbd_agent_drbd_state_age_seconds";
 pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_total";
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
+pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
 
 /// Reconcile-duration buckets, 1 ms to 30 s.
 const RECONCILE_BUCKETS: &[f64] = &[
@@ -120,6 +121,9 @@ pub struct AgentMetrics {
     pub drbd_read_errors: IntCounter,
     /// Fail-overs held because the evidence says the peer is alive and serving.
     pub held_fail_overs: IntCounter,
+    /// Objects the agent's watches delivered, by `watch` (pvs, pods, attachments, nodes,
+    /// satellites, leases): what the cluster around it costs the agent.
+    pub watch_events: IntCounterVec,
 }
 
 impl AgentMetrics {
@@ -169,6 +173,16 @@ impl AgentMetrics {
             drbd_read_errors: register(
                 registry,
                 IntCounter::new(AGENT_DRBD_READ_ERRORS, "Failed reads of the DRBD state.")?,
+            )?,
+            watch_events: register(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        AGENT_WATCH_EVENTS,
+                        "Objects received from the agent's watches, by watch.",
+                    ),
+                    &["watch"],
+                )?,
             )?,
             held_fail_overs: register(
                 registry,

@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::hash::Hash;
 
 use futures::stream::{self, BoxStream};
-use futures::{StreamExt, future};
+use futures::{StreamExt, TryStreamExt, future};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 
 use super::observe::{Snapshot, trim_attachment, trim_node, trim_pod, trim_pv};
 use crate::names::AGENT_LEASE_LABEL;
+use prometheus::{IntCounter, IntCounterVec};
 
 pub struct Cache {
     pvs: Store<PersistentVolume>,
@@ -38,19 +39,32 @@ impl Cache {
         node_selector: &str,
         satellite_selector: &str,
         lease_namespace: &str,
+        received: &IntCounterVec,
     ) -> (Self, BoxStream<'static, ()>) {
+        let counter = |watch: &str| received.with_label_values(&[watch]);
         let all = watcher::Config::default;
-        let (pvs, pv_changes) = reflect(Api::all(client.clone()), all(), trim_pv);
+        let (pvs, pv_changes) = reflect(Api::all(client.clone()), all(), trim_pv, counter("pvs"));
         let own_pods = all().fields(&format!("spec.nodeName={node}"));
-        let (pods, pod_changes) = reflect(Api::all(client.clone()), own_pods, trim_pod);
-        let (attachments, attachment_changes) = reflect(Api::all(client.clone()), all(), trim_attachment);
-        let (nodes, node_changes) = reflect(Api::all(client.clone()), all().labels(node_selector), trim_node);
-        let (satellites, satellite_changes) =
-            reflect(Api::all(client.clone()), all().labels(satellite_selector), trim_pod);
+        let (pods, pod_changes) = reflect(Api::all(client.clone()), own_pods, trim_pod, counter("pods"));
+        let (attachments, attachment_changes) =
+            reflect(Api::all(client.clone()), all(), trim_attachment, counter("attachments"));
+        let (nodes, node_changes) = reflect(
+            Api::all(client.clone()),
+            all().labels(node_selector),
+            trim_node,
+            counter("nodes"),
+        );
+        let (satellites, satellite_changes) = reflect(
+            Api::all(client.clone()),
+            all().labels(satellite_selector),
+            trim_pod,
+            counter("satellites"),
+        );
         let (leases, lease_changes) = reflect(
             Api::namespaced(client.clone(), lease_namespace),
             all().labels(AGENT_LEASE_LABEL),
             drop_managed_fields,
+            counter("leases"),
         );
         let changes = stream::select_all([
             pv_changes,
@@ -103,7 +117,14 @@ fn drop_managed_fields<K: ResourceExt>(object: &mut K) {
     object.managed_fields_mut().clear();
 }
 
-fn reflect<K>(api: Api<K>, config: watcher::Config, trim: fn(&mut K)) -> (Store<K>, BoxStream<'static, ()>)
+/// A reflector whose every change ticks the returned stream; `received` counts the objects the
+/// watch delivered.
+fn reflect<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    received: IntCounter,
+) -> (Store<K>, BoxStream<'static, ()>)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
@@ -111,6 +132,14 @@ where
     let (store, writer) = reflector::store();
     let changes = watcher(api, config)
         .default_backoff()
+        .inspect_ok(move |event| {
+            if matches!(
+                event,
+                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_)
+            ) {
+                received.inc();
+            }
+        })
         .modify(trim)
         .reflect(writer)
         .filter_map(|event| {

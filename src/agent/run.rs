@@ -102,6 +102,7 @@ pub async fn run(
         &args.node_selector,
         &args.satellite_pod_label,
         &args.lease_namespace,
+        &metrics.watch_events,
     );
     let mut drbd_changes = drbd.changes();
     if !synced(&cache, &mut kube_changes, &shutdown).await {

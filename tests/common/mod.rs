@@ -309,3 +309,42 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+// The controller never deletes; DELETEs seen meanwhile are the namespace controller and the
+// garbage collector cleaning up after the tests that ran before this one.
+pub const WRITE_VERBS: [&str; 4] = ["POST", "PUT", "PATCH", "APPLY"];
+pub const WATCHED_RESOURCES: [&str; 5] = ["services", "endpoints", "endpointslices", "persistentvolumes", "events"];
+
+/// Write requests the apiserver has served so far for the resources the controller touches, by
+/// its `apiserver_request_total` counter, keyed by the sample's labels.
+pub async fn writes(client: &Client) -> BTreeMap<String, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let metrics = client.request_text(request).await.expect("read apiserver /metrics");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("apiserver_request_total{"))
+        .filter(|line| {
+            WRITE_VERBS
+                .iter()
+                .any(|verb| line.contains(&format!("verb=\"{verb}\"")))
+        })
+        .filter(|line| {
+            WATCHED_RESOURCES
+                .iter()
+                .any(|resource| line.contains(&format!("resource=\"{resource}\"")))
+        })
+        .filter_map(|line| {
+            let (labels, value) = line.rsplit_once(' ')?;
+            Some((labels.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The samples that grew between two readings, and by how much.
+pub fn grown(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .map(|(labels, value)| (labels.clone(), value - before.get(labels).copied().unwrap_or(0.0)))
+        .filter(|(_, delta)| *delta > 0.0)
+        .collect()
+}

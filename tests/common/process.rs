@@ -53,6 +53,11 @@ impl Process {
         Self { child, admin, log }
     }
 
+    /// The process id (for /proc figures such as its peak memory).
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("process already gone")
+    }
+
     /// Talks to the admin server at `admin` instead: for a process told to serve elsewhere (a
     /// compatibility flag such as `--health-bind-address`).
     pub fn serving_at(mut self, admin: SocketAddr) -> Self {

@@ -1,0 +1,620 @@
+//! The product end to end against its floor, on a real control plane: the controller and agents
+//! run as processes, and every figure is compared with a bare client on the same crates doing only
+//! the necessary writes, measured in the same run. Prints a table and writes every figure to
+//! `target/bench/scale.json` (or `$SVC_BENCH_JSON`).
+//!
+//! `make bench` runs the full sizes; `cargo test` (the test command) runs a smoke size that checks
+//! only that every step converges, never a time.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::drbd::{healthy, lost, slice_addresses};
+use common::process::Process;
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, grown, serving, writes};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use serde_json::{Value, json};
+use shared_volume_controller::sharedvolume::claim::bound_claim;
+use shared_volume_controller::sharedvolume::desired::{self, SharedVolume};
+
+const CONCURRENCY: usize = 8;
+const FAIL_OVER_TIMEOUT: Duration = Duration::from_secs(1);
+
+struct Sizes {
+    sequential: usize,
+    burst: usize,
+    moves: usize,
+    fail_overs: usize,
+    cold: usize,
+    pods: usize,
+}
+
+const SMOKE: Sizes = Sizes {
+    sequential: 10,
+    burst: 20,
+    moves: 5,
+    fail_overs: 1,
+    cold: 20,
+    pods: 200,
+};
+const FULL: Sizes = Sizes {
+    sequential: 200,
+    burst: 1000,
+    moves: 100,
+    fail_overs: 10,
+    cold: 2000,
+    pods: 20000,
+};
+
+/// One line of the table.
+struct Figure {
+    id: &'static str,
+    what: String,
+    n: usize,
+    product: f64,
+    floor: Option<f64>,
+    unit: &'static str,
+    target: String,
+    met: bool,
+}
+
+#[tokio::main]
+async fn main() {
+    let full = std::env::args().any(|a| a == "--bench") || std::env::var_os("SVC_BENCH_FULL").is_some();
+    if std::env::var_os("KUBECONFIG").is_none() {
+        println!("scale benchmark skipped: no KUBECONFIG (run `make bench`, or `make test` for the smoke size)");
+        return;
+    }
+    let sizes = if full { FULL } else { SMOKE };
+    let mut figures = Vec::new();
+    figures.extend(publish(&sizes).await);
+    figures.extend(cold_start(&sizes).await);
+    figures.push(follow_the_primary(&sizes).await);
+    figures.push(fail_over(&sizes).await);
+    figures.extend(agent_cost(&sizes).await);
+    report(full, &figures).await;
+}
+
+fn quantile(samples: &[Duration], q: f64) -> f64 {
+    let mut sorted: Vec<f64> = samples.iter().map(Duration::as_secs_f64).collect();
+    sorted.sort_by(f64::total_cmp);
+    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted[index] * 1000.0
+}
+
+/// `n` bound RWX claims `<prefix>-<i>`, created `CONCURRENCY` at a time; with `endpoint`, each PV
+/// already reports its NFS server.
+async fn claims(env: &TestEnv, prefix: &str, n: usize, endpoint: Option<&str>) -> Vec<String> {
+    stream::iter(0..n)
+        .map(|i| async move {
+            let annotations = endpoint.map(serving).unwrap_or_default();
+            let (_, pv) = env.bound_rwx_claim(&format!("{prefix}-{i}"), annotations).await;
+            pv.name_any()
+        })
+        .buffered(CONCURRENCY)
+        .collect()
+        .await
+}
+
+/// When each PV of this run got its mount endpoint, as a watch sees it.
+#[derive(Clone, Default)]
+struct Published(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl Published {
+    fn watch(client: &Client, prefix: String) -> (Self, tokio::task::JoinHandle<()>) {
+        let published = Self::default();
+        let seen = published.clone();
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        let task = tokio::spawn(async move {
+            let mut changes = watcher(pvs, watcher::Config::default()).applied_objects().boxed();
+            while let Some(Ok(pv)) = changes.next().await {
+                let name = pv.name_any();
+                if name.starts_with(&prefix) && pv.annotations().contains_key(MOUNT_ENDPOINT) {
+                    seen.0.lock().unwrap().entry(name).or_insert_with(Instant::now);
+                }
+            }
+        });
+        (published, task)
+    }
+
+    fn at(&self, pv: &str) -> Option<Instant> {
+        self.0.lock().unwrap().get(pv).copied()
+    }
+
+    /// Waits until every PV in `pvs` is published; returns when the last one was.
+    async fn all(&self, pvs: &[String]) -> Instant {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let times: Option<Vec<Instant>> = pvs.iter().map(|pv| self.at(pv)).collect();
+            if let Some(times) = times {
+                return times.into_iter().max().unwrap_or_else(Instant::now);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not every volume was published within 10 minutes"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+/// The bare floor for one volume: the writes the product must make, and nothing else.
+async fn bare_publish(env: &TestEnv, pv_name: &str, endpoint: &str) {
+    let pv = env.pvs().get(pv_name).await.unwrap();
+    let claim = bound_claim(&pv).unwrap();
+    let claim = env
+        .api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .get(&claim.name)
+        .await
+        .unwrap();
+    let shared = SharedVolume {
+        namespace: env.ns.clone(),
+        service_name: desired::service_name(pv_name),
+        volume_id: pv_name.to_owned(),
+        owner: shared_volume_controller::sharedvolume::classify::claim_owner(&claim),
+        server: endpoint.parse().unwrap(),
+    };
+    let post = PostParams::default();
+    let service = env
+        .api::<Service>()
+        .create(&post, &desired::service(&shared))
+        .await
+        .unwrap();
+    env.api::<Endpoints>()
+        .create(&post, &desired::endpoints(&shared))
+        .await
+        .unwrap();
+    env.api::<EndpointSlice>()
+        .create(&post, &desired::endpoint_slice(&shared))
+        .await
+        .unwrap();
+    let ip = service.spec.unwrap().cluster_ip.unwrap();
+    env.annotate_pv(pv_name, MOUNT_ENDPOINT, desired::mount_endpoint(&ip).as_deref())
+        .await;
+}
+
+fn controller(env: &TestEnv) -> Process {
+    Process::start(
+        &format!("{}-controller", env.ns),
+        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+    )
+}
+
+/// P1 and P1b: a volume gets its service endpoint → its mount endpoint is published.
+async fn publish(sizes: &Sizes) -> Vec<Figure> {
+    let env = common::setup("bench-publish").await;
+    // The bare client's volumes live in a namespace the controller does not watch.
+    let bare = common::setup("bench-publish-bare").await;
+    let endpoint = "10.0.0.9:2049";
+    let (published, watch) = Published::watch(&env.client, env.pv_name(""));
+    let sequential = claims(&env, "seq", sizes.sequential, None).await;
+    let burst = claims(&env, "burst", sizes.burst, None).await;
+    let bare_sequential = claims(&bare, "seq", sizes.sequential, None).await;
+    let bare_burst = claims(&bare, "burst", sizes.burst, None).await;
+    let controller = controller(&env);
+    controller.wait_ready().await;
+
+    let mut product = Vec::new();
+    for pv in &sequential {
+        let started = Instant::now();
+        env.annotate_pv(pv, SERVICE_ENDPOINT, Some(endpoint)).await;
+        product.push(published.all(std::slice::from_ref(pv)).await - started);
+    }
+    let mut floor = Vec::new();
+    for pv in &bare_sequential {
+        let started = Instant::now();
+        bare.annotate_pv(pv, SERVICE_ENDPOINT, Some(endpoint)).await;
+        bare_publish(&bare, pv, endpoint).await;
+        floor.push(started.elapsed());
+    }
+
+    let started = Instant::now();
+    stream::iter(&burst)
+        .for_each_concurrent(CONCURRENCY, |pv| env.annotate_pv(pv, SERVICE_ENDPOINT, Some(endpoint)))
+        .await;
+    let burst_time = published.all(&burst).await - started;
+    let started = Instant::now();
+    stream::iter(&bare_burst)
+        .for_each_concurrent(CONCURRENCY, |pv| {
+            let bare = &bare;
+            async move {
+                bare.annotate_pv(pv, SERVICE_ENDPOINT, Some(endpoint)).await;
+                bare_publish(bare, pv, endpoint).await;
+            }
+        })
+        .await;
+    let bare_burst_time = started.elapsed();
+
+    controller.stop().await;
+    watch.abort();
+    env.cleanup().await;
+    bare.cleanup().await;
+    let (p50, p99, floor_p99) = (
+        quantile(&product, 0.5),
+        quantile(&product, 0.99),
+        quantile(&floor, 0.99),
+    );
+    vec![
+        Figure {
+            id: "P1",
+            what: "publish latency p50, one volume at a time".into(),
+            n: sizes.sequential,
+            product: p50,
+            floor: Some(quantile(&floor, 0.5)),
+            unit: "ms",
+            target: "-".into(),
+            met: true,
+        },
+        Figure {
+            id: "P1",
+            what: "publish latency p99, one volume at a time".into(),
+            n: sizes.sequential,
+            product: p99,
+            floor: Some(floor_p99),
+            unit: "ms",
+            target: "≤ 1.5× floor".into(),
+            met: p99 <= 1.5 * floor_p99,
+        },
+        Figure {
+            id: "P1b",
+            what: format!("burst: all published, {CONCURRENCY} at a time"),
+            n: sizes.burst,
+            product: burst_time.as_secs_f64() * 1000.0,
+            floor: Some(bare_burst_time.as_secs_f64() * 1000.0),
+            unit: "ms",
+            target: "≤ 1.5× floor".into(),
+            met: burst_time.as_secs_f64() <= 1.5 * bare_burst_time.as_secs_f64(),
+        },
+    ]
+}
+
+/// Peak RSS of a process, from /proc.
+fn peak_rss_mib(process: &Process) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", process.pid())).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map(|kib| kib / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// P4, P5 and the controller's part of P6: claims that exist before the controller starts, a
+/// restart over converged volumes, and the controller's memory.
+async fn cold_start(sizes: &Sizes) -> Vec<Figure> {
+    let env = common::setup("bench-cold").await;
+    let bare_env = common::setup("bench-cold-bare").await;
+    let endpoint = "10.0.0.9:2049";
+    let (published, watch) = Published::watch(&env.client, env.pv_name(""));
+    let volumes = claims(&env, "cold", sizes.cold, Some(endpoint)).await;
+    let bare = claims(&bare_env, "cold", sizes.cold, Some(endpoint)).await;
+    let started = Instant::now();
+    let first = controller(&env);
+    let converged = published.all(&volumes).await - started;
+    let rss = peak_rss_mib(&first);
+    first.stop().await;
+    let started = Instant::now();
+    stream::iter(&bare)
+        .for_each_concurrent(CONCURRENCY, |pv| bare_publish(&bare_env, pv, endpoint))
+        .await;
+    let bare_time = started.elapsed();
+
+    // A restart reconciles every converged volume again: it must cost no write.
+    let before = writes(&env.client).await;
+    let second = controller(&env);
+    second.wait_ready().await;
+    let reconciled = "storageos_shared_volume_reconciles_total{result=\"shared\"}";
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while second.metric(reconciled).await < sizes.cold as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the restarted controller did not reconcile every claim"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let resync_writes: f64 = grown(&before, &writes(&env.client).await).iter().map(|(_, d)| d).sum();
+    second.stop().await;
+    watch.abort();
+    env.cleanup().await;
+    bare_env.cleanup().await;
+    vec![
+        Figure {
+            id: "P4",
+            what: "cold start: claims existing before the controller, all published".into(),
+            n: sizes.cold,
+            product: converged.as_secs_f64() * 1000.0,
+            floor: Some(bare_time.as_secs_f64() * 1000.0),
+            unit: "ms",
+            target: "≤ 1.5× floor".into(),
+            met: converged.as_secs_f64() <= 1.5 * bare_time.as_secs_f64(),
+        },
+        Figure {
+            id: "P5",
+            what: "restart over converged volumes: write requests".into(),
+            n: sizes.cold,
+            product: resync_writes.abs(),
+            floor: Some(0.0),
+            unit: "writes",
+            target: "0".into(),
+            met: resync_writes == 0.0,
+        },
+        Figure {
+            id: "P6",
+            what: "controller peak RSS after the cold start".into(),
+            n: sizes.cold,
+            product: rss,
+            floor: None,
+            unit: "MiB",
+            target: "≤ 64 MiB".into(),
+            met: rss <= 64.0,
+        },
+    ]
+}
+
+/// P2: the fake DRBD on the other node becomes Primary → the EndpointSlice shows its address.
+async fn follow_the_primary(sizes: &Sizes) -> Figure {
+    let env = common::setup("bench-follow").await;
+    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
+    let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
+    let pv = pv.name_any();
+    healthy(&nodes, &[&pv], 0);
+    let controller = controller(&env);
+    controller.wait_ready().await;
+    let agents = vec![
+        env.start_agent(&nodes[0], &[]).await,
+        env.start_agent(&nodes[1], &[]).await,
+    ];
+    wait_for_slice(&env, &pv, &nodes[0].ip).await;
+    let bare = common::setup("bench-follow-bare").await;
+    let bare_pv = claims(&bare, "data", 1, Some(&nodes[0].endpoint())).await.remove(0);
+    bare_publish(&bare, &bare_pv, &nodes[0].endpoint()).await;
+    let mut product = Vec::new();
+    let mut floor = Vec::new();
+    for i in 0..sizes.moves {
+        let to = (i + 1) % 2;
+        let started = Instant::now();
+        healthy(&nodes, &[&pv], to);
+        wait_for_slice(&env, &pv, &nodes[to].ip).await;
+        product.push(started.elapsed());
+        // The floor: a bare client making the two writes a move needs.
+        let started = Instant::now();
+        bare.annotate_pv(&bare_pv, SERVICE_ENDPOINT, Some(&nodes[to].endpoint()))
+            .await;
+        let slice = json!({"endpoints": [{"addresses": [nodes[to].ip], "conditions": {"ready": true}}]});
+        bare.api::<EndpointSlice>()
+            .patch(&bare_pv, &PatchParams::default(), &Patch::Merge(slice))
+            .await
+            .unwrap();
+        floor.push(started.elapsed());
+    }
+    for process in agents.into_iter().chain([controller]) {
+        process.stop().await;
+    }
+    env.cleanup().await;
+    bare.cleanup().await;
+    let (p99, floor_p99) = (quantile(&product, 0.99), quantile(&floor, 0.99));
+    Figure {
+        id: "P2",
+        what: format!("follow the primary p99 (p50 {:.1} ms)", quantile(&product, 0.5)),
+        n: sizes.moves,
+        product: p99,
+        floor: Some(floor_p99),
+        unit: "ms",
+        target: "≤ 2× floor and < 250 ms".into(),
+        met: p99 <= 2.0 * floor_p99 && p99 < 250.0,
+    }
+}
+
+async fn wait_for_slice(env: &TestEnv, pv: &str, ip: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while slice_addresses(env, pv).await != [ip.to_owned()] {
+        assert!(Instant::now() < deadline, "the EndpointSlice never pointed at {ip}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// P3: the primary's node is really lost → its attachment deleted and the endpoints at the new
+/// primary.
+async fn fail_over(sizes: &Sizes) -> Figure {
+    let mut runs = Vec::new();
+    for run in 0..sizes.fail_overs {
+        let env = common::setup(&format!("bench-failover-{run}")).await;
+        let nodes = env.sim_nodes(&["a", "b", "c"]).await;
+        let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
+        let pv = pv.name_any();
+        healthy(&nodes, &[&pv], 0);
+        env.running_pod("app", &nodes[0].name, "data", json!({}), json!({}))
+            .await;
+        let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+        let controller = controller(&env);
+        controller.wait_ready().await;
+        wait_for_slice(&env, &pv, &nodes[0].ip).await;
+        let agents = vec![
+            env.start_agent(&nodes[1], &[]).await,
+            env.start_agent(&nodes[2], &[]).await,
+        ];
+        let started = Instant::now();
+        env.set_node_ready(&nodes[0].name, false).await;
+        lost(&nodes, &[&pv], 0, Some(1));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while env.attachment_exists(&attachment).await || slice_addresses(&env, &pv).await != [nodes[1].ip.clone()] {
+            assert!(Instant::now() < deadline, "no fail-over within a minute");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        runs.push(started.elapsed());
+        for process in agents.into_iter().chain([controller]) {
+            process.stop().await;
+        }
+        env.cleanup().await;
+    }
+    let worst = runs.iter().max().copied().unwrap_or_default();
+    Figure {
+        id: "P3",
+        what: format!("fail-over, worst of the runs (fail-over timeout {FAIL_OVER_TIMEOUT:?})"),
+        n: sizes.fail_overs,
+        product: worst.as_secs_f64() * 1000.0,
+        floor: None,
+        unit: "ms",
+        target: "≤ timeout + 1 s".into(),
+        met: worst <= FAIL_OVER_TIMEOUT + Duration::from_secs(1),
+    }
+}
+
+/// P6 (agent) and P7: an agent's memory among many pods, and what their churn on other nodes
+/// costs it.
+async fn agent_cost(sizes: &Sizes) -> Vec<Figure> {
+    let env = common::setup("bench-agent").await;
+    let nodes = env.sim_nodes(&["a"]).await;
+    let own = sizes.pods / 200;
+    let pod = |i: usize, node: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("load-{i}"), "labels": {"app": format!("app-{}", i % 100)},
+                         "annotations": {"example.com/config": "x".repeat(500)}},
+            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.example.com/app:1",
+                     "env": (0..15).map(|k| json!({"name": format!("VAR_{k}"), "value": "value-value-value"})).collect::<Vec<Value>>()}]}
+        }))
+        .unwrap()
+    };
+    let pods: Api<Pod> = env.api();
+    let elsewhere = |i: usize| format!("{}-other-{}", env.id, i % 50);
+    stream::iter(0..sizes.pods)
+        .map(|i| {
+            let node = if i < own { nodes[0].name.clone() } else { elsewhere(i) };
+            let pods = pods.clone();
+            let pod = pod(i, &node);
+            async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .for_each(|_| async {})
+        .await;
+    let agent = env.start_agent(&nodes[0], &[]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rss = peak_rss_mib(&agent);
+    let received = "storageos_drbd_agent_watch_events_total{watch=\"pods\"}";
+    let before = agent.metric(received).await;
+    // Churn on other nodes: every such pod relabelled, then deleted.
+    let others: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(nodes[0].name.as_str()))
+        .map(|p| p.name_any())
+        .collect();
+    stream::iter(&others)
+        .for_each_concurrent(CONCURRENCY, |name| {
+            let pods = pods.clone();
+            async move {
+                let relabel = json!({"metadata": {"labels": {"churn": "1"}}});
+                pods.patch(name, &PatchParams::default(), &Patch::Merge(relabel))
+                    .await
+                    .unwrap();
+                pods.delete(name, &Default::default()).await.unwrap();
+            }
+        })
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let churn_events = agent.metric(received).await - before;
+    agent.stop().await;
+    env.cleanup().await;
+    vec![
+        Figure {
+            id: "P6",
+            what: format!("agent peak RSS, {own} pods on its node"),
+            n: sizes.pods,
+            product: rss,
+            floor: None,
+            unit: "MiB",
+            target: "≤ 32 MiB".into(),
+            met: rss <= 32.0,
+        },
+        Figure {
+            id: "P7",
+            what: format!(
+                "pod events the agent received while {} pods elsewhere churned",
+                others.len()
+            ),
+            n: 2 * others.len(),
+            product: churn_events,
+            floor: Some(0.0),
+            unit: "events",
+            target: "does not grow with the churn".into(),
+            met: churn_events == 0.0,
+        },
+    ]
+}
+
+async fn report(full: bool, figures: &[Figure]) {
+    println!(
+        "\nshared-volume-controller end to end ({} size, concurrency {CONCURRENCY})",
+        if full { "full" } else { "smoke" }
+    );
+    println!(
+        "{:<4} {:>6}  {:>10} {:>10} {:>6}  {:<14} {:<4} what",
+        "", "N", "product", "floor", "ratio", "target", "met"
+    );
+    for f in figures {
+        let floor = f.floor.map(|v| format!("{v:.1}")).unwrap_or_else(|| "-".into());
+        let ratio = match f.floor {
+            Some(floor) if floor > 0.0 => format!("{:.2}", f.product / floor),
+            _ => "-".into(),
+        };
+        println!(
+            "{:<4} {:>6}  {:>10} {:>10} {:>6}  {:<14} {:<4} {}",
+            f.id,
+            f.n,
+            format!("{:.1} {}", f.product, f.unit),
+            floor,
+            ratio,
+            f.target,
+            if f.met { "yes" } else { "NO" },
+            f.what
+        );
+    }
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let revision = std::process::Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let client = Client::try_default().await.unwrap();
+    let kubernetes = client
+        .apiserver_version()
+        .await
+        .map(|v| v.git_version)
+        .unwrap_or_default();
+    let json = json!({
+        "size": if full { "full" } else { "smoke" },
+        "concurrency": CONCURRENCY,
+        "revision": revision,
+        "machine": {"cores": cores, "memory": memory},
+        "versions": {"shared-volume-controller": env!("CARGO_PKG_VERSION"), "kubernetes": kubernetes},
+        "figures": figures.iter().map(|f| json!({
+            "id": f.id, "what": f.what, "n": f.n, "product": f.product, "floor": f.floor,
+            "unit": f.unit, "target": f.target, "met": f.met,
+        })).collect::<Vec<_>>(),
+    });
+    let path = std::env::var("SVC_BENCH_JSON")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/target/bench/scale.json").to_owned());
+    let path = std::path::PathBuf::from(path);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
+    println!("figures written to {}", path.display());
+}
