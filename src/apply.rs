@@ -5,7 +5,7 @@
 use std::fmt::Debug;
 
 use k8s_openapi::api::core::v1::PersistentVolume;
-use kube::api::{Patch, PatchParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -48,9 +48,54 @@ where
     if is_converged(desired, current) {
         return Ok(None);
     }
+    apply(api, field_manager, desired).await.map(Some)
+}
+
+/// Applies `desired` with `field_manager`, taking over its fields from any other writer.
+pub async fn apply<K>(api: &Api<K>, field_manager: &str, desired: &K) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
     let params = PatchParams::apply(field_manager).force();
-    let applied = api.patch(&desired.name_any(), &params, &Patch::Apply(desired)).await?;
-    Ok(Some(applied))
+    api.patch(&desired.name_any(), &params, &Patch::Apply(desired)).await
+}
+
+/// Creates `desired` under `field_manager`; `None` when an object of that name exists already.
+pub async fn create<K>(api: &Api<K>, field_manager: &str, desired: &K) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let params = PostParams {
+        field_manager: Some(field_manager.to_owned()),
+        ..Default::default()
+    };
+    match api.create(&params, desired).await {
+        Ok(created) => Ok(Some(created)),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+        Err(err) => Err(err),
+    }
+}
+
+/// Like [`apply_if_changed`], for a `current` read from a cache: an object the cache does not
+/// hold is created (one write, as a bare client would), and if it turns out to exist after all
+/// it is read and applied.
+pub async fn create_or_apply<K>(
+    api: &Api<K>,
+    field_manager: &str,
+    desired: &K,
+    current: Option<&K>,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+{
+    if current.is_some() {
+        return apply_if_changed(api, field_manager, desired, current).await;
+    }
+    if let Some(created) = create(api, field_manager, desired).await? {
+        return Ok(Some(created));
+    }
+    let current = api.get_opt(&desired.name_any()).await?;
+    apply_if_changed(api, field_manager, desired, current.as_ref()).await
 }
 
 /// Server-side apply of just one annotation of a PV under `field_manager`: the storage system's

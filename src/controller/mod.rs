@@ -2,6 +2,7 @@
 //! the Services, Endpoints and EndpointSlices it creates, run only while this replica leads
 //! ([`leader`]). Each claim is reconciled by [`reconcile`].
 
+pub mod cache;
 mod leader;
 pub mod reconcile;
 
@@ -10,12 +11,11 @@ use std::time::Duration;
 
 use anyhow::Result;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::Client;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Api, Client};
 use prometheus::Registry;
 
 use crate::admin::Probes;
@@ -26,6 +26,7 @@ use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
 use crate::volume;
+use cache::{Caches, scoped};
 use reconcile::{Context, ReconcileSettings};
 
 pub async fn run(
@@ -82,15 +83,20 @@ pub(crate) async fn run_controller(
 ) {
     let client = ctx.client.clone();
     let managed = watcher::Config::default().labels(&managed_selector());
+    let (caches, triggers) = Caches::new(&client, namespace.as_deref(), &managed);
+    let use_caches = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            caches.synced().await;
+            tracing::info!("volume, Service, Endpoints and EndpointSlice caches synced; reconciles read them");
+            ctx.use_caches(Some(caches));
+        })
+    };
     let mut controller = Controller::new(scoped(&client, namespace.as_deref()), watcher::Config::default())
-        .owns(scoped::<Service>(&client, namespace.as_deref()), managed.clone())
-        .owns(scoped::<Endpoints>(&client, namespace.as_deref()), managed.clone())
-        .owns(scoped::<EndpointSlice>(&client, namespace.as_deref()), managed)
-        .watches(
-            Api::<PersistentVolume>::all(client),
-            watcher::Config::default(),
-            claim_of_volume,
-        )
+        .owns_stream(triggers.services)
+        .owns_stream(triggers.endpoints)
+        .owns_stream(triggers.slices)
+        .watches_stream(triggers.pvs, claim_of_volume)
         .with_config(controller::Config::default().concurrency(concurrency))
         .graceful_shutdown_on({
             let stop = stop.clone();
@@ -117,7 +123,7 @@ pub(crate) async fn run_controller(
         })
     };
     controller
-        .run(reconcile::reconcile, reconcile::error_policy, ctx)
+        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| async move {
             if let Err(err) = result {
                 tracing::debug!(error = %err, "controller event");
@@ -125,18 +131,8 @@ pub(crate) async fn run_controller(
         })
         .await;
     readiness.abort();
-}
-
-/// An Api over one namespace, or over all of them.
-fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    <K as kube::Resource>::DynamicType: Default,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
+    use_caches.abort();
+    ctx.use_caches(None);
 }
 
 /// A PV change is a change of the claim it is bound to.

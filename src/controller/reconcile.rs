@@ -1,20 +1,21 @@
 //! The imperative shell of the shared-volume loop: fetch, classify (pure code), apply, publish.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Service};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, Resource, ResourceExt};
 
-use crate::apply::apply_if_changed;
+use super::cache::Caches;
+use crate::apply::{apply_if_changed, create};
 use crate::events::EventSink;
 use crate::metrics::ControllerMetrics;
 use crate::names::CONTROLLER_FIELD_MANAGER;
 use crate::sharedvolume::classify::{self, Filters, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
-use crate::sharedvolume::endpoints::write_endpoints;
+use crate::sharedvolume::endpoints::{write_endpoints, write_endpoints_over};
 use crate::volume::{VolumeBackend, VolumeError};
 
 /// Settings of one reconcile, from the command line.
@@ -35,6 +36,8 @@ pub struct Context {
     pub events: EventSink,
     /// Claims (by uid) whose shared volume is managed now.
     shared: Mutex<HashSet<String>>,
+    /// What the controller watches, while it runs: reconciles read there, not from the API.
+    caches: RwLock<Option<Caches>>,
 }
 
 impl Context {
@@ -52,7 +55,17 @@ impl Context {
             metrics,
             events,
             shared: Mutex::default(),
+            caches: RwLock::default(),
         }
+    }
+
+    /// Reconciles read from `caches` from now on (`None`: from the API).
+    pub fn use_caches(&self, caches: Option<Caches>) {
+        *self.caches.write().expect("caches poisoned") = caches;
+    }
+
+    fn caches(&self) -> Option<Caches> {
+        self.caches.read().expect("caches poisoned").clone()
     }
 
     fn track(&self, uid: &str, shared: bool) {
@@ -74,6 +87,8 @@ pub enum ReconcileError {
     Volume(#[from] VolumeError),
     #[error("Service {0} has no ClusterIP after {1:?}")]
     NoClusterIp(String, Duration),
+    #[error("Service {0} was there when created and gone when read; retrying")]
+    Gone(String),
 }
 
 impl ReconcileError {
@@ -82,6 +97,7 @@ impl ReconcileError {
             Self::Kube(_) => "KubernetesApi",
             Self::Volume(_) => "VolumeBackend",
             Self::NoClusterIp(..) => "NoClusterIP",
+            Self::Gone(..) => "Conflict",
         }
     }
 }
@@ -122,7 +138,7 @@ fn claim_key(claim: &PersistentVolumeClaim) -> String {
 async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ReconcileError> {
     let uid = claim.uid().unwrap_or_default();
     let pv = match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
-        Some(name) => Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await?,
+        Some(name) => read_pv(ctx, name).await?,
         None => None,
     };
     let pv = match classify::candidate_volume(claim, pv.as_ref(), &ctx.settings.filters).manage() {
@@ -152,10 +168,14 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
     };
 
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &shared.namespace);
-    let existing = services.get_opt(&shared.service_name).await?;
-    if let Some(service) = &existing
-        && !service.owner_references().iter().any(|o| o.uid == uid)
-    {
+    let caches = ctx.caches();
+    let existing = match &caches {
+        Some(caches) => caches
+            .service(&shared.namespace, &shared.service_name)
+            .map(|s| (*s).clone()),
+        None => services.get_opt(&shared.service_name).await?,
+    };
+    let Some(ensured) = ensure_service(ctx, &services, &shared, existing.as_ref(), &uid).await? else {
         let invalid = Invalid {
             reason: "ServiceNameTaken",
             message: format!(
@@ -164,9 +184,9 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
             ),
         };
         return Ok(report_invalid(ctx, claim, invalid).await);
-    }
-    let cluster_ip = ensure_service(ctx, &services, &shared, existing.as_ref()).await?;
-    ensure_endpoints(ctx, &shared).await?;
+    };
+    ensure_endpoints(ctx, &shared, caches.as_ref()).await?;
+    let EnsuredService { cluster_ip, created } = ensured;
     ctx.track(&uid, true);
     ctx.events.clear_warnings(&claim.object_ref(&()));
 
@@ -179,9 +199,7 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         });
     }
     let reference = claim.object_ref(&());
-    if existing.is_none()
-        && let Some(previous) = &volume.mount_endpoint
-    {
+    if created && let Some(previous) = &volume.mount_endpoint {
         let note = format!(
             "Service {} was missing and has been recreated: the mount endpoint moved from {previous} to {mount_endpoint}; clients must remount",
             shared.service_name
@@ -230,23 +248,59 @@ async fn report_invalid(ctx: &Context, claim: &PersistentVolumeClaim, invalid: I
     Outcome::Invalid(invalid.reason)
 }
 
-/// Applies the Service if it drifted, and returns its ClusterIP, waiting for one after a create.
+/// The PV, from the cache when it holds it (what triggered the reconcile is always there), else
+/// from the API.
+async fn read_pv(ctx: &Context, name: &str) -> Result<Option<PersistentVolume>, kube::Error> {
+    if let Some(pv) = ctx.caches().and_then(|c| c.pv(name)) {
+        return Ok(Some((*pv).clone()));
+    }
+    Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await
+}
+
+struct EnsuredService {
+    cluster_ip: String,
+    /// It did not exist before this reconcile.
+    created: bool,
+}
+
+/// Creates the Service, or applies it if it drifted, and returns its ClusterIP (waiting for one
+/// after a create); `None` when a Service of that name belongs to something else.
 async fn ensure_service(
     ctx: &Context,
     services: &Api<Service>,
     shared: &SharedVolume,
     existing: Option<&Service>,
-) -> Result<String, ReconcileError> {
+    claim_uid: &str,
+) -> Result<Option<EnsuredService>, ReconcileError> {
     let desired = desired::service(shared);
-    let applied = apply_if_changed(services, CONTROLLER_FIELD_MANAGER, &desired, existing).await?;
-    if existing.is_none() {
-        tracing::info!(service = %format!("{}/{}", shared.namespace, shared.service_name), "Service created");
-    }
-    let current = applied.as_ref().or(existing);
-    if let Some(ip) = current.and_then(cluster_ip) {
-        return Ok(ip);
-    }
-    wait_for_cluster_ip(ctx, services, &shared.service_name).await
+    let owned = |service: &Service| service.owner_references().iter().any(|o| o.uid == claim_uid);
+    let (current, created) = match existing {
+        Some(existing) if !owned(existing) => return Ok(None),
+        Some(existing) => {
+            let applied = apply_if_changed(services, CONTROLLER_FIELD_MANAGER, &desired, Some(existing)).await?;
+            (applied.unwrap_or_else(|| existing.clone()), false)
+        }
+        None => match create(services, CONTROLLER_FIELD_MANAGER, &desired).await? {
+            Some(created) => {
+                tracing::info!(service = %format!("{}/{}", shared.namespace, shared.service_name), "Service created");
+                (created, true)
+            }
+            // Not in the cache, but there: read it, and it must be ours.
+            None => match services.get_opt(&shared.service_name).await? {
+                Some(found) if !owned(&found) => return Ok(None),
+                Some(found) => {
+                    let applied = apply_if_changed(services, CONTROLLER_FIELD_MANAGER, &desired, Some(&found)).await?;
+                    (applied.unwrap_or(found), false)
+                }
+                None => return Err(ReconcileError::Gone(shared.service_name.clone())),
+            },
+        },
+    };
+    let cluster_ip = match cluster_ip(&current) {
+        Some(ip) => ip,
+        None => wait_for_cluster_ip(ctx, services, &shared.service_name).await?,
+    };
+    Ok(Some(EnsuredService { cluster_ip, created }))
 }
 
 fn cluster_ip(service: &Service) -> Option<String> {
@@ -274,8 +328,24 @@ async fn wait_for_cluster_ip(ctx: &Context, services: &Api<Service>, name: &str)
     }
 }
 
-async fn ensure_endpoints(ctx: &Context, shared: &SharedVolume) -> Result<(), ReconcileError> {
-    if write_endpoints(&ctx.client, CONTROLLER_FIELD_MANAGER, shared).await? {
+async fn ensure_endpoints(ctx: &Context, shared: &SharedVolume, caches: Option<&Caches>) -> Result<(), ReconcileError> {
+    let written = match caches {
+        Some(caches) => {
+            let (namespace, name) = (&shared.namespace, &shared.service_name);
+            let endpoints = caches.endpoints(namespace, name);
+            let slice = caches.slice(namespace, name);
+            write_endpoints_over(
+                &ctx.client,
+                CONTROLLER_FIELD_MANAGER,
+                shared,
+                endpoints.as_deref(),
+                slice.as_deref(),
+            )
+            .await?
+        }
+        None => write_endpoints(&ctx.client, CONTROLLER_FIELD_MANAGER, shared).await?,
+    };
+    if written {
         tracing::info!(
             service = %format!("{}/{}", shared.namespace, shared.service_name),
             server = %shared.server,

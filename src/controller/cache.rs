@@ -1,0 +1,121 @@
+//! What the controller watches, kept in reflector stores that reconciles read instead of the API:
+//! the PVs, and the Services, Endpoints and EndpointSlices it manages. The watches also trigger
+//! the reconciles. A fresh set is made for each term of leadership.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+
+/// The objects one shared volume is made of, as cached.
+#[derive(Clone)]
+pub struct Caches {
+    pub pvs: Store<PersistentVolume>,
+    pub services: Store<Service>,
+    pub endpoints: Store<Endpoints>,
+    pub slices: Store<EndpointSlice>,
+}
+
+/// The watch streams behind [`Caches`], to feed the kube-runtime Controller.
+pub struct Triggers {
+    pub pvs: BoxStream<'static, Result<PersistentVolume, watcher::Error>>,
+    pub services: BoxStream<'static, Result<Service, watcher::Error>>,
+    pub endpoints: BoxStream<'static, Result<Endpoints, watcher::Error>>,
+    pub slices: BoxStream<'static, Result<EndpointSlice, watcher::Error>>,
+}
+
+impl Caches {
+    /// Starts nothing by itself: the stores fill while the returned streams are polled.
+    pub fn new(client: &Client, namespace: Option<&str>, managed: &watcher::Config) -> (Self, Triggers) {
+        let (pvs, pv_stream) = cached(Api::all(client.clone()), watcher::Config::default());
+        let (services, service_stream) = cached(scoped(client, namespace), managed.clone());
+        let (endpoints, endpoint_stream) = cached(scoped(client, namespace), managed.clone());
+        let (slices, slice_stream) = cached(scoped(client, namespace), managed.clone());
+        let caches = Self {
+            pvs,
+            services,
+            endpoints,
+            slices,
+        };
+        let triggers = Triggers {
+            pvs: pv_stream,
+            services: service_stream,
+            endpoints: endpoint_stream,
+            slices: slice_stream,
+        };
+        (caches, triggers)
+    }
+
+    /// Resolves once every store has listed its objects. Until then a reconcile reads the API:
+    /// a store still listing would take what exists for missing.
+    pub async fn synced(&self) {
+        // A store's readiness signal wakes only its most recent waiter, and the controller may
+        // wait on it too: ask again now and then instead of waiting once.
+        loop {
+            let all = futures::future::join4(
+                self.pvs.wait_until_ready(),
+                self.services.wait_until_ready(),
+                self.endpoints.wait_until_ready(),
+                self.slices.wait_until_ready(),
+            );
+            match tokio::time::timeout(Duration::from_millis(250), all).await {
+                Ok((Ok(()), Ok(()), Ok(()), Ok(()))) => return,
+                Ok(_) => return std::future::pending().await,
+                Err(_) => continue,
+            }
+        }
+    }
+
+    pub fn pv(&self, name: &str) -> Option<Arc<PersistentVolume>> {
+        self.pvs.get(&ObjectRef::new(name))
+    }
+
+    pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
+        self.services.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    pub fn endpoints(&self, namespace: &str, name: &str) -> Option<Arc<Endpoints>> {
+        self.endpoints.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    pub fn slice(&self, namespace: &str, name: &str) -> Option<Arc<EndpointSlice>> {
+        self.slices.get(&ObjectRef::new(name).within(namespace))
+    }
+}
+
+/// A watch whose objects land in a store before they trigger anything, so that a reconcile
+/// always reads at least what triggered it. Deletions trigger too.
+fn cached<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, config).default_backoff().reflect(writer).touched_objects();
+    (store, boxed(stream))
+}
+
+fn boxed<K: Send + 'static>(
+    stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+) -> BoxStream<'static, Result<K, watcher::Error>> {
+    stream.boxed()
+}
+
+/// An Api over one namespace, or over all of them.
+pub fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
