@@ -9,7 +9,8 @@ use crate::apply::apply_annotation;
 use crate::names::{AGENT_FIELD_MANAGER, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::bound_claim;
 use crate::sharedvolume::classify::{self, Filters};
-use crate::sharedvolume::endpoints::write_endpoints;
+use crate::sharedvolume::desired::service_name;
+use crate::sharedvolume::endpoints::apply_endpoints;
 use crate::volume::ClaimKey;
 use crate::volume::kubernetes::volume_from_pv;
 
@@ -37,7 +38,11 @@ pub async fn publish_and_follow(client: &Client, pv_name: &str, endpoint: &str) 
         return Ok(Followed::Skipped("the PV is not bound to a claim".into()));
     };
     let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
-    let Some(claim) = claims.get_opt(&name).await? else {
+    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
+    // Both reads at once: the Service is named after the PV.
+    let (claim, service) =
+        futures::future::join(claims.get_opt(&name), services.get_opt(&service_name(&pv.name_any()))).await;
+    let Some(claim) = claim? else {
         return Ok(Followed::Skipped(format!("claim {namespace}/{name} does not exist")));
     };
     let shared = match classify::candidate_volume(&claim, Some(&pv), &Filters::default())
@@ -48,8 +53,7 @@ pub async fn publish_and_follow(client: &Client, pv_name: &str, endpoint: &str) 
         Err(why) => return Ok(Followed::Skipped(why.to_string())),
     };
     // Creating the Service is the controller's job; until it has, there is nothing to follow.
-    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-    let owned = services.get_opt(&shared.service_name).await?.is_some_and(|s| {
+    let owned = service?.is_some_and(|s| {
         s.owner_references()
             .iter()
             .any(|o| Some(&o.uid) == claim.uid().as_ref())
@@ -60,6 +64,6 @@ pub async fn publish_and_follow(client: &Client, pv_name: &str, endpoint: &str) 
             shared.service_name
         )));
     }
-    write_endpoints(client, AGENT_FIELD_MANAGER, &shared).await?;
+    apply_endpoints(client, AGENT_FIELD_MANAGER, &shared).await?;
     Ok(Followed::Rewritten)
 }

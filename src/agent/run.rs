@@ -144,7 +144,6 @@ pub async fn run(
             .filter(|(_, read_at)| read_at.elapsed() <= usable_for);
         probes.set_ready(fresh.is_some());
         if let Some((state, read_at)) = fresh {
-            reported = report(&heartbeat, state, reported).await;
             let mut snapshot = cache.snapshot();
             let mut observed = observe(&args.node_name, node_ip, state.clone(), &snapshot, Timestamp::now());
             let suspects = suspected_peers(&observed);
@@ -165,15 +164,25 @@ pub async fn run(
             if !actions.is_empty() {
                 tracing::debug!(?actions, "decided");
             }
-            executor.run(actions, *read_at, &observed.storage_nodes()).await;
+            // The report (evidence for the peers) and the actions do not wait for each other.
+            let storage_nodes = observed.storage_nodes();
+            let (stated, ()) = tokio::join!(
+                report(&heartbeat, state, reported.take()),
+                executor.run(actions, *read_at, &storage_nodes)
+            );
+            reported = stated;
         }
 
         let wake = next_wake(next_read, &timers, &settings, *args.reconcile_interval);
         tokio::select! {
             _ = shutdown.cancelled() => break,
             Some(()) = drbd_changes.next() => drbd_due = true,
-            // A burst of Kubernetes changes makes one round, not one each.
-            Some(()) = kube_changes.next() => tokio::time::sleep(KUBE_DEBOUNCE).await,
+            // A burst of Kubernetes changes makes one round, not one each; a DRBD change does
+            // not wait for the burst to end.
+            Some(()) = kube_changes.next() => tokio::select! {
+                Some(()) = drbd_changes.next() => drbd_due = true,
+                _ = tokio::time::sleep(KUBE_DEBOUNCE) => {}
+            },
             _ = tokio::time::sleep_until(wake.into()) => {}
         }
         // Take every change that is already waiting in this one round.

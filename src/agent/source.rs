@@ -79,8 +79,11 @@ impl DrbdSource for DrbdSetup {
         if !self.proc_path.exists() {
             return Ok(DrbdState::default());
         }
-        let resources = drbd::parse_status(&self.run(&["status", "--json"]).await?)?;
-        let quorum_enabled = drbd::parse_quorum_enabled(&self.run(&["show", "--json"]).await?)?;
+        // Both at once: a fail-over waits for this read.
+        let (status, shown) =
+            futures::future::try_join(self.run(&["status", "--json"]), self.run(&["show", "--json"])).await?;
+        let resources = drbd::parse_status(&status)?;
+        let quorum_enabled = drbd::parse_quorum_enabled(&shown)?;
         Ok(DrbdState {
             resources,
             quorum_enabled,
@@ -203,7 +206,9 @@ esac
         assert!(state.quorum_enabled.contains("pvc-1"));
         source.force_secondary("pvc-1").await.unwrap();
         let calls = std::fs::read_to_string(dir.join("calls")).unwrap();
-        assert_eq!(calls, "status --json\nshow --json\nsecondary --force pvc-1\n");
+        let mut calls: Vec<&str> = calls.lines().collect();
+        calls[..2].sort();
+        assert_eq!(calls, ["show --json", "status --json", "secondary --force pvc-1"]);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
