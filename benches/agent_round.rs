@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
-use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 use shared_volume_controller::agent::decide::{DecisionSettings, decide};
 use shared_volume_controller::agent::drbd::{Connection, Device, DrbdState, Resource};
@@ -97,7 +96,7 @@ fn round_time(snapshot: &Snapshot) -> Duration {
     let rounds = 20;
     let started = Instant::now();
     for _ in 0..rounds {
-        let observed = observe("node-0", None, drbd(), snapshot, Timestamp::now());
+        let observed = observe("node-0", None, drbd(), snapshot);
         let actions = decide(&observed, &settings, &mut Timers::new(), Instant::now());
         black_box(actions);
     }

@@ -48,10 +48,16 @@ pub fn managed_selector() -> String {
 pub const IGNORE_FAIL_OVER_ANNOTATION: &str = "drbd.linbit.com/ignore-fail-over";
 /// Prefix of the per-node heartbeat Lease the HA agent renews.
 pub const AGENT_LEASE_PREFIX: &str = "shared-volume-agent-";
-/// Label on every heartbeat Lease, so that agents can watch each other's.
+/// Label on every heartbeat Lease (the guard counts the storage nodes by them).
 pub const AGENT_LEASE_LABEL: &str = "storageos.com/drbd-agent-heartbeat";
-/// Heartbeat Lease annotation where each agent states its view of its DRBD resources (JSON),
-/// written whenever that view changes: the evidence peers weigh before failing a node over.
+/// Prefix of the per-node Lease where each agent states its view of its DRBD resources. It is
+/// written only when that view changes, so that every agent can watch all of them; heartbeats,
+/// renewed all the time, are read only for a suspected peer.
+pub const AGENT_REPORT_LEASE_PREFIX: &str = "shared-volume-agent-report-";
+/// Label on every report Lease, so that agents can watch each other's.
+pub const AGENT_REPORT_LABEL: &str = "storageos.com/drbd-agent-report";
+/// Report Lease annotation holding the view (JSON): the evidence peers weigh before failing a
+/// node over.
 pub const DRBD_REPORT_ANNOTATION: &str = "storageos.com/drbd-report";
 /// Field manager of the report (apart from the heartbeat's, so neither apply drops the other).
 pub const AGENT_REPORT_FIELD_MANAGER: &str = "shared-volume-agent-report";

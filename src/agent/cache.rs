@@ -18,7 +18,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::observe::{Snapshot, trim_attachment, trim_node, trim_pod, trim_pv};
-use crate::names::AGENT_LEASE_LABEL;
+use crate::names::AGENT_REPORT_LABEL;
 use prometheus::{IntCounter, IntCounterVec};
 
 pub struct Cache {
@@ -62,7 +62,7 @@ impl Cache {
         );
         let (leases, lease_changes) = reflect(
             Api::namespaced(client.clone(), lease_namespace),
-            all().labels(AGENT_LEASE_LABEL),
+            all().labels(AGENT_REPORT_LABEL),
             drop_managed_fields,
             counter("leases"),
         );

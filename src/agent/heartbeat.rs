@@ -1,6 +1,6 @@
 //! The agent's heartbeat: a `coordination.k8s.io` Lease per node, renewed while the agent runs,
-//! so that operators (and alerts) can see which nodes have a live agent, and carrying the
-//! agent's [`Report`] of its DRBD resources for its peers.
+//! so that operators (and alerts) and peers can see which nodes have a live agent; and its
+//! [`Report`] of its DRBD resources, on a second Lease written only when the view changes.
 
 use std::time::Duration;
 
@@ -11,12 +11,17 @@ use serde_json::json;
 
 use super::report::Report;
 use crate::names::{
-    AGENT_FIELD_MANAGER, AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX, AGENT_REPORT_FIELD_MANAGER, DRBD_REPORT_ANNOTATION,
+    AGENT_FIELD_MANAGER, AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX, AGENT_REPORT_FIELD_MANAGER, AGENT_REPORT_LABEL,
+    AGENT_REPORT_LEASE_PREFIX, DRBD_REPORT_ANNOTATION,
 };
 use crate::shutdown::Shutdown;
 
 pub fn lease_name(node: &str) -> String {
     format!("{AGENT_LEASE_PREFIX}{node}")
+}
+
+pub fn report_lease_name(node: &str) -> String {
+    format!("{AGENT_REPORT_LEASE_PREFIX}{node}")
 }
 
 /// Where the heartbeat lives and how its writes are bounded.
@@ -51,7 +56,7 @@ impl Heartbeat {
                 "metadata": {"name": name, "labels": {AGENT_LEASE_LABEL: "true"}},
                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": self.duration_seconds, "renewTime": now},
             });
-            match self.apply(AGENT_FIELD_MANAGER, &lease).await {
+            match self.apply(AGENT_FIELD_MANAGER, &name, &lease).await {
                 Ok(()) => tracing::debug!(lease = %name, "heartbeat renewed"),
                 Err(err) => tracing::warn!(lease = %name, error = %err, "cannot renew the heartbeat Lease"),
             }
@@ -62,30 +67,53 @@ impl Heartbeat {
         }
     }
 
-    /// States `report` on the Lease (only the annotation; the heartbeat's fields stay its own).
+    /// States `report` on this node's report Lease.
     pub async fn publish(&self, report: &Report) -> Result<(), String> {
         let text = serde_json::to_string(report).map_err(|err| err.to_string())?;
+        let name = report_lease_name(&self.node);
         let lease = json!({
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
             "metadata": {
-                "name": lease_name(&self.node),
-                "labels": {AGENT_LEASE_LABEL: "true"},
+                "name": name,
+                "labels": {AGENT_REPORT_LABEL: "true"},
                 "annotations": {DRBD_REPORT_ANNOTATION: text},
             },
+            "spec": {"holderIdentity": self.node},
         });
-        self.apply(AGENT_REPORT_FIELD_MANAGER, &lease).await
+        self.apply(AGENT_REPORT_FIELD_MANAGER, &name, &lease).await
     }
 
-    async fn apply(&self, field_manager: &str, lease: &serde_json::Value) -> Result<(), String> {
+    async fn apply(&self, field_manager: &str, name: &str, lease: &serde_json::Value) -> Result<(), String> {
         let params = PatchParams::apply(field_manager).force();
-        let name = lease_name(&self.node);
         let patch = Patch::Apply(lease);
-        let write = self.leases.patch(&name, &params, &patch);
+        let write = self.leases.patch(name, &params, &patch);
         match tokio::time::timeout(self.timeout, write).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(err)) => Err(err.to_string()),
             Err(_) => Err(format!("timed out after {:?}", self.timeout)),
         }
     }
+}
+
+/// Whether `node`'s agent still renews its heartbeat, read fresh: a report counts only while it
+/// does. `None` when it cannot be read.
+pub async fn renewing(
+    leases: &Api<Lease>,
+    node: &str,
+    now: k8s_openapi::jiff::Timestamp,
+    timeout: Duration,
+) -> Option<bool> {
+    let lease = match tokio::time::timeout(timeout, leases.get_opt(&lease_name(node))).await {
+        Ok(Ok(lease)) => lease,
+        _ => return None,
+    };
+    let Some(spec) = lease.and_then(|l| l.spec) else {
+        return Some(false);
+    };
+    let duration = k8s_openapi::jiff::SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
+    Some(
+        spec.renew_time
+            .is_some_and(|renewed| renewed.0.checked_add(duration).is_ok_and(|expiry| expiry > now)),
+    )
 }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod, Volume};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::ResourceExt;
 
 use super::drbd::DrbdState;
@@ -27,13 +26,12 @@ pub struct Snapshot {
     pub attachments: Vec<Arc<VolumeAttachment>>,
     pub nodes: Vec<Arc<Node>>,
     pub satellites: Vec<Arc<Pod>>,
-    /// The agents' heartbeat Leases.
+    /// The agents' report Leases.
     pub leases: Vec<Arc<Lease>>,
 }
 
-/// Builds the view of `node` at wall-clock time `now`. Only PVs of local DRBD resources are
-/// looked at.
-pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &Snapshot, now: Timestamp) -> Observed {
+/// Builds the view of `node`. Only PVs of local DRBD resources are looked at.
+pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &Snapshot) -> Observed {
     let nodes: BTreeMap<String, NodeView> = snapshot.nodes.iter().map(|n| (n.name_any(), node_view(n))).collect();
     let node_ip = node_ip
         .or_else(|| {
@@ -102,7 +100,7 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         .iter()
         .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
         .collect();
-    let (reports, agent_nodes) = peer_reports(&snapshot.leases, now);
+    let (reports, agent_nodes) = peer_reports(&snapshot.leases);
     Observed {
         node: node.to_owned(),
         node_ip,
@@ -115,9 +113,10 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
     }
 }
 
-/// The agents' reports by node, and the nodes that hold a heartbeat Lease. A report counts as
-/// alive while its Lease is renewed.
-fn peer_reports(leases: &[Arc<Lease>], now: Timestamp) -> (HashMap<String, PeerReport>, BTreeSet<String>) {
+/// The agents' reports by node, and the nodes where an agent runs or ran (they hold a report
+/// Lease). A report counts as alive only once its agent's heartbeat has been checked: the shell
+/// does that for the peers it weighs (see `confirm_alive` in the loop).
+fn peer_reports(leases: &[Arc<Lease>]) -> (HashMap<String, PeerReport>, BTreeSet<String>) {
     let mut reports = HashMap::new();
     let mut agent_nodes = BTreeSet::new();
     for lease in leases {
@@ -133,12 +132,7 @@ fn peer_reports(leases: &[Arc<Lease>], now: Timestamp) -> (HashMap<String, PeerR
         else {
             continue;
         };
-        let duration = SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
-        let alive = spec
-            .renew_time
-            .as_ref()
-            .is_some_and(|renewed| renewed.0.checked_add(duration).is_ok_and(|expiry| expiry > now));
-        reports.insert(holder, PeerReport { report, alive });
+        reports.insert(holder, PeerReport { report, alive: false });
     }
     (reports, agent_nodes)
 }
@@ -305,10 +299,6 @@ mod tests {
     use crate::agent::drbd::Resource;
     use serde_json::json;
 
-    fn now() -> Timestamp {
-        "2026-11-23T08:00:00Z".parse().unwrap()
-    }
-
     fn parse<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Arc<T> {
         Arc::new(serde_json::from_value(value).unwrap())
     }
@@ -363,12 +353,12 @@ mod tests {
             }))],
             leases: vec![
                 parse(json!({
-                    "metadata": {"name": "shared-volume-agent-node-a", "annotations": {"storageos.com/drbd-report":
+                    "metadata": {"name": "shared-volume-agent-report-node-a", "annotations": {"storageos.com/drbd-report":
                         "{\"at\":\"2026-11-23T07:59:59Z\",\"resources\":{\"pvc-1\":{\"primary\":true,\"quorum\":true,\"connected\":[\"node-c\"],\"disconnected\":[\"node-b\"]}}}"}},
                     "spec": {"holderIdentity": "node-a", "leaseDurationSeconds": 40, "renewTime": "2026-11-23T07:59:30.000000Z"}
                 })),
                 parse(json!({
-                    "metadata": {"name": "shared-volume-agent-node-c"},
+                    "metadata": {"name": "shared-volume-agent-report-node-c"},
                     "spec": {"holderIdentity": "node-c", "leaseDurationSeconds": 40, "renewTime": "2026-11-23T07:59:30.000000Z"}
                 })),
             ],
@@ -387,7 +377,7 @@ mod tests {
 
     #[test]
     fn indexes_volumes_pods_attachments_nodes_and_satellites() {
-        let observed = observe("node-b", None, drbd(), &snapshot(), now());
+        let observed = observe("node-b", None, drbd(), &snapshot());
         assert_eq!(observed.node_ip.as_deref(), Some("10.0.0.2"));
         assert_eq!(observed.volumes.len(), 1, "only local DRBD resources");
         let volume = &observed.volumes["pvc-1"];
@@ -422,16 +412,13 @@ mod tests {
     }
 
     #[test]
-    fn reports_count_while_their_lease_is_renewed() {
-        let observed = observe("node-b", None, drbd(), &snapshot(), now());
+    fn reports_are_indexed_by_node_and_not_trusted_until_checked() {
+        let observed = observe("node-b", None, drbd(), &snapshot());
         assert_eq!(observed.agent_nodes, ["node-a", "node-c"].map(String::from).into());
         let a = &observed.reports["node-a"];
-        assert!(a.alive);
+        assert!(!a.alive, "alive only once the heartbeat was read");
         assert!(a.report.resources["pvc-1"].primary);
         assert!(!observed.reports.contains_key("node-c"), "a Lease without a report");
-        let later = now().checked_add(SignedDuration::from_secs(41)).unwrap();
-        let observed = observe("node-b", None, drbd(), &snapshot(), later);
-        assert!(!observed.reports["node-a"].alive, "the Lease expired");
     }
 
     #[test]
@@ -453,10 +440,10 @@ mod tests {
     fn the_node_ip_flag_wins_over_the_node_address() {
         let ip = "fd00::7".parse().ok();
         assert_eq!(
-            observe("node-b", ip, drbd(), &snapshot(), now()).node_ip.as_deref(),
+            observe("node-b", ip, drbd(), &snapshot()).node_ip.as_deref(),
             Some("fd00::7")
         );
-        assert_eq!(observe("node-x", None, drbd(), &snapshot(), now()).node_ip, None);
+        assert_eq!(observe("node-x", None, drbd(), &snapshot()).node_ip, None);
     }
 
     fn trimmed<K: Clone>(list: &[Arc<K>], trim: fn(&mut K)) -> Vec<Arc<K>> {
@@ -478,8 +465,8 @@ mod tests {
             attachments: trimmed(&full.attachments, trim_attachment),
             ..snapshot()
         };
-        let before = observe("node-b", None, drbd(), &full, now());
-        let after = observe("node-b", None, drbd(), &trimmed, now());
+        let before = observe("node-b", None, drbd(), &full);
+        let after = observe("node-b", None, drbd(), &trimmed);
         assert_eq!(after.volumes, before.volumes);
         assert_eq!(after.nodes, before.nodes);
         assert_eq!(after.node_ip, before.node_ip);

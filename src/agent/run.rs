@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
@@ -19,7 +20,7 @@ use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
 use super::drbd::DrbdState;
 use super::guard::FailOverGuard;
-use super::heartbeat::Heartbeat;
+use super::heartbeat::{Heartbeat, renewing};
 use super::observe::{Snapshot, node_view, observe, trim_pod};
 use super::report::Report;
 use super::source::{DrbdSetup, DrbdSource};
@@ -145,12 +146,13 @@ pub async fn run(
         probes.set_ready(fresh.is_some());
         if let Some((state, read_at)) = fresh {
             let mut snapshot = cache.snapshot();
-            let mut observed = observe(&args.node_name, node_ip, state.clone(), &snapshot, Timestamp::now());
+            let mut observed = observe(&args.node_name, node_ip, state.clone(), &snapshot);
             let suspects = suspected_peers(&observed);
             if !suspects.is_empty() {
                 let unreadable = read_peer_pods(&client, &suspects, &mut snapshot, timeout).await;
-                observed = observe(&args.node_name, node_ip, state.clone(), &snapshot, Timestamp::now());
+                observed = observe(&args.node_name, node_ip, state.clone(), &snapshot);
                 add_uncached_peers(&client, &mut observed, &suspects, timeout).await;
+                confirm_alive(&heartbeat.leases, &mut observed, &suspects, timeout).await;
                 for node in unreadable {
                     observed.nodes.remove(&node);
                 }
@@ -257,6 +259,37 @@ async fn read_peer_pods(
         }
     }
     unreadable
+}
+
+/// Reads fresh the heartbeats of the agents whose reports may weigh on a suspected peer (the
+/// suspects' own, and those of the nodes that report on the same resources) and counts their
+/// reports only while they renew. Heartbeats are not watched: renewed all the time by every
+/// agent, they would make each agent's watch traffic grow with the square of the cluster.
+async fn confirm_alive(leases: &Api<Lease>, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
+    let resources: BTreeSet<&str> = observed
+        .drbd
+        .resources
+        .iter()
+        .filter(|r| r.connections.iter().any(|c| !c.is_connected()))
+        .map(|r| r.name.as_str())
+        .collect();
+    let relevant: Vec<String> = observed
+        .reports
+        .iter()
+        .filter(|(node, _)| **node != observed.node)
+        .filter(|(node, r)| {
+            suspects.contains(*node) || r.report.resources.keys().any(|k| resources.contains(k.as_str()))
+        })
+        .map(|(node, _)| node.clone())
+        .collect();
+    let now = Timestamp::now();
+    let checks = relevant.iter().map(|node| renewing(leases, node, now, timeout));
+    let renewing = futures::future::join_all(checks).await;
+    for (node, alive) in relevant.iter().zip(renewing) {
+        if let (Some(report), Some(alive)) = (observed.reports.get_mut(node), alive) {
+            report.alive = alive;
+        }
+    }
 }
 
 /// Reads fresh the nodes of suspected peers that the cache does not hold (outside
