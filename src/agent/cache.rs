@@ -1,8 +1,9 @@
-//! The agent's view of Kubernetes: reflectors on PVs, this node's own Pods, VolumeAttachments,
-//! Nodes, the LINSTOR satellite pods and the agents' heartbeat Leases, every object trimmed to
-//! what the decisions read, and one stream that ticks whenever any of them changes. Pods on other
-//! nodes are not watched: their number, and their churn, would make every agent's memory and
-//! watch traffic grow with the cluster. A suspected peer's pods are read fresh instead.
+//! The agent's view of Kubernetes: reflectors on PVs, this node's own Pods and Node,
+//! VolumeAttachments, the LINSTOR satellite pods and the agents' report Leases, every object
+//! trimmed to what the decisions read, and one stream that ticks whenever any of them changes.
+//! Other nodes' Pods and Nodes are not watched: their number, and their churn (a Node's status is
+//! rewritten every few minutes), would make every agent's memory and watch traffic grow with the
+//! cluster. A suspected peer's pods and Node are read fresh instead.
 
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -36,7 +37,6 @@ impl Cache {
     pub fn start(
         client: &Client,
         node: &str,
-        node_selector: &str,
         satellite_selector: &str,
         lease_namespace: &str,
         received: &IntCounterVec,
@@ -50,7 +50,7 @@ impl Cache {
             reflect(Api::all(client.clone()), all(), trim_attachment, counter("attachments"));
         let (nodes, node_changes) = reflect(
             Api::all(client.clone()),
-            all().labels(node_selector),
+            all().fields(&format!("metadata.name={node}")),
             trim_node,
             counter("nodes"),
         );

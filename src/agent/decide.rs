@@ -304,7 +304,9 @@ fn fail_over_steps(settings: &DecisionSettings, volume: &VolumeView, node: &Node
 }
 
 /// The blast-radius guard over whole fail-overs: a node whose taint would leave more than the
-/// allowed share of storage nodes tainted is not failed over at all (one Refused instead).
+/// allowed share of storage nodes tainted is not failed over at all (one Refused instead). This
+/// counts the taints it can see (this node and the suspected peers); before a taint is written
+/// the executor counts again from fresh reads of every storage node (`super::guard`).
 fn guard_fail_overs(
     observed: &Observed,
     settings: &DecisionSettings,

@@ -100,7 +100,6 @@ pub async fn run(
     let (cache, mut kube_changes) = Cache::start(
         &client,
         &args.node_name,
-        &args.node_selector,
         &args.satellite_pod_label,
         &args.lease_namespace,
         &metrics.watch_events,
@@ -292,9 +291,9 @@ async fn confirm_alive(leases: &Api<Lease>, observed: &mut Observed, suspects: &
     }
 }
 
-/// Reads fresh the nodes of suspected peers that the cache does not hold (outside
-/// `--node-selector`): such a node is judged by what it is, never taken for NotReady. A node
-/// that does not exist stays unknown, and nothing is done to it.
+/// Reads fresh the Nodes of suspected peers (the cache holds this node's only): each is judged
+/// by what it is now, never taken for NotReady for want of a look. A node that does not exist
+/// stays unknown, and nothing is done to it.
 async fn add_uncached_peers(client: &Client, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
     let missing: Vec<&String> = suspects
         .iter()

@@ -74,8 +74,8 @@ pub struct Observed {
     pub drbd: DrbdState,
     /// By DRBD resource name. A resource without a PV is simply absent.
     pub volumes: HashMap<String, VolumeView>,
-    /// The storage nodes in the cache (`--node-selector`), and any peer node read fresh because
-    /// the cache does not hold it. A node that is in neither does not exist.
+    /// This node (watched), and the nodes of suspected peers (read fresh each round). A suspected
+    /// peer's node that is not here does not exist.
     pub nodes: BTreeMap<String, NodeView>,
     /// LINSTOR node name → Kubernetes node name (from the satellite pods).
     pub satellite_nodes: HashMap<String, String>,

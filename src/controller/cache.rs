@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 /// The objects one shared volume is made of, as cached.
@@ -91,14 +91,19 @@ impl Caches {
 }
 
 /// A watch whose objects land in a store before they trigger anything, so that a reconcile
-/// always reads at least what triggered it. Deletions trigger too.
+/// always reads at least what triggered it. Deletions trigger too. The managed fields, often the
+/// larger part of an object and never read here, are not kept.
 fn cached<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let (store, writer) = reflector::store();
-    let stream = watcher(api, config).default_backoff().reflect(writer).touched_objects();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|object: &mut K| object.managed_fields_mut().clear())
+        .reflect(writer)
+        .touched_objects();
     (store, boxed(stream))
 }
 
