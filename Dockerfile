@@ -7,6 +7,8 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# The manifest declares the benchmarks: cargo refuses to build without their sources.
+COPY benches ./benches
 RUN cargo build --release --locked \
     && install -m 0755 target/release/shared-volume-controller /shared-volume-controller
 
