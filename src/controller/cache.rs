@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, Service};
+use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -25,6 +25,9 @@ pub struct Caches {
 
 /// The watch streams behind [`Caches`], to feed the kube-runtime Controller.
 pub struct Triggers {
+    /// The claims, and their store (the Controller's own).
+    pub claims: BoxStream<'static, Result<PersistentVolumeClaim, watcher::Error>>,
+    pub claim_store: Store<PersistentVolumeClaim>,
     pub pvs: BoxStream<'static, Result<PersistentVolume, watcher::Error>>,
     pub services: BoxStream<'static, Result<Service, watcher::Error>>,
     pub endpoints: BoxStream<'static, Result<Endpoints, watcher::Error>>,
@@ -38,6 +41,7 @@ impl Caches {
         let (services, service_stream) = cached(scoped(client, namespace), managed.clone());
         let (endpoints, endpoint_stream) = cached(scoped(client, namespace), managed.clone());
         let (slices, slice_stream) = cached(scoped(client, namespace), managed.clone());
+        let (claim_store, claims) = cached(scoped(client, namespace), watcher::Config::default());
         let caches = Self {
             pvs,
             services,
@@ -45,6 +49,8 @@ impl Caches {
             slices,
         };
         let triggers = Triggers {
+            claims,
+            claim_store,
             pvs: pv_stream,
             services: service_stream,
             endpoints: endpoint_stream,

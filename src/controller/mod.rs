@@ -26,7 +26,7 @@ use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
 use crate::volume;
-use cache::{Caches, scoped};
+use cache::Caches;
 use reconcile::{Context, ReconcileSettings};
 
 pub async fn run(
@@ -92,7 +92,7 @@ pub(crate) async fn run_controller(
             ctx.use_caches(Some(caches));
         })
     };
-    let mut controller = Controller::new(scoped(&client, namespace.as_deref()), watcher::Config::default())
+    let mut controller = Controller::for_stream(triggers.claims, triggers.claim_store)
         .owns_stream(triggers.services)
         .owns_stream(triggers.endpoints)
         .owns_stream(triggers.slices)
