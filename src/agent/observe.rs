@@ -95,11 +95,7 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         };
         volumes.insert(resource, view);
     }
-    let satellite_nodes = snapshot
-        .satellites
-        .iter()
-        .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
-        .collect();
+    let satellite_nodes = satellite_nodes(snapshot);
     let (reports, agent_nodes) = peer_reports(&snapshot.leases);
     Observed {
         node: node.to_owned(),
@@ -111,6 +107,42 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         reports,
         agent_nodes,
     }
+}
+
+/// LINSTOR node name → Kubernetes node name, from the satellite pods.
+fn satellite_nodes(snapshot: &Snapshot) -> HashMap<String, String> {
+    snapshot
+        .satellites
+        .iter()
+        .filter_map(|p| Some((p.name_any(), p.spec.as_ref()?.node_name.clone()?)))
+        .collect()
+}
+
+/// The Kubernetes nodes of the DRBD peers `node` has lost the link to, for resources with a PV:
+/// the only other nodes whose pods and Node the decisions may need, to be read fresh before
+/// [`observe`]. Costs nothing while every link is up.
+pub fn suspected_peers(node: &str, drbd: &DrbdState, snapshot: &Snapshot) -> BTreeSet<String> {
+    let disconnected: Vec<(&str, &str)> = drbd
+        .resources
+        .iter()
+        .flat_map(|r| {
+            r.connections
+                .iter()
+                .filter(|c| !c.is_connected())
+                .map(move |c| (r.name.as_str(), c.name.as_str()))
+        })
+        .collect();
+    if disconnected.is_empty() {
+        return BTreeSet::new();
+    }
+    let with_pv: HashSet<String> = snapshot.pvs.iter().filter_map(|pv| csi_resource_name(pv)).collect();
+    let satellites = satellite_nodes(snapshot);
+    disconnected
+        .into_iter()
+        .filter(|(resource, _)| with_pv.contains(*resource))
+        .map(|(_, peer)| satellites.get(peer).cloned().unwrap_or_else(|| peer.to_owned()))
+        .filter(|peer| peer != node)
+        .collect()
 }
 
 /// The agents' reports by node, and the nodes where an agent runs or ran (they hold a report
@@ -434,6 +466,32 @@ mod tests {
         let view = pod_view(&pod, "data");
         assert!(view.read_only && view.finished && !view.running);
         assert!(!pod_view(&pod, "other").read_only);
+    }
+
+    #[test]
+    fn suspects_are_the_nodes_of_lost_peers_of_resources_with_a_pv() {
+        let mut drbd = drbd();
+        assert!(
+            suspected_peers("node-b", &drbd, &snapshot()).is_empty(),
+            "every link up"
+        );
+        let lost = |name: &str| crate::agent::drbd::Connection {
+            name: name.into(),
+            connection_state: "Connecting".into(),
+            peer_role: "Unknown".into(),
+        };
+        drbd.resources[0].connections = vec![lost("node-a"), lost("linstor-b")];
+        drbd.resources.push(Resource {
+            name: "no-pv".into(),
+            connections: vec![lost("node-c")],
+            ..Default::default()
+        });
+        let suspects = suspected_peers("node-b", &drbd, &snapshot());
+        assert_eq!(
+            suspects,
+            ["node-a".to_string()].into(),
+            "itself and resources without a PV excluded"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use super::decide::{self, DecisionSettings};
 use super::drbd::DrbdState;
 use super::guard::FailOverGuard;
 use super::heartbeat::{Heartbeat, renewing};
-use super::observe::{Snapshot, node_view, observe, trim_pod};
+use super::observe::{Snapshot, node_view, observe, suspected_peers, trim_pod};
 use super::report::Report;
 use super::source::{DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
@@ -145,11 +145,10 @@ pub async fn run(
         probes.set_ready(fresh.is_some());
         if let Some((state, read_at)) = fresh {
             let mut snapshot = cache.snapshot();
+            let suspects = suspected_peers(&args.node_name, state, &snapshot);
+            let unreadable = read_peer_pods(&client, &suspects, &mut snapshot, timeout).await;
             let mut observed = observe(&args.node_name, node_ip, state.clone(), &snapshot);
-            let suspects = suspected_peers(&observed);
             if !suspects.is_empty() {
-                let unreadable = read_peer_pods(&client, &suspects, &mut snapshot, timeout).await;
-                observed = observe(&args.node_name, node_ip, state.clone(), &snapshot);
                 add_uncached_peers(&client, &mut observed, &suspects, timeout).await;
                 confirm_alive(&heartbeat.leases, &mut observed, &suspects, timeout).await;
                 for node in unreadable {
@@ -213,20 +212,6 @@ async fn report(heartbeat: &Heartbeat, state: &DrbdState, reported: Option<Repor
             reported
         }
     }
-}
-
-/// The nodes of the DRBD peers this node has lost the link to, for resources with a PV: the only
-/// other nodes whose pods (and, outside the cache, Node) the decisions may need.
-fn suspected_peers(observed: &Observed) -> BTreeSet<String> {
-    observed
-        .drbd
-        .resources
-        .iter()
-        .filter(|r| observed.volumes.contains_key(&r.name))
-        .flat_map(|r| r.connections.iter().filter(|c| !c.is_connected()))
-        .map(|c| observed.kube_node(&c.name).to_owned())
-        .filter(|node| *node != observed.node)
-        .collect()
 }
 
 /// Reads fresh the pods on suspected peers' nodes (the cache holds this node's only) into the
