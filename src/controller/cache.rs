@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::stream::BoxStream;
-use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -110,13 +110,7 @@ where
         .modify(|object: &mut K| object.managed_fields_mut().clear())
         .reflect(writer)
         .touched_objects();
-    (store, boxed(stream))
-}
-
-fn boxed<K: Send + 'static>(
-    stream: impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-) -> BoxStream<'static, Result<K, watcher::Error>> {
-    stream.boxed()
+    (store, stream.boxed())
 }
 
 /// An Api over one namespace, or over all of them.
