@@ -27,9 +27,6 @@ async fn the_piraeus_agent_flags_work_unchanged() {
     let node = &nodes[1];
     let health = free_addr();
     let kubeconfig = std::env::var("KUBECONFIG").unwrap();
-    let drbdsetup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
-    let proc_path = node.dir.join("proc");
-    let selector = format!("{}={}", common::drbd::NODE_LABEL, env.id);
     let health_flag = format!("--health-bind-address={health}");
     let kubeconfig_flag = format!("--kubeconfig={kubeconfig}");
     let node_flag = format!("--node-name={}", node.name);
@@ -49,21 +46,9 @@ async fn the_piraeus_agent_flags_work_unchanged() {
     ];
     let mut args = vec!["agent"];
     args.extend(piraeus);
-    let ours = [
-        "--drbdsetup-path",
-        drbdsetup,
-        "--drbd-proc-path",
-        proc_path.to_str().unwrap(),
-        "--node-selector",
-        &selector,
-        "--lease-namespace",
-        &env.ns,
-    ];
-    args.extend(ours);
-    let env_vars = [
-        ("FAKE_DRBD_DIR", node.dir.to_str().unwrap()),
-        ("KUBECONFIG", "/nonexistent/kubeconfig"),
-    ];
+    let simulation = env.simulated_drbd_args(node);
+    args.extend(simulation.iter().map(String::as_str));
+    let env_vars = [node.fake_drbd_env(), ("KUBECONFIG", "/nonexistent/kubeconfig")];
     let agent = Process::start_with_env(&format!("{}-agent", env.ns), &args, &env_vars).serving_at(health);
     agent.wait_ready().await;
     let log = log_with(&agent, "agent starting").await;

@@ -43,6 +43,11 @@ impl SimNode {
         );
     }
 
+    /// The environment variable that tells the fake drbdsetup which node it is.
+    pub fn fake_drbd_env(&self) -> (&'static str, &str) {
+        ("FAKE_DRBD_DIR", self.dir.to_str().unwrap())
+    }
+
     /// Every command the agent ran against this node's drbdsetup.
     pub fn calls(&self) -> String {
         std::fs::read_to_string(self.dir.join("calls")).unwrap_or_default()
@@ -108,9 +113,7 @@ impl TestEnv {
 
     /// Like [`TestEnv::start_agent`], with extra environment variables.
     pub async fn start_agent_with_env(&self, node: &SimNode, extra: &[&str], env: &[(&str, &str)]) -> Process {
-        let drbdsetup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
-        let proc_path = node.dir.join("proc");
-        let selector = format!("{NODE_LABEL}={}", self.id);
+        let simulation = self.simulated_drbd_args(node);
         let defaults = [
             ("--drbd-status-interval", "1s"),
             ("--fail-over-timeout", "1s"),
@@ -118,31 +121,37 @@ impl TestEnv {
             ("--operations-timeout", "10s"),
             ("--grace-period-seconds", "5"),
         ];
-        let mut args = vec![
-            "agent",
-            "--node-name",
-            &node.name,
-            "--drbdsetup-path",
-            drbdsetup,
-            "--drbd-proc-path",
-            proc_path.to_str().unwrap(),
-            "--node-selector",
-            &selector,
-            "--lease-namespace",
-            &self.ns,
-        ];
+        let mut args = vec!["agent", "--node-name", &node.name];
+        args.extend(simulation.iter().map(String::as_str));
         for (flag, value) in defaults.into_iter().filter(|(flag, _)| !extra.contains(flag)) {
             args.extend([flag, value]);
         }
         args.extend_from_slice(extra);
-        let dir = node.dir.to_str().unwrap();
         let short = node.name.trim_start_matches(&format!("{}-", self.id));
         let log_name = format!("{}-agent-{short}", self.ns);
         let mut env = env.to_vec();
-        env.push(("FAKE_DRBD_DIR", dir));
+        env.push(node.fake_drbd_env());
         let process = Process::start_with_env(&log_name, &args, &env);
         process.wait_ready().await;
         process
+    }
+
+    /// The agent flags that point it at `node`'s simulated DRBD, this test's nodes and this
+    /// namespace's Leases.
+    pub fn simulated_drbd_args(&self, node: &SimNode) -> Vec<String> {
+        let drbdsetup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
+        [
+            "--drbdsetup-path",
+            drbdsetup,
+            "--drbd-proc-path",
+            node.dir.join("proc").to_str().unwrap(),
+            "--node-selector",
+            &format!("{NODE_LABEL}={}", self.id),
+            "--lease-namespace",
+            &self.ns,
+        ]
+        .map(String::from)
+        .to_vec()
     }
 
     pub async fn set_node_ready(&self, node: &str, ready: bool) {
