@@ -22,8 +22,9 @@ pub struct Cli {
 /// Flags that both subcommands take.
 #[derive(Debug, Args)]
 pub struct CommonArgs {
-    /// Address of the admin server (/metrics, /healthz, /readyz).
-    #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:8080", global = true)]
+    /// Address of the admin server (/metrics, /healthz, /readyz): `IP:PORT`, or `[IP]:PORT` for
+    /// either family (the chart passes the node's address from the downward API that way).
+    #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:8080", global = true, value_parser = socket_address)]
     pub admin_addr: SocketAddr,
     /// Log line format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true)]
@@ -234,6 +235,11 @@ pub struct AgentArgs {
         default_value = "app.kubernetes.io/component=linstor-satellite"
     )]
     pub satellite_pod_label: String,
+    /// Namespace of the LINSTOR satellite pods: only pods there map DRBD peer names to nodes, so
+    /// that a pod labelled like a satellite elsewhere cannot redirect a fail-over. Default: the
+    /// agent's own namespace (POD_NAMESPACE).
+    #[arg(long, env = "SATELLITE_NAMESPACE")]
+    pub satellite_namespace: Option<String>,
     /// Label selector of the storage nodes (the guard's fraction counts only these). Default: all.
     #[arg(long, env = "NODE_SELECTOR", default_value = "")]
     pub node_selector: String,
@@ -245,9 +251,35 @@ pub struct AgentArgs {
     pub lease_duration_seconds: u32,
 }
 
+/// `IP:PORT`, `[IPv6]:PORT`, and also `[IPv4]:PORT`, which Rust's own parser refuses.
+pub fn socket_address(value: &str) -> Result<SocketAddr, String> {
+    let bracketed = value
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once("]:"))
+        .and_then(|(ip, port)| Some(SocketAddr::new(ip.parse().ok()?, port.parse().ok()?)));
+    bracketed
+        .or_else(|| value.parse().ok())
+        .ok_or_else(|| format!("{value:?} is not an address: write IP:PORT or [IP]:PORT"))
+}
+
 fn fraction(value: &str) -> Result<f64, String> {
     match value.parse::<f64>() {
         Ok(f) if (0.0..=1.0).contains(&f) => Ok(f),
         _ => Err(format!("{value:?} is not a fraction between 0 and 1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_addresses_of_either_family_with_or_without_brackets() {
+        let parsed = |value| socket_address(value).map(|a| a.to_string());
+        assert_eq!(parsed("0.0.0.0:8080"), Ok("0.0.0.0:8080".into()));
+        assert_eq!(parsed("[10.0.0.7]:9820"), Ok("10.0.0.7:9820".into()));
+        assert_eq!(parsed("[fd00::7]:9820"), Ok("[fd00::7]:9820".into()));
+        assert!(parsed("[node-a]:9820").unwrap_err().contains("[IP]:PORT"));
+        assert!(parsed("10.0.0.7").is_err());
     }
 }

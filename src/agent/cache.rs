@@ -37,7 +37,7 @@ impl Cache {
     pub fn start(
         client: &Client,
         node: &str,
-        satellite_selector: &str,
+        (satellite_namespace, satellite_selector): (&str, &str),
         lease_namespace: &str,
         received: &IntCounterVec,
     ) -> (Self, BoxStream<'static, ()>) {
@@ -55,7 +55,7 @@ impl Cache {
             counter("nodes"),
         );
         let (satellites, satellite_changes) = reflect(
-            Api::all(client.clone()),
+            Api::namespaced(client.clone(), satellite_namespace),
             all().labels(satellite_selector),
             trim_pod,
             counter("satellites"),

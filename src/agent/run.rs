@@ -85,8 +85,14 @@ pub async fn run(
         timeout,
     );
     let heartbeat_task = tokio::spawn(heartbeat.clone().run(shutdown.clone()));
+    let satellite_namespace = args
+        .satellite_namespace
+        .as_deref()
+        .filter(|namespace| !namespace.is_empty())
+        .unwrap_or(&args.lease_namespace);
     tracing::info!(
         node = %args.node_name,
+        satellite_namespace,
         dry_run = args.dry_run,
         drbd_status_interval = %args.drbd_status_interval,
         fail_over_timeout = %args.fail_over_timeout,
@@ -100,7 +106,7 @@ pub async fn run(
     let (cache, mut kube_changes) = Cache::start(
         &client,
         &args.node_name,
-        &args.satellite_pod_label,
+        (satellite_namespace, &args.satellite_pod_label),
         &args.lease_namespace,
         &metrics.watch_events,
     );
