@@ -6,7 +6,7 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::drbd::{resource, slice_addresses};
+use common::drbd::{NODE_LABEL, resource, slice_addresses};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
 use serde::Deserialize;
@@ -109,7 +109,39 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         .filter(|e| e["valueFrom"].is_object())
         .map(|e| e["name"].as_str().unwrap())
         .collect();
-    assert_eq!(downward, ["NODE_NAME", "NODE_IP", "POD_NAMESPACE"]);
+    assert_eq!(downward, ["HOST_IP", "NODE_NAME", "NODE_IP", "POD_NAMESPACE"]);
+    assert_eq!(
+        env_value(agent, "ADMIN_ADDR"),
+        Some("[$(HOST_IP)]:9820"),
+        "on the host network the agent listens on the node's own address"
+    );
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    for pod in [pod, &deployment["spec"]["template"]["spec"]] {
+        assert_eq!(pod["enableServiceLinks"], false, "no Service links in the environment");
+    }
+    let policies: Vec<&str> = defaults
+        .iter()
+        .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies.len(), 5, "{policies:?}");
+    for policy in &policies {
+        let binding = find(&defaults, "ValidatingAdmissionPolicyBinding", policy);
+        assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    }
+    let attachments = find(
+        &defaults,
+        "ValidatingAdmissionPolicy",
+        "demo-shared-volume-controller-agent-attachments",
+    );
+    assert!(
+        attachments["spec"]["validations"][0]["expression"]
+            .as_str()
+            .unwrap()
+            .contains(r#"["linstor.csi.linbit.com"]"#)
+    );
+    let without = template(&["admissionPolicies.enabled=false"]);
+    assert!(!without.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
     let tolerated: Vec<&str> = pod["tolerations"]
         .as_array()
         .unwrap()
@@ -140,7 +172,8 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         "agent.flags.node-drain-policy=evacuate",
         "agent.useNodeInternalIP=true",
         "agent.tolerations[0].operator=Exists",
-        "priorityClassName=system-node-critical",
+        "controller.priorityClassName=system-cluster-critical",
+        "agent.adminAddress=0.0.0.0",
         "metrics.serviceMonitor.enabled=true",
         "metrics.serviceMonitor.labels.release=prometheus",
         "metrics.podMonitor.enabled=true",
@@ -152,7 +185,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     assert_eq!(deployment["spec"]["replicas"], 3);
     assert_eq!(
         deployment["spec"]["template"]["spec"]["priorityClassName"],
-        "system-node-critical"
+        "system-cluster-critical"
     );
     assert_eq!(
         env_value(
@@ -164,6 +197,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     let agent_pod = &find(&custom, "DaemonSet", "demo-shared-volume-controller-agent")["spec"]["template"]["spec"];
     let agent = &agent_pod["containers"][0];
     assert_eq!(env_value(agent, "DRY_RUN"), Some("true"));
+    assert_eq!(env_value(agent, "ADMIN_ADDR"), Some("[0.0.0.0]:9820"));
     assert_eq!(env_value(agent, "NODE_DRAIN_POLICY"), Some("evacuate"));
     assert!(agent["env"].as_array().unwrap().iter().all(|e| e["name"] != "NODE_IP"));
     assert_eq!(agent_pod["tolerations"].as_array().unwrap().len(), 3);
@@ -246,8 +280,10 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
             true,
         ),
         (&controller, elsewhere, "create", "events.events.k8s.io", true),
-        (&controller, ns, "update", "leases.coordination.k8s.io", true),
-        (&controller, elsewhere, "update", "leases.coordination.k8s.io", false),
+        (&controller, ns, "create", "leases.coordination.k8s.io", true),
+        (&controller, ns, "update", "leases.coordination.k8s.io", false),
+        (&controller, ns, "patch", "leases.coordination.k8s.io", false),
+        (&controller, elsewhere, "create", "leases.coordination.k8s.io", false),
         (&controller, elsewhere, "delete", "services", false),
         (&controller, elsewhere, "delete", "pods", false),
         (&controller, elsewhere, "create", "pods/eviction", false),
@@ -266,8 +302,11 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         (&agent, elsewhere, "patch", "endpointslices.discovery.k8s.io", true),
         (&agent, elsewhere, "patch", "endpoints", true),
         (&agent, elsewhere, "create", "events.events.k8s.io", true),
-        (&agent, ns, "update", "leases.coordination.k8s.io", true),
-        (&agent, elsewhere, "update", "leases.coordination.k8s.io", false),
+        (&agent, ns, "patch", "leases.coordination.k8s.io", true),
+        (&agent, ns, "update", "leases.coordination.k8s.io", false),
+        (&agent, elsewhere, "patch", "leases.coordination.k8s.io", false),
+        (&agent, ns, "get", "volumeattachments.storage.k8s.io", false),
+        (&agent, ns, "get", "persistentvolumes", false),
         (&agent, elsewhere, "create", "services", false),
         (&agent, elsewhere, "delete", "services", false),
         (&agent, elsewhere, "delete", "endpointslices.discovery.k8s.io", false),
@@ -293,6 +332,7 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     );
 
     run_as_the_charts_service_accounts(&env, &controller, &agent).await;
+    what_an_attacker_tries_is_refused(&env, &controller, &agent).await;
 
     run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
     assert!(!get("clusterrole", &name("controller"), false), "cluster roles removed");
@@ -382,4 +422,268 @@ async fn run_as_the_charts_service_accounts(env: &TestEnv, controller_sa: &str, 
         let text = std::fs::read_to_string(&log).unwrap().to_lowercase();
         assert!(!text.contains("forbidden"), "RBAC too tight, see {}", log.display());
     }
+}
+
+/// A client acting as `service_account`.
+async fn client_as(env: &TestEnv, service_account: &str, name: &str) -> kube::Client {
+    let path = kubeconfig_as(env, service_account, name);
+    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
+/// `None` when the apiserver refused the write: RBAC (403) or an admission policy (422); else
+/// what went wrong, for the test's report.
+fn refused<T>(what: &str, result: Result<T, kube::Error>) -> Option<String> {
+    match result {
+        Err(kube::Error::Api(status)) if status.code == 403 => None,
+        Err(kube::Error::Api(status)) if status.code == 422 && status.message.contains("ValidatingAdmissionPolicy") => {
+            None
+        }
+        Err(err) => Some(format!("{what}: failed otherwise: {err}")),
+        Ok(_) => Some(format!("{what}: allowed")),
+    }
+}
+
+/// With the chart's policies on, each account tries what an attacker holding it would; every
+/// write is refused and the objects are as they were. Then each does one write of its own job on
+/// the same kinds, which goes through.
+async fn what_an_attacker_tries_is_refused(env: &TestEnv, controller_sa: &str, agent_sa: &str) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::api::core::v1::{Endpoints, Node, PersistentVolume, Service};
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use k8s_openapi::api::storage::v1::VolumeAttachment;
+    use kube::Api;
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+
+    let admin = env.client.clone();
+    let victim_ns = format!("{}-victim", env.ns);
+    let create = PostParams::default();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+    namespaces
+        .create(
+            &create,
+            &serde_json::from_value(json!({"metadata": {"name": victim_ns}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    fn objects<K: serde::de::DeserializeOwned>(kind: &str, value: Value) -> K {
+        serde_json::from_value(value).unwrap_or_else(|err| panic!("{kind}: {err}"))
+    }
+    let web: Service = objects(
+        "Service",
+        json!({"metadata": {"name": "web"}, "spec": {"ports": [{"name": "nfs", "port": 2049}]}}),
+    );
+    Api::<Service>::namespaced(admin.clone(), &victim_ns)
+        .create(&create, &web)
+        .await
+        .unwrap();
+    let web_endpoints: Endpoints = objects(
+        "Endpoints",
+        json!({"metadata": {"name": "web"}, "subsets": [{"addresses": [{"ip": "10.1.1.1"}], "ports": [{"name": "nfs", "port": 2049}]}]}),
+    );
+    Api::<Endpoints>::namespaced(admin.clone(), &victim_ns)
+        .create(&create, &web_endpoints)
+        .await
+        .unwrap();
+    let node_name = format!("{}-victim", env.id);
+    let node: Node = objects(
+        "Node",
+        json!({"metadata": {"name": node_name, "labels": {NODE_LABEL: env.id}},
+               "spec": {"taints": [{"key": "example.com/foreign", "effect": "NoSchedule"}]}}),
+    );
+    Api::<Node>::all(admin.clone()).create(&create, &node).await.unwrap();
+    let pv_name = env.pv_name("victim");
+    env.create_pv(&pv_name, "victim", None, "ReadWriteMany", "", Default::default())
+        .await;
+    let foreign_attachment = format!("{}-foreign", env.id);
+    let attachment: VolumeAttachment = objects(
+        "VolumeAttachment",
+        json!({"metadata": {"name": foreign_attachment},
+               "spec": {"attacher": "ebs.csi.aws.com", "nodeName": node_name, "source": {"persistentVolumeName": pv_name}}}),
+    );
+    Api::<VolumeAttachment>::all(admin.clone())
+        .create(&create, &attachment)
+        .await
+        .unwrap();
+    let controller_lease = "shared-volume-controller";
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), &env.ns);
+    if leases.get_opt(controller_lease).await.unwrap().is_none() {
+        let lease: Lease = objects("Lease", json!({"metadata": {"name": controller_lease}}));
+        leases.create(&create, &lease).await.unwrap();
+    }
+
+    let merge = |value: Value| Patch::Merge(value);
+    let patch = PatchParams::default();
+    let ours_elsewhere: Value = json!({
+        "metadata": {
+            "name": "web",
+            "labels": {"app.kubernetes.io/managed-by": "shared-volume-controller", "kubernetes.io/service-name": "web"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "x",
+                                 "uid": "00000000-0000-0000-0000-000000000001"}],
+        },
+    });
+    let mut wrong = Vec::new();
+    // Endpoints and EndpointSlices of an unrelated Service, by both accounts.
+    for (who, sa) in [("controller", controller_sa), ("agent", agent_sa)] {
+        let client = client_as(env, sa, &format!("{who}-attacker")).await;
+        let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), &victim_ns);
+        let evil = json!({"subsets": [{"addresses": [{"ip": "10.66.6.6"}], "ports": [{"name": "nfs", "port": 2049}]}]});
+        wrong.extend(refused(
+            &format!("{who} patches Endpoints of an unrelated Service"),
+            endpoints.patch("web", &patch, &merge(evil.clone())).await,
+        ));
+        let mut disguised = ours_elsewhere.clone();
+        disguised["subsets"] = evil["subsets"].clone();
+        wrong.extend(refused(
+            &format!("{who} relabels an unrelated Service's Endpoints as ours"),
+            endpoints.patch("web", &patch, &merge(disguised)).await,
+        ));
+        let mut slice = ours_elsewhere.clone();
+        slice["metadata"]["name"] = json!("web-extra");
+        slice["addressType"] = json!("IPv4");
+        slice["endpoints"] = json!([{"addresses": ["10.66.6.6"]}]);
+        slice["ports"] = json!([{"name": "nfs", "port": 2049}]);
+        wrong.extend(refused(
+            &format!("{who} creates an EndpointSlice for an unrelated Service"),
+            Api::<EndpointSlice>::namespaced(client.clone(), &victim_ns)
+                .create(&create, &objects("EndpointSlice", slice))
+                .await,
+        ));
+        let pvs: Api<PersistentVolume> = Api::all(client.clone());
+        for (change, value) in [
+            (
+                "claimRef",
+                json!({"spec": {"claimRef": {"namespace": victim_ns, "name": "stolen"}}}),
+            ),
+            (
+                "reclaim policy",
+                json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}}),
+            ),
+            (
+                "foreign annotation",
+                json!({"metadata": {"annotations": {"example.com/x": "y"}}}),
+            ),
+        ] {
+            wrong.extend(refused(
+                &format!("{who} changes a PV's {change}"),
+                pvs.patch(&pv_name, &patch, &merge(value)).await,
+            ));
+        }
+    }
+    // What only the agent could try.
+    let agent = client_as(env, agent_sa, "agent-attacker").await;
+    let nodes: Api<Node> = Api::all(agent.clone());
+    let stored = Api::<Node>::all(admin.clone()).get(&node_name).await.unwrap();
+    let mut taints = serde_json::to_value(stored.spec.as_ref().unwrap().taints.clone().unwrap()).unwrap();
+    let mut with_foreign = taints.clone();
+    with_foreign
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "example.com/evil", "effect": "NoExecute"}));
+    let without_foreign: Vec<Value> = taints
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["key"] != "example.com/foreign")
+        .cloned()
+        .collect();
+    for (change, value) in [
+        (
+            "adds a label to a Node",
+            json!({"metadata": {"labels": {"example.com/x": "y"}}}),
+        ),
+        ("adds a foreign taint", json!({"spec": {"taints": with_foreign}})),
+        ("removes a foreign taint", json!({"spec": {"taints": without_foreign}})),
+        ("cordons a Node", json!({"spec": {"unschedulable": true}})),
+    ] {
+        wrong.extend(refused(
+            &format!("agent {change}"),
+            nodes.patch(&node_name, &patch, &merge(value)).await,
+        ));
+    }
+    wrong.extend(refused(
+        "agent deletes a VolumeAttachment of another driver",
+        Api::<VolumeAttachment>::all(agent.clone())
+            .delete(&foreign_attachment, &DeleteParams::default())
+            .await,
+    ));
+    let holder = json!({"spec": {"holderIdentity": "attacker"}});
+    wrong.extend(refused(
+        "agent takes the controller's Lease",
+        Api::<Lease>::namespaced(agent.clone(), &env.ns)
+            .patch(controller_lease, &patch, &merge(holder.clone()))
+            .await,
+    ));
+    let controller = client_as(env, controller_sa, "controller-attacker").await;
+    wrong.extend(refused(
+        "controller retargets an unrelated Service",
+        Api::<Service>::namespaced(controller.clone(), &victim_ns)
+            .patch(
+                "web",
+                &patch,
+                &merge(json!({"spec": {"ports": [{"name": "nfs", "port": 2049, "targetPort": 9}]}})),
+            )
+            .await,
+    ));
+    wrong.extend(refused(
+        "controller writes another Lease",
+        Api::<Lease>::namespaced(controller.clone(), &env.ns)
+            .create(
+                &create,
+                &objects("Lease", json!({"metadata": {"name": "shared-volume-agent-x"}})),
+            )
+            .await,
+    ));
+    assert!(wrong.is_empty(), "writes an attacker could make:\n{}", wrong.join("\n"));
+
+    let endpoints = Api::<Endpoints>::namespaced(admin.clone(), &victim_ns)
+        .get("web")
+        .await
+        .unwrap();
+    assert_eq!(
+        endpoints.subsets.unwrap()[0].addresses.as_ref().unwrap()[0].ip,
+        "10.1.1.1"
+    );
+    let pv = env.pvs().get(&pv_name).await.unwrap();
+    assert_eq!(
+        pv.spec.as_ref().unwrap().persistent_volume_reclaim_policy.as_deref(),
+        Some("Delete")
+    );
+    let stored = Api::<Node>::all(admin.clone()).get(&node_name).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(stored.spec.unwrap().taints.unwrap()).unwrap(),
+        taints
+    );
+    assert!(!stored.metadata.labels.unwrap().contains_key("example.com/x"));
+
+    // The agent's own writes on the same objects still go through.
+    taints
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"key": "drbd.linbit.com/lost-quorum", "value": "fail-over", "effect": "NoSchedule"}));
+    nodes
+        .patch(&node_name, &patch, &merge(json!({"spec": {"taints": taints}})))
+        .await
+        .expect("the agent adds a drbd.linbit.com taint");
+    Api::<PersistentVolume>::all(agent.clone())
+        .patch(
+            &pv_name,
+            &patch,
+            &merge(json!({"metadata": {"annotations": {common::SERVICE_ENDPOINT: "10.0.0.9:2049"}}})),
+        )
+        .await
+        .expect("the agent publishes a service endpoint");
+    let own_attachment = env.attachment("own", &pv_name, &node_name).await;
+    Api::<VolumeAttachment>::all(agent.clone())
+        .delete(&own_attachment, &DeleteParams::default())
+        .await
+        .expect("the agent deletes an attachment of the storage's driver");
+
+    let _ = namespaces.delete(&victim_ns, &DeleteParams::default()).await;
+    let _ = Api::<VolumeAttachment>::all(admin.clone())
+        .delete(&foreign_attachment, &DeleteParams::default())
+        .await;
 }

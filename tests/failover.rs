@@ -430,3 +430,44 @@ async fn garbage_from_events2_does_not_stop_the_reactions() {
     );
     teardown(env, vec![agent]).await;
 }
+
+/// A pod labelled like a LINSTOR satellite but outside the agents' namespace, named like node a's
+/// DRBD peer and placed on node c, cannot redirect a's fail-over onto c: only satellites in
+/// `--satellite-namespace` (default: the agent's own) map DRBD peers to nodes.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_satellite_look_alike_elsewhere_cannot_redirect_a_fail_over() {
+    let (env, nodes, pv) = app_on_node_a("failover-satellite").await;
+    let elsewhere = format!("{}-elsewhere", env.ns);
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(env.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": elsewhere}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let look_alike: Pod = serde_json::from_value(json!({
+        "metadata": {"name": nodes[0].name, "labels": {"app.kubernetes.io/component": "linstor-satellite"}},
+        "spec": {"nodeName": nodes[2].name, "automountServiceAccountToken": false,
+                 "containers": [{"name": "satellite", "image": "busybox"}]},
+    }))
+    .unwrap();
+    let foreign_pods: Api<Pod> = Api::namespaced(env.client.clone(), &elsewhere);
+    eventually("the look-alike satellite created", WAIT, || async {
+        // Pod admission waits for the namespace's default ServiceAccount.
+        foreign_pods.create(&PostParams::default(), &look_alike).await.ok()
+    })
+    .await;
+    let mut agents = Vec::new();
+    for node in &nodes {
+        agents.push(env.start_agent(node, &[]).await);
+    }
+    agents.remove(0).stop().await;
+    lost(&nodes, &[&pv], 0, None);
+    wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
+    wait_for_eviction(&env, "app").await;
+    assert_eq!(drbd_taints(&env, &nodes[2].name).await, None, "node c is left alone");
+    let _ = namespaces.delete(&elsewhere, &DeleteParams::default()).await;
+    teardown(env, agents).await;
+}

@@ -44,3 +44,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 {{- end -}}
+
+{{/* A service account's user name in admission requests: pass (dict "root" $ "component" "agent"). */}}
+{{- define "svc.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" .root.Release.Namespace (include "svc.componentName" .) -}}
+{{- end -}}
+
+{{/* The binding that enforces one of the chart's admission policies: pass (dict "root" $ "policy" name). */}}
+{{- define "svc.policyBinding" -}}
+apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {{ .policy }}
+  labels: {{- include "svc.labels" .root | nindent 4 }}
+spec:
+  policyName: {{ .policy }}
+  validationActions: [Deny]
+{{- end -}}
