@@ -37,7 +37,7 @@ work_module() {
 }
 
 build_kubernetes() {
-  local want=(kube-apiserver kube-controller-manager kubectl)
+  local want=(kube-apiserver kube-controller-manager kubectl kube-proxy)
   local missing=0
   for b in "${want[@]}"; do [[ -x "$bin_dir/$b" ]] || missing=1; done
   ((missing)) || return 0
@@ -45,7 +45,7 @@ build_kubernetes() {
   local v=$KUBERNETES_VERSION staging_v="v0.${KUBERNETES_VERSION#v1.}"
   local dir
   dir=$(work_module "kubernetes-$v")
-  log "building kube-apiserver, kube-controller-manager, kubectl $v from k8s.io/kubernetes (cold: 15-30 minutes)"
+  log "building kube-apiserver, kube-controller-manager, kubectl, kube-proxy $v from k8s.io/kubernetes (cold: 15-30 minutes)"
   (
     cd "$dir"
     # k8s.io/kubernetes replaces its staging modules with local paths; a module that depends on it
@@ -74,6 +74,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
     go mod tidy -e >/dev/null 2>&1 || true
@@ -157,6 +158,13 @@ install_debian_packages() {
   command -v jq >/dev/null || need+=(jq)
   command -v openssl >/dev/null || need+=(openssl)
   python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
+  # The NFS data path: kube-proxy's iptables rules, a userspace NFS server and client, namespaces.
+  command -v iptables >/dev/null || need+=(iptables)
+  command -v conntrack >/dev/null || need+=(conntrack)
+  command -v ip >/dev/null || need+=(iproute2)
+  command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha)
+  [[ -n $(find /usr/lib -name libfsalvfs.so -print -quit 2>/dev/null) ]] || need+=(nfs-ganesha-vfs)
+  command -v nfs-cat >/dev/null || need+=(libnfs-utils)
   ((${#need[@]})) || return 0
   log "installing Debian packages: ${need[*]}"
   local sudo=""
