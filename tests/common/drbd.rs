@@ -76,11 +76,21 @@ pub fn resource(name: &str, role: &str, quorum: bool, peers: &[(&str, &str, &str
 impl TestEnv {
     /// Creates Ready Nodes `<id>-<name>` with InternalIP `10.77.0.<n>` and a state directory each.
     pub async fn sim_nodes(&self, names: &[&str]) -> Vec<SimNode> {
+        let at: Vec<(&str, String)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, short)| (*short, format!("10.77.0.{}", i + 1)))
+            .collect();
+        self.sim_nodes_at(&at).await
+    }
+
+    /// Like [`TestEnv::sim_nodes`], each node `(name, InternalIP)`.
+    pub async fn sim_nodes_at(&self, at: &[(&str, String)]) -> Vec<SimNode> {
         let nodes: Api<Node> = Api::all(self.client.clone());
         let mut created = Vec::new();
-        for (i, short) in names.iter().enumerate() {
+        for (short, ip) in at {
             let name = format!("{}-{short}", self.id);
-            let ip = format!("10.77.0.{}", i + 1);
+            let ip = ip.clone();
             let node: Node = serde_json::from_value(json!({
                 "metadata": {"name": name, "labels": {NODE_LABEL: self.id}},
             }))

@@ -2,7 +2,9 @@
 //! `KUBECONFIG` (started by `make test`), each test in a namespace of its own.
 #![allow(dead_code)]
 
+pub mod datapath;
 pub mod drbd;
+pub mod outage;
 pub mod process;
 pub mod prometheus;
 pub mod storageos;

@@ -1,0 +1,445 @@
+//! The NFS data path of the simulated cluster, on this machine: each simulated node is a network
+//! namespace holding its InternalIP behind a veth pair, with an NFS server (nfs-ganesha) in it
+//! while it serves the volume; the real kube-proxy turns Services and EndpointSlices into the
+//! host's NAT rules; a userspace NFS client (libnfs) reaches the volume through its ClusterIP.
+//!
+//! Network rule: traffic goes only to loopback or into namespaces made here. The service range is
+//! routed into a sink namespace that owns no address in it (a ClusterIP without a NAT rule reaches
+//! nothing), and the nodes' range is unreachable but through their own links (a node whose link
+//! is down is unreachable, not routed elsewhere), and firewall rules drop and count any packet for
+//! those ranges that would still leave through another interface. Dropping the [`DataPath`] removes every process,
+//! namespace, link, route and rule it added, whatever happened.
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use super::TestEnv;
+use super::drbd::SimNode;
+
+/// `hack/cluster.sh`'s `--service-cluster-ip-range`.
+const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The simulated nodes' addresses: node k (1-based) is 10.211.k.2, its host side 10.211.k.1;
+/// the sink is 10.211.0.x.
+const NODE_RANGE: &str = "10.211.0.0/16";
+/// Every namespace and host link made here starts with this, so a run can remove what a killed
+/// run left behind.
+const PREFIX: &str = "svcdp";
+/// Where the volume is exported on every node's NFS server.
+pub const EXPORT: &str = "/export";
+/// Comment on the rules that keep the traffic of the data path on this machine.
+const FENCE: &str = "svcdp-fence";
+/// The fence: packets to the service or node ranges, or forwarded from the nodes, that would
+/// leave through any interface but the data path's own are dropped and counted.
+const FENCE_RULES: [[&str; 2]; 3] = [["OUTPUT", "-d"], ["OUTPUT", "-d"], ["FORWARD", "-s"]];
+const FENCED_RANGES: [&str; 3] = [NODE_RANGE, SERVICE_CIDR, NODE_RANGE];
+
+/// The longest one client operation may take.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+struct NodeLink {
+    netns: String,
+    host_link: String,
+    ip: String,
+    server: Option<Child>,
+}
+
+pub struct DataPath {
+    dir: PathBuf,
+    /// The replicated volume's contents, which every node's NFS server exports in turn.
+    pub export_dir: PathBuf,
+    pub nodes: Vec<SimNode>,
+    links: Vec<NodeLink>,
+    sink: NodeLink,
+    proxy: Option<Child>,
+    proxy_node: String,
+    pub proxy_log: PathBuf,
+}
+
+fn tool(name: &str) -> Command {
+    Command::new(
+        std::env::var("SVC_TOOLS_BIN")
+            .map(|bin| format!("{bin}/{name}"))
+            .unwrap_or_else(|_| name.to_owned()),
+    )
+}
+
+/// Runs a command that must succeed.
+fn must(program: &str, args: &[&str]) {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {program}: {err}"));
+    assert!(
+        output.status.success(),
+        "{program} {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Runs a cleanup command; failures (already gone) are fine.
+fn quietly(program: &str, args: &[&str]) {
+    let _ = Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Sends SIGTERM, and SIGKILL after two seconds.
+fn stop(child: &mut Child) {
+    quietly("kill", &["-TERM", &child.id().to_string()]);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+impl NodeLink {
+    /// A namespace `netns` with `10.211.<k>.2/24` on its end of a veth pair, the host's end
+    /// `host_link` with `.1`, and its default route back through the host.
+    fn create(netns: String, host_link: String, k: usize) -> Self {
+        let (host_ip, ip) = (format!("10.211.{k}.1"), format!("10.211.{k}.2"));
+        must("ip", &["netns", "add", &netns]);
+        must(
+            "ip",
+            &[
+                "link", "add", &host_link, "type", "veth", "peer", "name", "eth0", "netns", &netns,
+            ],
+        );
+        must("ip", &["addr", "add", &format!("{host_ip}/24"), "dev", &host_link]);
+        must("ip", &["link", "set", &host_link, "up"]);
+        must("ip", &["-n", &netns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"]);
+        must("ip", &["-n", &netns, "link", "set", "eth0", "up"]);
+        must("ip", &["-n", &netns, "link", "set", "lo", "up"]);
+        must("ip", &["-n", &netns, "route", "add", "default", "via", &host_ip]);
+        Self {
+            netns,
+            host_link,
+            ip,
+            server: None,
+        }
+    }
+
+    fn remove(&mut self) {
+        if let Some(mut server) = self.server.take() {
+            stop(&mut server);
+        }
+        quietly("ip", &["link", "del", &self.host_link]);
+        quietly("ip", &["netns", "del", &self.netns]);
+    }
+}
+
+/// Removes the namespaces and links of an earlier run that was killed before it could.
+fn remove_leftovers() {
+    let listed = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    for line in String::from_utf8_lossy(&listed.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        if name.starts_with(PREFIX) {
+            quietly("ip", &["netns", "del", name]);
+        }
+    }
+    let links = Command::new("ip").args(["-o", "link", "show"]).output().unwrap();
+    for line in String::from_utf8_lossy(&links.stdout).lines() {
+        let name = line.split(": ").nth(1).unwrap_or("").split('@').next().unwrap_or("");
+        if name.starts_with(PREFIX) {
+            quietly("ip", &["link", "del", name]);
+        }
+    }
+    quietly("ip", &["route", "del", "unreachable", NODE_RANGE]);
+    quietly("ip", &["route", "del", SERVICE_CIDR]);
+    remove_proxy_rules();
+    fence("-D");
+}
+
+/// Adds (`-I`) or removes (`-D`) the fence rules.
+fn fence(action: &str) {
+    let out_of_bounds = format!("{PREFIX}+");
+    for ([chain, direction], range) in FENCE_RULES.iter().zip(FENCED_RANGES) {
+        let rule = [
+            action,
+            chain,
+            direction,
+            range,
+            "!",
+            "-o",
+            &out_of_bounds,
+            "-m",
+            "comment",
+            "--comment",
+            FENCE,
+            "-j",
+            "DROP",
+        ];
+        if action == "-I" {
+            must("iptables", &rule);
+        } else {
+            quietly("iptables", &rule);
+        }
+    }
+}
+
+/// Packets the fence stopped so far.
+pub fn fenced_packets() -> u64 {
+    let rules = Command::new("iptables-save").arg("-c").output().unwrap();
+    String::from_utf8_lossy(&rules.stdout)
+        .lines()
+        .filter(|line| line.contains(FENCE))
+        .filter_map(|line| line.strip_prefix('[')?.split(':').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// `kube-proxy --cleanup`, then the one chain it leaves in the filter tables.
+fn remove_proxy_rules() {
+    let _ = tool("kube-proxy")
+        .arg("--cleanup")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+    for iptables in ["iptables", "ip6tables"] {
+        for chain in ["INPUT", "OUTPUT"] {
+            quietly(iptables, &["-D", chain, "-j", "KUBE-FIREWALL"]);
+        }
+        quietly(iptables, &["-F", "KUBE-FIREWALL"]);
+        quietly(iptables, &["-X", "KUBE-FIREWALL"]);
+    }
+}
+
+impl DataPath {
+    /// Builds the data path for simulated nodes `names` (Node objects included) and starts
+    /// kube-proxy with a Node of its own.
+    pub async fn up(env: &TestEnv, names: &[&str]) -> Self {
+        assert!(
+            Command::new("id")
+                .arg("-u")
+                .output()
+                .unwrap()
+                .stdout
+                .starts_with(b"0\n"),
+            "the NFS data path needs root (network namespaces, iptables): run `make test` as root"
+        );
+        remove_leftovers();
+        let dir = std::env::temp_dir().join(format!("svc-e2e-datapath-{}", env.id));
+        let _ = std::fs::remove_dir_all(&dir);
+        let export_dir = dir.join("export");
+        std::fs::create_dir_all(&export_dir).unwrap();
+
+        let sink = NodeLink::create(format!("{PREFIX}-{}-sink", env.id), format!("{PREFIX}{}s", env.id), 0);
+        fence("-I");
+        must("ip", &["route", "add", "unreachable", NODE_RANGE]);
+        must(
+            "ip",
+            &[
+                "route",
+                "add",
+                SERVICE_CIDR,
+                "dev",
+                &sink.host_link,
+                "src",
+                "10.211.0.1",
+            ],
+        );
+        let links: Vec<NodeLink> = names
+            .iter()
+            .enumerate()
+            .map(|(i, short)| {
+                NodeLink::create(
+                    format!("{PREFIX}-{}-{short}", env.id),
+                    format!("{PREFIX}{}{}", env.id, i + 1),
+                    i + 1,
+                )
+            })
+            .collect();
+        let at: Vec<(&str, String)> = names.iter().copied().zip(links.iter().map(|l| l.ip.clone())).collect();
+        let nodes = env.sim_nodes_at(&at).await;
+
+        let proxy_node = format!("{}-kube-proxy", env.id);
+        let node: Node = serde_json::from_value(json!({"metadata": {"name": proxy_node}})).unwrap();
+        let api: Api<Node> = Api::all(env.client.clone());
+        api.create(&PostParams::default(), &node).await.unwrap();
+        let status = json!({"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+        }});
+        api.patch_status(&proxy_node, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .unwrap();
+        let proxy_log = dir.join("kube-proxy.log");
+        let mut path = Self {
+            dir,
+            export_dir,
+            nodes,
+            links,
+            sink,
+            proxy: None,
+            proxy_node,
+            proxy_log,
+        };
+        path.proxy = Some(path.start_proxy());
+        path
+    }
+
+    fn start_proxy(&self) -> Child {
+        let kubeconfig = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+        let log = std::fs::File::create(&self.proxy_log).unwrap();
+        tool("kube-proxy")
+            .args(["--kubeconfig", &kubeconfig, "--hostname-override", &self.proxy_node])
+            .args(["--proxy-mode", "iptables", "--iptables-min-sync-period", "0"])
+            .args(["--bind-address", "127.0.0.1", "--nodeport-addresses", "127.0.0.1/32"])
+            .args(["--metrics-bind-address", "", "--healthz-bind-address", ""])
+            // Leave the machine's conntrack limits as they are.
+            .args(["--conntrack-max-per-core", "0"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start kube-proxy (built by hack/tools.sh)")
+    }
+
+    /// Starts node `index`'s NFS server over the shared export, as promotion would, and waits
+    /// until it accepts connections.
+    pub fn start_nfs(&mut self, index: usize) {
+        let link = &mut self.links[index];
+        let state = self.dir.join(&link.netns);
+        std::fs::create_dir_all(state.join("recovery")).unwrap();
+        let config = state.join("ganesha.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "NFS_CORE_PARAM {{ Protocols = 4; NFS_Port = 2049; Enable_NLM = false; Enable_RQUOTA = false; Bind_addr = {ip}; }}\n\
+                 NFSv4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {recovery}; Lease_Lifetime = 10; }}\n\
+                 EXPORT {{ Export_Id = 1; Path = {export}; Pseudo = {EXPORT}; Access_Type = RW; Squash = No_Root_Squash; \
+                 SecType = sys; Protocols = 4; Transports = TCP; FSAL {{ Name = VFS; }} }}\n",
+                ip = link.ip,
+                recovery = state.join("recovery").display(),
+                export = self.export_dir.display(),
+            ),
+        )
+        .unwrap();
+        let server = Command::new("ip")
+            .args(["netns", "exec", &link.netns, "ganesha.nfsd", "-F", "-N", "NIV_EVENT"])
+            .arg("-f")
+            .arg(&config)
+            .arg("-L")
+            .arg(state.join("ganesha.log"))
+            .arg("-p")
+            .arg(state.join("ganesha.pid"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ganesha.nfsd (Debian package nfs-ganesha)");
+        link.server = Some(server);
+        let address: SocketAddr = format!("{}:2049", link.ip).parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "NFS server of {} not listening after 20 s; see {}",
+                link.netns,
+                state.join("ganesha.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Node `index` is lost: its NFS server stops and its link goes down.
+    pub fn fail(&mut self, index: usize) {
+        let link = &mut self.links[index];
+        if let Some(mut server) = link.server.take() {
+            stop(&mut server);
+        }
+        must("ip", &["link", "set", &link.host_link, "down"]);
+    }
+
+    /// Whether kube-proxy's rules send `namespace/service`'s NFS port to `ip`.
+    pub fn programmed(&self, namespace: &str, service: &str, ip: &str) -> bool {
+        let rules = Command::new("iptables-save").args(["-t", "nat"]).output().unwrap();
+        let wanted = format!("\"{namespace}/{service}:nfs -> {ip}:2049\"");
+        String::from_utf8_lossy(&rules.stdout).contains(&wanted)
+    }
+}
+
+impl Drop for DataPath {
+    fn drop(&mut self) {
+        for link in &mut self.links {
+            link.remove();
+        }
+        if let Some(mut proxy) = self.proxy.take() {
+            stop(&mut proxy);
+        }
+        remove_proxy_rules();
+        quietly("ip", &["route", "del", SERVICE_CIDR]);
+        quietly("ip", &["route", "del", "unreachable", NODE_RANGE]);
+        self.sink.remove();
+        fence("-D");
+        let _ = tool("kubectl")
+            .args(["delete", "node", &self.proxy_node, "--wait=false"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// Runs a libnfs command, killed after [`CLIENT_TIMEOUT`].
+fn client(command: &mut Command) -> Result<String, String> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("cannot start the NFS client (Debian package libnfs-utils): {err}"))?;
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().map_err(|err| err.to_string())? {
+            let output = child.wait_with_output().map_err(|err| err.to_string())?;
+            return if status.success() {
+                Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+            } else {
+                Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+            };
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(format!("no answer within {CLIENT_TIMEOUT:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn url(server: &str, file: &str) -> String {
+    format!("nfs://{server}{EXPORT}/{file}?version=4")
+}
+
+/// Writes `contents` to `file` on the NFS server at `server` (an IPv4 address, here a ClusterIP).
+pub fn nfs_write(server: &str, file: &str, contents: &str, scratch: &Path) -> Result<(), String> {
+    let local = scratch.join(format!("nfs-write-{file}"));
+    std::fs::write(&local, contents).map_err(|err| err.to_string())?;
+    let result = client(Command::new("nfs-cp").arg(&local).arg(url(server, file)));
+    let _ = std::fs::remove_file(local);
+    result.map(drop)
+}
+
+/// Reads `file` from the NFS server at `server`.
+pub fn nfs_read(server: &str, file: &str) -> Result<String, String> {
+    client(Command::new("nfs-cat").arg(url(server, file)))
+}
+
+impl DataPath {
+    /// A scratch folder for the client's local files.
+    pub fn scratch(&self) -> PathBuf {
+        let scratch = self.dir.join("client");
+        std::fs::create_dir_all(&scratch).unwrap();
+        scratch
+    }
+}
