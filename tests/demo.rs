@@ -1,6 +1,8 @@
 //! The demo (`make demo`), also run by `make test`: the controller and three agents over three
 //! simulated DRBD nodes on the local control plane, a few RWX claims, the failure of the
 //! primary's node, and the endpoints following the new primary — told as a story with timings.
+//! Then the data path: a real NFS client writing through a claim's ClusterIP (kube-proxy's rules,
+//! nfs-ganesha in the primary's network namespace) through a fail-over, with its outage.
 //! A real Prometheus scrapes every process meanwhile, and every panel of the Grafana dashboard
 //! must return data from it. Every step waits for the real outcome, so the demo fails (and exits
 //! non-zero) when any step did not happen.
@@ -10,6 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::drbd::{cluster_events, drbd_taints, healthy, lost, slice_addresses};
+use common::outage::client_through_a_fail_over;
 use common::process::{Process, sample_value};
 use common::prometheus::Prometheus;
 use common::{MOUNT_ENDPOINT, eventually, serving};
@@ -209,7 +212,15 @@ async fn demo() {
     }
     drop(prometheus);
     env.cleanup().await;
-    story.say("processes stopped, objects deleted; the demo ran every step");
+    story.say("processes stopped, objects deleted");
+
+    story.chapter("9. A real NFS client through the ClusterIP, across a fail-over");
+    let nfs = common::setup("demo-nfs").await;
+    let outage = client_through_a_fail_over(&nfs, &|line| story.say(line)).await;
+    story.say(outage.to_string());
+    nfs.cleanup().await;
+    story.say("namespaces, links, NAT rules and NFS servers removed");
+    story.say("the demo ran every step");
 }
 
 /// Prometheus's `histogram_quantile` over one histogram's cumulative buckets, as exposed.
