@@ -34,6 +34,7 @@ struct Sizes {
     burst: usize,
     moves: usize,
     fail_overs: usize,
+    nfs_fail_overs: usize,
     cold: usize,
     pods: usize,
 }
@@ -43,6 +44,7 @@ const SMOKE: Sizes = Sizes {
     burst: 20,
     moves: 5,
     fail_overs: 1,
+    nfs_fail_overs: 1,
     cold: 20,
     pods: 200,
 };
@@ -51,6 +53,7 @@ const FULL: Sizes = Sizes {
     burst: 1000,
     moves: 100,
     fail_overs: 10,
+    nfs_fail_overs: 10,
     cold: 2000,
     pods: 20000,
 };
@@ -75,7 +78,8 @@ async fn main() {
         return;
     }
     let sizes = if full { FULL } else { SMOKE };
-    // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover).
+    // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
+    // nfs).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -94,6 +98,9 @@ async fn main() {
     }
     if part("failover") {
         figures.push(fail_over(&sizes).await);
+    }
+    if part("nfs") {
+        figures.extend(nfs_outage(&sizes).await);
     }
     report(full, &figures).await;
 }
@@ -502,6 +509,45 @@ async fn fail_over(sizes: &Sizes) -> Figure {
         target: "≤ timeout + 1 s".into(),
         met: worst <= FAIL_OVER_TIMEOUT + Duration::from_secs(1),
     }
+}
+
+/// P8: what an NFS client sees of a fail-over on the real data path (kube-proxy, nfs-ganesha,
+/// libnfs): from its last successful write before the node is lost to its first after, through
+/// the same ClusterIP. Piraeus documents about 10 s for its fail-over, Longhorn about 20 s.
+async fn nfs_outage(sizes: &Sizes) -> Vec<Figure> {
+    let mut outages = Vec::new();
+    for run in 0..sizes.nfs_fail_overs {
+        let env = common::setup(&format!("bench-nfs-{run}")).await;
+        let outage = common::outage::client_through_a_fail_over(&env, &|_| {}).await;
+        println!("P8 run {run}: {outage}");
+        outages.push(outage.total);
+        env.cleanup().await;
+    }
+    let worst = outages.iter().max().copied().unwrap_or_default();
+    let figure = |id, what: String, value: f64| Figure {
+        id,
+        what,
+        n: outages.len(),
+        product: value,
+        floor: None,
+        unit: "ms",
+        target: "< 10 s (Piraeus)".into(),
+        met: value < 10_000.0,
+    };
+    vec![
+        figure(
+            "P8",
+            format!(
+                "NFS client outage through a fail-over, p50 (timeout {FAIL_OVER_TIMEOUT:?}; Piraeus ~10 s, Longhorn ~20 s)"
+            ),
+            quantile(&outages, 0.5),
+        ),
+        figure(
+            "P8",
+            "NFS client outage through a fail-over, worst".into(),
+            worst.as_secs_f64() * 1000.0,
+        ),
+    ]
 }
 
 /// P6 (agent) and P7: an agent's memory among many pods, and what their churn on other nodes

@@ -158,9 +158,10 @@ pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> 
 
     let client = Client::start(cluster_ip.clone(), scratch.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let failed = Instant::now();
     agents.remove(0).stop().await;
     path.fail(0);
+    // From here no operation can succeed until another server answers at the ClusterIP.
+    let failed = Instant::now();
     lost(&path.nodes, &[&pv], 0, None);
     say("node a lost: its agent and NFS server stopped, its link down, DRBD peers disconnected".into());
     until_async("the fail-over taint on node a", || async {
