@@ -1,4 +1,5 @@
-//! The Kubernetes client both loops use, from the common flags.
+//! The Kubernetes client both loops use, from the common flags, and what both do to the objects
+//! they cache.
 
 use anyhow::{Context as _, Result};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -29,4 +30,10 @@ pub async fn connect(common: &CommonArgs, retry: bool) -> Result<Client> {
     }
     config.default_retry = retry;
     Client::try_from(config).context("cannot build a Kubernetes client")
+}
+
+/// The managed fields, often the larger part of an object, are read by neither loop: caches drop
+/// them.
+pub fn drop_managed_fields<K: kube::ResourceExt>(object: &mut K) {
+    object.managed_fields_mut().clear();
 }

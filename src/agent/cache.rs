@@ -15,11 +15,13 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
-use super::observe::{Snapshot, trim_attachment, trim_node, trim_pod, trim_pv};
+use super::observe::{Snapshot, trim_attachment, trim_node, trim_pod};
+use crate::kube_client::drop_managed_fields;
 use crate::names::AGENT_REPORT_LABEL;
+use crate::sharedvolume::claim::trim_pv;
 use prometheus::{IntCounter, IntCounterVec};
 
 pub struct Cache {
@@ -111,10 +113,6 @@ impl Cache {
             leases: self.leases.state(),
         }
     }
-}
-
-fn drop_managed_fields<K: ResourceExt>(object: &mut K) {
-    object.managed_fields_mut().clear();
 }
 
 /// A reflector whose every change ticks the returned stream; `received` counts the objects the

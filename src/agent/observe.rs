@@ -248,30 +248,6 @@ fn is_safe_to_fail_over(volume: &Volume) -> bool {
         || volume.projected.is_some()
 }
 
-/// Drops what the decisions never read from a cached PV: what remains is its name, the
-/// service-endpoint annotation, access modes, claimRef and CSI driver and handle.
-pub fn trim_pv(pv: &mut PersistentVolume) {
-    pv.managed_fields_mut().clear();
-    pv.labels_mut().clear();
-    pv.annotations_mut().retain(|k, _| k == SERVICE_ENDPOINT_ANNOTATION);
-    pv.status = None;
-    if let Some(spec) = pv.spec.take() {
-        let csi = spec
-            .csi
-            .map(|csi| k8s_openapi::api::core::v1::CSIPersistentVolumeSource {
-                driver: csi.driver,
-                volume_handle: csi.volume_handle,
-                ..Default::default()
-            });
-        pv.spec = Some(k8s_openapi::api::core::v1::PersistentVolumeSpec {
-            access_modes: spec.access_modes,
-            claim_ref: spec.claim_ref,
-            csi,
-            ..Default::default()
-        });
-    }
-}
-
 /// Drops what the decisions never read from a cached Node (its status lists images and
 /// volumes, often the larger part of it): readiness, addresses, taints and cordon remain.
 pub fn trim_node(node: &mut Node) {
@@ -518,7 +494,7 @@ mod tests {
     fn trimmed_volumes_nodes_and_attachments_keep_what_decisions_read() {
         let full = snapshot();
         let trimmed = Snapshot {
-            pvs: trimmed(&full.pvs, trim_pv),
+            pvs: trimmed(&full.pvs, crate::sharedvolume::claim::trim_pv),
             nodes: trimmed(&full.nodes, trim_node),
             attachments: trimmed(&full.attachments, trim_attachment),
             ..snapshot()

@@ -11,7 +11,10 @@ use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeCl
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
+
+use crate::kube_client::drop_managed_fields;
+use crate::sharedvolume::claim::trim_pv;
 use serde::de::DeserializeOwned;
 
 /// The objects one shared volume is made of, as cached.
@@ -37,11 +40,12 @@ pub struct Triggers {
 impl Caches {
     /// Starts nothing by itself: the stores fill while the returned streams are polled.
     pub fn new(client: &Client, namespace: Option<&str>, managed: &watcher::Config) -> (Self, Triggers) {
-        let (pvs, pv_stream) = cached(Api::all(client.clone()), watcher::Config::default());
-        let (services, service_stream) = cached(scoped(client, namespace), managed.clone());
-        let (endpoints, endpoint_stream) = cached(scoped(client, namespace), managed.clone());
-        let (slices, slice_stream) = cached(scoped(client, namespace), managed.clone());
-        let (claim_store, claims) = cached(scoped(client, namespace), watcher::Config::default());
+        let all = watcher::Config::default;
+        let (pvs, pv_stream) = cached(Api::all(client.clone()), all(), trim_pv);
+        let (services, service_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields);
+        let (endpoints, endpoint_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields);
+        let (slices, slice_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields);
+        let (claim_store, claims) = cached(scoped(client, namespace), all(), drop_managed_fields);
         let caches = Self {
             pvs,
             services,
@@ -96,10 +100,13 @@ impl Caches {
     }
 }
 
-/// A watch whose objects land in a store before they trigger anything, so that a reconcile
-/// always reads at least what triggered it. Deletions trigger too. The managed fields, often the
-/// larger part of an object and never read here, are not kept.
-fn cached<K>(api: Api<K>, config: watcher::Config) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
+/// A watch whose objects land in a store, after `trim`, before they trigger anything, so that a
+/// reconcile always reads at least what triggered it. Deletions trigger too.
+fn cached<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -107,7 +114,7 @@ where
     let (store, writer) = reflector::store();
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(|object: &mut K| object.managed_fields_mut().clear())
+        .modify(trim)
         .reflect(writer)
         .touched_objects();
     (store, stream.boxed())

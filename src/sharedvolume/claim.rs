@@ -7,8 +7,10 @@
 //!   ([`pv_backs_shared_claim`]): ReadWriteMany *on the PV* and bound to some claim. It publishes
 //!   itself for such a PV and leaves the rest of the judgement to the controller's classification.
 
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec};
+use kube::ResourceExt;
 
+use crate::names::{MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::volume::ClaimKey;
 
 pub const READ_WRITE_MANY: &str = "ReadWriteMany";
@@ -30,6 +32,32 @@ pub fn bound_claim(pv: &PersistentVolume) -> Option<ClaimKey> {
 /// The agent's idea of a shared volume: a ReadWriteMany PV bound to a claim.
 pub fn pv_backs_shared_claim(pv: &PersistentVolume) -> bool {
     is_read_write_many(pv.spec.as_ref().and_then(|s| s.access_modes.as_ref())) && bound_claim(pv).is_some()
+}
+
+/// Drops from a cached PV what neither loop reads (labels, status, managed fields, most of the
+/// spec): what remains is its name, uid, resourceVersion, the service- and mount-endpoint
+/// annotations, access modes, claimRef, storage class and CSI driver and handle. Both loops cache
+/// every PV in the cluster, so this is most of their memory.
+pub fn trim_pv(pv: &mut PersistentVolume) {
+    pv.managed_fields_mut().clear();
+    pv.labels_mut().clear();
+    pv.annotations_mut()
+        .retain(|k, _| k == SERVICE_ENDPOINT_ANNOTATION || k == MOUNT_ENDPOINT_ANNOTATION);
+    pv.status = None;
+    if let Some(spec) = pv.spec.take() {
+        let csi = spec.csi.map(|csi| CSIPersistentVolumeSource {
+            driver: csi.driver,
+            volume_handle: csi.volume_handle,
+            ..Default::default()
+        });
+        pv.spec = Some(PersistentVolumeSpec {
+            access_modes: spec.access_modes,
+            claim_ref: spec.claim_ref,
+            storage_class_name: spec.storage_class_name,
+            csi,
+            ..Default::default()
+        });
+    }
 }
 
 #[cfg(test)]
@@ -59,5 +87,62 @@ mod tests {
         assert!(!pv_backs_shared_claim(&unbound));
         let nameless = pv(json!({"claimRef": {"namespace": "apps"}}));
         assert_eq!(bound_claim(&nameless), None);
+    }
+
+    #[test]
+    fn a_trimmed_pv_reads_as_the_whole_one_for_both_loops() {
+        use crate::sharedvolume::classify::{Filters, candidate_volume, shared_volume};
+        use crate::volume::kubernetes::volume_from_pv;
+        use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+
+        let full: PersistentVolume = serde_json::from_value(json!({
+            "metadata": {
+                "name": "pvc-1", "uid": "uid-pv", "resourceVersion": "42",
+                "labels": {"team": "storage"},
+                "annotations": {
+                    SERVICE_ENDPOINT_ANNOTATION: "10.0.0.5:2049",
+                    MOUNT_ENDPOINT_ANNOTATION: "10.96.0.9:2049",
+                    "pv.kubernetes.io/provisioned-by": "linstor.csi.linbit.com",
+                },
+                "managedFields": [{"manager": "kube-controller-manager", "operation": "Update"}],
+            },
+            "spec": {
+                "accessModes": ["ReadWriteMany"], "capacity": {"storage": "1Gi"},
+                "storageClassName": "fast", "persistentVolumeReclaimPolicy": "Delete",
+                "claimRef": {"namespace": "apps", "name": "data", "uid": "uid-claim"},
+                "csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": "pvc-1",
+                        "volumeAttributes": {"linstor.csi.linbit.com/uses-volume-context": "true"}},
+                "mountOptions": ["nfsvers=4.2"],
+            },
+            "status": {"phase": "Bound"},
+        }))
+        .unwrap();
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "apps", "uid": "uid-claim"},
+            "spec": {"accessModes": ["ReadWriteMany"], "volumeName": "pvc-1"},
+            "status": {"phase": "Bound"},
+        }))
+        .unwrap();
+        let mut trimmed = full.clone();
+        trim_pv(&mut trimmed);
+        let filters = Filters {
+            storage_classes: vec!["fast".into()],
+            csi_drivers: vec!["linstor.csi.linbit.com".into()],
+        };
+        let read = |pv: &PersistentVolume| {
+            let pv = candidate_volume(&claim, Some(pv), &filters).manage().unwrap();
+            let volume = volume_from_pv(pv);
+            let shared = shared_volume(&claim, pv, &volume).manage().unwrap();
+            (
+                volume,
+                format!("{shared:?}"),
+                bound_claim(pv),
+                pv_backs_shared_claim(pv),
+            )
+        };
+        assert_eq!(read(&trimmed), read(&full));
+        assert!(trimmed.metadata.managed_fields.as_ref().is_none_or(|m| m.is_empty()));
+        assert!(trimmed.status.is_none() && trimmed.labels().is_empty());
+        assert_eq!(trimmed.annotations().len(), 2);
     }
 }
