@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::datapath::leftovers;
 use common::outage::client_through_a_fail_over;
 
 #[tokio::test]
@@ -16,5 +17,6 @@ async fn an_nfs_client_keeps_working_through_the_cluster_ip_across_a_fail_over()
         outage.succeeded > 0 && outage.succeeded < outage.operations,
         "{outage:?}"
     );
+    assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;
 }

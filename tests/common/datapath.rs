@@ -435,6 +435,46 @@ pub fn nfs_read(server: &str, file: &str) -> Result<String, String> {
     client(Command::new("nfs-cat").arg(url(server, file)))
 }
 
+/// What a data path would have left behind on this machine: namespaces, links, routes, NAT and
+/// filter rules, NFS servers or kube-proxy. Empty once every [`DataPath`] is dropped.
+pub fn leftovers() -> Vec<String> {
+    let text = |program: &str, args: &[&str]| {
+        let output = Command::new(program).args(args).output().unwrap();
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let mut left: Vec<String> = Vec::new();
+    left.extend(
+        text("ip", &["netns", "list"])
+            .lines()
+            .filter(|l| l.starts_with(PREFIX))
+            .map(|l| format!("namespace {l}")),
+    );
+    left.extend(
+        text("ip", &["-o", "link", "show"])
+            .lines()
+            .filter(|l| l.contains(PREFIX))
+            .map(|l| format!("link {l}")),
+    );
+    left.extend(
+        text("ip", &["route", "show"])
+            .lines()
+            .filter(|l| l.contains("10.96.") || l.contains("10.211."))
+            .map(|l| format!("route {l}")),
+    );
+    for iptables in ["iptables-save", "ip6tables-save"] {
+        left.extend(
+            text(iptables, &[])
+                .lines()
+                .filter(|l| l.contains("KUBE-") || l.contains(FENCE))
+                .map(|l| format!("{iptables}: {l}")),
+        );
+    }
+    for process in ["ganesha.nfsd", "kube-proxy --kubeconfig"] {
+        left.extend(text("pgrep", &["-af", process]).lines().map(|l| format!("process {l}")));
+    }
+    left
+}
+
 impl DataPath {
     /// A scratch folder for the client's local files.
     pub fn scratch(&self) -> PathBuf {
