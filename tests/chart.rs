@@ -150,7 +150,13 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         .collect();
     assert_eq!(
         tolerated,
-        ["drbd.linbit.com/lost-quorum", "drbd.linbit.com/force-io-error"]
+        [
+            "drbd.linbit.com/lost-quorum",
+            "drbd.linbit.com/force-io-error",
+            "piraeus.io/evacuate",
+            "piraeus.io/evacuate"
+        ],
+        "the agent stays on a node being drained"
     );
 
     let dashboard = find(&defaults, "ConfigMap", "demo-shared-volume-controller-dashboard");
@@ -159,6 +165,11 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         serde_json::from_str(dashboard["data"]["shared-volume-controller.json"].as_str().unwrap()).unwrap();
     let source: Value = serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
     assert_eq!(shipped, source, "the chart ships grafana/shared-volume-controller.json");
+    let copy = std::fs::read(format!("{CHART}/dashboards/shared-volume-controller.json")).unwrap();
+    assert!(
+        copy == std::fs::read(DASHBOARD).unwrap(),
+        "charts/…/dashboards/ holds a copy of grafana/shared-volume-controller.json (no link, helm warns about links): cp grafana/shared-volume-controller.json charts/shared-volume-controller/dashboards/"
+    );
     assert!(
         !defaults
             .iter()
@@ -200,7 +211,12 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     assert_eq!(env_value(agent, "ADMIN_ADDR"), Some("[0.0.0.0]:9820"));
     assert_eq!(env_value(agent, "NODE_DRAIN_POLICY"), Some("evacuate"));
     assert!(agent["env"].as_array().unwrap().iter().all(|e| e["name"] != "NODE_IP"));
-    assert_eq!(agent_pod["tolerations"].as_array().unwrap().len(), 3);
+    assert_eq!(agent_pod["tolerations"].as_array().unwrap().len(), 5);
+    let single = template(&["controller.replicas=1"]);
+    assert!(
+        !single.iter().any(|o| o["kind"] == "PodDisruptionBudget"),
+        "one replica: no PodDisruptionBudget that would block draining its node"
+    );
     let monitor = find(&custom, "ServiceMonitor", "demo-shared-volume-controller-controller");
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
     find(&custom, "PodMonitor", "demo-shared-volume-controller-agent");
