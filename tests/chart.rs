@@ -212,6 +212,22 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     assert_eq!(env_value(agent, "NODE_DRAIN_POLICY"), Some("evacuate"));
     assert!(agent["env"].as_array().unwrap().iter().all(|e| e["name"] != "NODE_IP"));
     assert_eq!(agent_pod["tolerations"].as_array().unwrap().len(), 5);
+    for (typo, says) in [
+        ("agent.flags.fail-over-timout=5s", "additional properties 'fail-over-timout' not allowed"),
+        ("controller.flag.leader-elect=false", "additional properties 'flag' not allowed"),
+        ("agent.flags.node-drain-policy=evict", "value must be one of 'ignore', 'evacuate'"),
+        ("agent.flags.fail-over-timeout=five", "/agent/flags/fail-over-timeout"),
+    ] {
+        let refused = tool("helm")
+            .args(["template", "demo", CHART, "--set", typo])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            !refused.status.success() && stderr.contains(says),
+            "{typo} must be refused with {says:?}: {stderr}"
+        );
+    }
     let single = template(&["controller.replicas=1"]);
     assert!(
         !single.iter().any(|o| o["kind"] == "PodDisruptionBudget"),
