@@ -213,9 +213,18 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     assert!(agent["env"].as_array().unwrap().iter().all(|e| e["name"] != "NODE_IP"));
     assert_eq!(agent_pod["tolerations"].as_array().unwrap().len(), 5);
     for (typo, says) in [
-        ("agent.flags.fail-over-timout=5s", "additional properties 'fail-over-timout' not allowed"),
-        ("controller.flag.leader-elect=false", "additional properties 'flag' not allowed"),
-        ("agent.flags.node-drain-policy=evict", "value must be one of 'ignore', 'evacuate'"),
+        (
+            "agent.flags.fail-over-timout=5s",
+            "additional properties 'fail-over-timout' not allowed",
+        ),
+        (
+            "controller.flag.leader-elect=false",
+            "additional properties 'flag' not allowed",
+        ),
+        (
+            "agent.flags.node-drain-policy=evict",
+            "value must be one of 'ignore', 'evacuate'",
+        ),
         ("agent.flags.fail-over-timeout=five", "/agent/flags/fail-over-timeout"),
     ] {
         let refused = tool("helm")
@@ -235,7 +244,17 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     );
     let monitor = find(&custom, "ServiceMonitor", "demo-shared-volume-controller-controller");
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
-    find(&custom, "PodMonitor", "demo-shared-volume-controller-agent");
+    let pod_monitor = find(&custom, "PodMonitor", "demo-shared-volume-controller-agent");
+    for endpoint in [
+        &pod_monitor["spec"]["podMetricsEndpoints"][0],
+        &monitor["spec"]["endpoints"][0],
+    ] {
+        assert_eq!(
+            endpoint["relabelings"][0],
+            json!({"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"}),
+            "series carry the node they come from"
+        );
+    }
     let dashboard = find(&custom, "ConfigMap", "demo-shared-volume-controller-dashboard");
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard_custom"], "yes");
     assert!(!custom.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
