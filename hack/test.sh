@@ -16,6 +16,8 @@ step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 step "hadolint Dockerfile"
 hadolint Dockerfile
+step "the Dockerfile's build stage has what it needs (hack/check-image-build.sh)"
+hack/check-image-build.sh
 step "build"
 cargo build --locked --all-targets
 
