@@ -1,7 +1,9 @@
 # syntax=docker/dockerfile:1
-# Two images from one build:
+# Two images from one build (`make images` builds both for amd64 and arm64 and pushes them):
 #   docker build --target controller -t shared-volume-controller:dev .
 #   docker build --target agent      -t shared-volume-agent:dev .
+# Each platform builds natively (buildx with QEMU or a native builder per platform), so the same
+# stages serve linux/amd64 and linux/arm64.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
@@ -9,14 +11,27 @@ COPY Cargo.toml Cargo.lock ./
 COPY src ./src
 # The manifest declares the benchmarks: cargo refuses to build without their sources.
 COPY benches ./benches
-RUN cargo build --release --locked \
+# Downloaded crates and build artifacts stay in BuildKit caches between builds (per platform), so
+# a change to the sources rebuilds only this crate.
+ARG TARGETPLATFORM
+RUN --mount=type=cache,id=cargo-registry-${TARGETPLATFORM},target=/usr/local/cargo/registry \
+    --mount=type=cache,id=cargo-target-${TARGETPLATFORM},target=/src/target \
+    cargo build --release --locked \
     && install -m 0755 target/release/shared-volume-controller /shared-volume-controller
 
 # The agent runs drbdsetup against the host's DRBD, so its image carries drbd-utils and runs as
-# root (the DaemonSet grants only what drbdsetup needs).
+# root (the DaemonSet grants only what drbdsetup needs). drbd-utils is held to its 9.22 series,
+# whatever Debian point release ships.
 FROM debian:bookworm-slim AS agent
+ARG VERSION=dev
+ARG REVISION=unknown
+ARG SOURCE=unknown
+LABEL org.opencontainers.image.title="shared-volume-agent" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}"
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends drbd-utils=9.22.0-1 \
+    && apt-get install -y --no-install-recommends "drbd-utils=9.22.*" \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /shared-volume-controller /usr/local/bin/shared-volume-controller
 ENTRYPOINT ["/usr/local/bin/shared-volume-controller"]
@@ -24,6 +39,13 @@ CMD ["agent"]
 
 # The controller only talks to the API server: a distroless image, non-root.
 FROM gcr.io/distroless/cc-debian12:nonroot AS controller
+ARG VERSION=dev
+ARG REVISION=unknown
+ARG SOURCE=unknown
+LABEL org.opencontainers.image.title="shared-volume-controller" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}"
 COPY --from=build /shared-volume-controller /usr/local/bin/shared-volume-controller
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/shared-volume-controller"]

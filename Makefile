@@ -1,4 +1,4 @@
-.PHONY: test demo bench tools cluster-up cluster-down
+.PHONY: test demo bench images tools cluster-up cluster-down
 
 # Every test: tools, fmt, clippy, unit tests and end-to-end tests on a local control plane.
 test:
@@ -20,3 +20,19 @@ cluster-up:
 
 cluster-down:
 	hack/cluster.sh down
+
+# Both images (controller, agent) for every platform in PLATFORMS, tagged VERSION and pushed to
+# REGISTRY with docker buildx: `make images REGISTRY=registry.example.com/storage`. The chart's
+# defaults name ghcr.io/storageos/shared-volume-{controller,agent}.
+REGISTRY ?= ghcr.io/storageos
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+SOURCE ?= $(shell git remote get-url origin 2>/dev/null || echo unknown)
+PLATFORMS ?= linux/amd64,linux/arm64
+PUSH ?= --push
+images:
+	for image in controller:shared-volume-controller agent:shared-volume-agent; do \
+	  docker buildx build --platform $(PLATFORMS) --target $${image%%:*} \
+	    --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(SOURCE) \
+	    -t $(REGISTRY)/$${image#*:}:$(VERSION) $(PUSH) . || exit 1; \
+	done
