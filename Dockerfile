@@ -7,16 +7,18 @@
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock ./
+COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 # The manifest declares the benchmarks: cargo refuses to build without their sources.
 COPY benches ./benches
 # Downloaded crates and build artifacts stay in BuildKit caches between builds (per platform), so
 # a change to the sources rebuilds only this crate.
 ARG TARGETPLATFORM
+# The revision for the build_info metric (the context has no .git).
+ARG REVISION=unknown
 RUN --mount=type=cache,id=cargo-registry-${TARGETPLATFORM},target=/usr/local/cargo/registry \
     --mount=type=cache,id=cargo-target-${TARGETPLATFORM},target=/src/target \
-    cargo build --release --locked \
+    SVC_REVISION="${REVISION}" cargo build --release --locked \
     && install -m 0755 target/release/shared-volume-controller /shared-volume-controller
 
 # The agent runs drbdsetup against the host's DRBD, so its image carries drbd-utils and runs as

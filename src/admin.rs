@@ -286,6 +286,9 @@ mod tests {
         let (status, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
         assert!(body.contains("shared_volume_controller_build_info"), "{body}");
+        let revision = format!("revision=\"{}\"", env!("SVC_GIT_REVISION"));
+        assert!(body.contains(&revision), "build_info carries the git revision: {body}");
+        assert_ne!(env!("SVC_GIT_REVISION"), "", "{body}");
         assert_eq!(get(addr, "/nope").await.0, 404);
 
         shutdown.cancel();

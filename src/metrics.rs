@@ -34,9 +34,11 @@ pub fn new_registry() -> Result<Registry> {
             "shared_volume_controller_build_info",
             "Build of the running binary; always 1.",
         ),
-        &["version"],
+        &["version", "revision"],
     )?;
-    build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+    build_info
+        .with_label_values(&[env!("CARGO_PKG_VERSION"), env!("SVC_GIT_REVISION")])
+        .set(1);
     registry.register(Box::new(build_info))?;
     Ok(registry)
 }
