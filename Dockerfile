@@ -3,7 +3,8 @@
 #   docker build --target controller -t shared-volume-controller:dev .
 #   docker build --target agent      -t shared-volume-agent:dev .
 # Each platform builds natively (buildx with QEMU or a native builder per platform), so the same
-# stages serve linux/amd64 and linux/arm64.
+# stages serve linux/amd64 and linux/arm64. `make images` also sets the OCI labels (title, version,
+# revision, source) and passes REVISION for the build_info metric.
 
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
@@ -25,13 +26,6 @@ RUN --mount=type=cache,id=cargo-registry-${TARGETPLATFORM},target=/usr/local/car
 # root (the DaemonSet grants only what drbdsetup needs). drbd-utils is held to its 9.22 series,
 # whatever Debian point release ships.
 FROM debian:bookworm-slim AS agent
-ARG VERSION=dev
-ARG REVISION=unknown
-ARG SOURCE=unknown
-LABEL org.opencontainers.image.title="shared-volume-agent" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.source="${SOURCE}"
 RUN apt-get update \
     && apt-get install -y --no-install-recommends "drbd-utils=9.22.*" \
     && rm -rf /var/lib/apt/lists/*
@@ -41,13 +35,6 @@ CMD ["agent"]
 
 # The controller only talks to the API server: a distroless image, non-root.
 FROM gcr.io/distroless/cc-debian12:nonroot AS controller
-ARG VERSION=dev
-ARG REVISION=unknown
-ARG SOURCE=unknown
-LABEL org.opencontainers.image.title="shared-volume-controller" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.revision="${REVISION}" \
-      org.opencontainers.image.source="${SOURCE}"
 COPY --from=build /shared-volume-controller /usr/local/bin/shared-volume-controller
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/shared-volume-controller"]

@@ -32,7 +32,8 @@ PLATFORMS ?= linux/amd64,linux/arm64
 PUSH ?= --push
 images:
 	for image in controller:shared-volume-controller agent:shared-volume-agent; do \
-	  docker buildx build --platform $(PLATFORMS) --target $${image%%:*} \
-	    --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(SOURCE) \
+	  docker buildx build --platform $(PLATFORMS) --target $${image%%:*} --build-arg REVISION=$(REVISION) \
+	    --label org.opencontainers.image.title=$${image#*:} --label org.opencontainers.image.version=$(VERSION) \
+	    --label org.opencontainers.image.revision=$(REVISION) --label org.opencontainers.image.source=$(SOURCE) \
 	    -t $(REGISTRY)/$${image#*:}:$(VERSION) $(PUSH) . || exit 1; \
 	done
