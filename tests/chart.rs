@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use common::drbd::{NODE_LABEL, resource, slice_addresses};
 use common::process::Process;
-use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -16,14 +16,6 @@ const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
 const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/shared-volume-controller.json");
-
-/// A tool from the test tool cache (`SVC_TOOLS_BIN`, set by `make test`), else from PATH.
-fn tool(name: &str) -> Command {
-    let path = std::env::var("SVC_TOOLS_BIN")
-        .map(|bin| format!("{bin}/{name}"))
-        .unwrap_or_else(|_| name.to_owned());
-    Command::new(path)
-}
 
 fn run(command: &mut Command) -> Output {
     let output = command

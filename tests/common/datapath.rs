@@ -20,8 +20,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::TestEnv;
 use super::drbd::SimNode;
+use super::{TestEnv, tool};
 
 /// `hack/cluster.sh`'s `--service-cluster-ip-range`.
 const SERVICE_CIDR: &str = "10.96.0.0/16";
@@ -60,14 +60,6 @@ pub struct DataPath {
     proxy: Option<Child>,
     proxy_node: String,
     pub proxy_log: PathBuf,
-}
-
-fn tool(name: &str) -> Command {
-    Command::new(
-        std::env::var("SVC_TOOLS_BIN")
-            .map(|bin| format!("{bin}/{name}"))
-            .unwrap_or_else(|_| name.to_owned()),
-    )
 }
 
 /// Runs a command that must succeed.

@@ -68,6 +68,14 @@ pub async fn setup(test: &str) -> TestEnv {
     TestEnv { client, ns, id }
 }
 
+/// A tool from the test tool cache (`SVC_TOOLS_BIN`, set by `make test`), else from PATH.
+pub fn tool(name: &str) -> std::process::Command {
+    let path = std::env::var("SVC_TOOLS_BIN")
+        .map(|bin| format!("{bin}/{name}"))
+        .unwrap_or_else(|_| name.to_owned());
+    std::process::Command::new(path)
+}
+
 /// Annotations that make a PV report its NFS server at `endpoint`.
 pub fn serving(endpoint: &str) -> BTreeMap<String, String> {
     [(SERVICE_ENDPOINT.to_string(), endpoint.to_string())].into()
@@ -294,7 +302,16 @@ impl TestEnv {
 }
 
 /// Retries `probe` every 100ms until it returns `Some`, or panics after `timeout` naming `what`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_every(what, timeout, Duration::from_millis(100), probe).await
+}
+
+/// [`eventually`], probing every `interval`.
+pub async fn eventually_every<T, F, Fut>(what: &str, timeout: Duration, interval: Duration, mut probe: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -308,7 +325,7 @@ where
             tokio::time::Instant::now() < deadline,
             "timed out after {timeout:?} waiting for {what}"
         );
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(interval).await;
     }
 }
 

@@ -3,6 +3,7 @@
 //! new primary starts its NFS server and publishes itself, and the client, which never changes the
 //! address it uses, carries on. Measures what the client saw.
 
+use std::future::ready;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -142,11 +143,14 @@ pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> 
     }
     let mount = super::eventually("the mount endpoint", WAIT, || env.pv_annotation(&pv, MOUNT_ENDPOINT)).await;
     let cluster_ip = env.cluster_ip(&pv).await.expect("a ClusterIP");
-    until("kube-proxy's rule to node a", || path.programmed(&env.ns, &pv, &a)).await;
+    until("kube-proxy's rule to node a", || {
+        ready(path.programmed(&env.ns, &pv, &a))
+    })
+    .await;
     let scratch = path.scratch();
     let first = "written before the failure\n";
     until("a write through the ClusterIP", || {
-        nfs_write(&cluster_ip, "first", first, &scratch).is_ok()
+        ready(nfs_write(&cluster_ip, "first", first, &scratch).is_ok())
     })
     .await;
     assert_eq!(nfs_read(&cluster_ip, "first").as_deref(), Ok(first));
@@ -164,7 +168,7 @@ pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> 
     let failed = Instant::now();
     lost(&path.nodes, &[&pv], 0, None);
     say("node a lost: its agent and NFS server stopped, its link down, DRBD peers disconnected".into());
-    until_async("the fail-over taint on node a", || async {
+    until("the fail-over taint on node a", || async {
         env.taints(&path.nodes[0].name).await.iter().any(|t| t == LOST_QUORUM)
     })
     .await;
@@ -173,12 +177,15 @@ pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> 
     lost(&path.nodes, &[&pv], 0, Some(1));
     let promoted = Instant::now();
     say("agents failed node a over; node b promoted: DRBD Primary and its NFS server up".into());
-    until_async("the EndpointSlice at node b", || async {
+    until("the EndpointSlice at node b", || async {
         slice_addresses(env, &pv).await == [b.clone()]
     })
     .await;
     let rewritten = Instant::now();
-    until("kube-proxy's rule to node b", || path.programmed(&env.ns, &pv, &b)).await;
+    until("kube-proxy's rule to node b", || {
+        ready(path.programmed(&env.ns, &pv, &b))
+    })
+    .await;
     let programmed = Instant::now();
     let reconnected = loop {
         if let Some(at) = client.first_success_after(failed) {
@@ -248,24 +255,12 @@ pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> 
     outage
 }
 
-/// Polls a blocking probe every 20 ms for up to [`WAIT`].
-async fn until(what: &str, mut probe: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !probe() {
-        assert!(Instant::now() < deadline, "timed out after {WAIT:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Polls an async probe every 20 ms for up to [`WAIT`].
-async fn until_async<F, Fut>(what: &str, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + WAIT;
-    while !probe().await {
-        assert!(Instant::now() < deadline, "timed out after {WAIT:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+/// Waits up to [`WAIT`] for `probe` to hold, probing every 20 ms: these waits time the outage's
+/// parts.
+async fn until<Fut: std::future::Future<Output = bool>>(what: &str, mut probe: impl FnMut() -> Fut) {
+    super::eventually_every(what, WAIT, Duration::from_millis(20), || {
+        let holds = probe();
+        async move { holds.await.then_some(()) }
+    })
+    .await
 }
