@@ -285,7 +285,7 @@ mod tests {
 
         let (status, body) = get(addr, "/metrics").await;
         assert_eq!(status, 200);
-        assert!(body.contains("shared_volume_controller_build_info"), "{body}");
+        assert!(body.contains(crate::metrics::BUILD_INFO), "{body}");
         let revision = format!("revision=\"{}\"", env!("SVC_GIT_REVISION"));
         assert!(body.contains(&revision), "build_info carries the git revision: {body}");
         assert_ne!(env!("SVC_GIT_REVISION"), "", "{body}");

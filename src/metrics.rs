@@ -1,7 +1,7 @@
 //! The process's one Prometheus registry. Every metric name the project exports is defined here.
 
 use anyhow::Result;
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 /// Dashboards already use this name: never change it.
 pub const RECONCILE_DURATION: &str = "storageos_shared_volume_reconcile_duration_seconds";
@@ -10,12 +10,18 @@ pub const RECONCILE_ERRORS: &str = "storageos_shared_volume_reconcile_errors_tot
 pub const SHARED_VOLUMES: &str = "storageos_shared_volumes";
 pub const MOUNT_ENDPOINT_PUBLISHES: &str = "storageos_shared_volume_mount_endpoint_publishes_total";
 pub const CONTROLLER_LEADER: &str = "storageos_shared_volume_controller_leader";
+pub const CLAIMS_PENDING: &str = "storageos_shared_volume_claims_pending";
+pub const CLAIMS_PENDING_SINCE: &str = "storageos_shared_volume_claims_pending_since_timestamp_seconds";
+pub const BUILD_INFO: &str = "storageos_shared_volume_build_info";
 
 pub const AGENT_DRBD_RESOURCES: &str = "storageos_drbd_agent_resources";
 pub const AGENT_ACTIONS: &str = "storageos_drbd_agent_actions_total";
 pub const AGENT_REFUSED_ACTIONS: &str = "storageos_drbd_agent_refused_actions_total";
 pub const AGENT_ENDPOINT_REWRITE: &str = "storageos_drbd_agent_endpoint_rewrite_duration_seconds";
-pub const AGENT_DRBD_STATE_AGE: &str = "storageos_drbd_agent_drbd_state_age_seconds";
+pub const AGENT_DRBD_LAST_READ: &str = "storageos_drbd_agent_drbd_state_last_read_timestamp_seconds";
+pub const AGENT_HEARTBEAT_RENEWED: &str = "storageos_drbd_agent_heartbeat_last_renewed_timestamp_seconds";
+pub const AGENT_FAIL_OVERS: &str = "storageos_drbd_agent_fail_overs_total";
+pub const AGENT_DRY_RUN: &str = "storageos_drbd_agent_dry_run";
 pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_total";
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
@@ -30,10 +36,7 @@ pub fn new_registry() -> Result<Registry> {
     let registry = Registry::new();
     registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
     let build_info = IntGaugeVec::new(
-        Opts::new(
-            "shared_volume_controller_build_info",
-            "Build of the running binary; always 1.",
-        ),
+        Opts::new(BUILD_INFO, "Build of the running binary; always 1."),
         &["version", "revision"],
     )?;
     build_info
@@ -41,6 +44,15 @@ pub fn new_registry() -> Result<Registry> {
         .set(1);
     registry.register(Box::new(build_info))?;
     Ok(registry)
+}
+
+/// Sets `gauge` to the current Unix time in seconds: a timestamp stays right between scrapes and
+/// after the process stops updating it, where an age refreshed by a timer would not.
+pub fn set_to_now(gauge: &Gauge) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    gauge.set(now.as_secs_f64());
 }
 
 /// Renders every metric of `registry` in the Prometheus text format.
@@ -66,6 +78,11 @@ pub struct ControllerMetrics {
     /// By `reason`: the Warning event reason, or the failing dependency.
     pub reconcile_errors: IntCounterVec,
     pub shared_volumes: IntGauge,
+    /// Claims served by this controller that have no mount endpoint yet because their last
+    /// reconcile failed or found bad input (not those still waiting for an NFS server).
+    pub claims_pending: IntGauge,
+    /// When the longest-waiting of those started waiting; 0 when none waits.
+    pub claims_pending_since: Gauge,
     pub publishes: IntCounter,
     pub leader: IntGauge,
 }
@@ -95,6 +112,20 @@ impl ControllerMetrics {
                 )?,
             )?,
             shared_volumes: register(registry, IntGauge::new(SHARED_VOLUMES, "Shared volumes managed now.")?)?,
+            claims_pending: register(
+                registry,
+                IntGauge::new(
+                    CLAIMS_PENDING,
+                    "Claims with an NFS server but no published mount endpoint, because reconciling them failed.",
+                )?,
+            )?,
+            claims_pending_since: register(
+                registry,
+                Gauge::new(
+                    CLAIMS_PENDING_SINCE,
+                    "Unix time at which the longest-waiting pending claim started waiting; 0 when none.",
+                )?,
+            )?,
             publishes: register(
                 registry,
                 IntCounter::new(MOUNT_ENDPOINT_PUBLISHES, "Mount endpoints published to volumes.")?,
@@ -113,13 +144,18 @@ pub struct AgentMetrics {
     /// By `role` and `quorum` (`true`/`false`), as last read.
     pub drbd_resources: IntGaugeVec,
     /// By `action` (taint, untaint, evict, force_delete, delete_attachment, force_secondary,
-    /// publish) and `result` (ok, failed, blocked).
+    /// publish) and `result` ([`ACTION_RESULTS`]).
     pub actions: IntCounterVec,
     /// By `action` and `why` (`guard`, `dry_run`).
     pub refused_actions: IntCounterVec,
+    /// Peers' nodes failed over (tainted after the evidence held), by `node`.
+    pub fail_overs: IntCounterVec,
     /// From reading a Primary role to the rewritten Endpoints and EndpointSlice.
     pub endpoint_rewrite: Histogram,
-    pub drbd_state_age: prometheus::Gauge,
+    pub drbd_last_read: Gauge,
+    pub heartbeat_renewed: Gauge,
+    /// 1 while `--dry-run` is on.
+    pub dry_run: IntGauge,
     pub drbd_read_errors: IntCounter,
     /// Fail-overs held because the evidence says the peer is alive and serving.
     pub held_fail_overs: IntCounter,
@@ -168,10 +204,28 @@ impl AgentMetrics {
                     .buckets(RECONCILE_BUCKETS.to_vec()),
                 )?,
             )?,
-            drbd_state_age: register(
+            fail_overs: register(
                 registry,
-                prometheus::Gauge::new(AGENT_DRBD_STATE_AGE, "Seconds since DRBD state was last read.")?,
+                IntCounterVec::new(
+                    Opts::new(AGENT_FAIL_OVERS, "Peers' nodes this agent failed over, by node."),
+                    &["node"],
+                )?,
             )?,
+            drbd_last_read: register(
+                registry,
+                Gauge::new(
+                    AGENT_DRBD_LAST_READ,
+                    "Unix time of the last successful read of the DRBD state.",
+                )?,
+            )?,
+            heartbeat_renewed: register(
+                registry,
+                Gauge::new(
+                    AGENT_HEARTBEAT_RENEWED,
+                    "Unix time of the last renewal of this node's heartbeat Lease.",
+                )?,
+            )?,
+            dry_run: register(registry, IntGauge::new(AGENT_DRY_RUN, "1 while --dry-run is on.")?)?,
             drbd_read_errors: register(
                 registry,
                 IntCounter::new(AGENT_DRBD_READ_ERRORS, "Failed reads of the DRBD state.")?,
@@ -195,4 +249,22 @@ impl AgentMetrics {
             )?,
         })
     }
+
+    /// Creates every (action, result) and (action, why) series at 0, so that the first failure or
+    /// refusal is an increase that `rate()` and `increase()` see, and panels show 0, not no data.
+    pub fn zero(&self, action_kinds: &[&str]) {
+        for kind in action_kinds {
+            for result in ACTION_RESULTS {
+                self.actions.with_label_values(&[kind, result]);
+            }
+            for why in REFUSAL_REASONS {
+                self.refused_actions.with_label_values(&[kind, why]);
+            }
+        }
+    }
 }
+
+/// The `result` label values of [`AGENT_ACTIONS`].
+pub const ACTION_RESULTS: [&str; 4] = ["ok", "skipped", "blocked", "failed"];
+/// The `why` label values of [`AGENT_REFUSED_ACTIONS`].
+pub const REFUSAL_REASONS: [&str; 2] = ["guard", "dry_run"];

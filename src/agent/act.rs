@@ -207,6 +207,15 @@ impl Executor {
                 if let Action::DeleteAttachment { attachment, .. } = action {
                     self.deleted_attachments.insert(attachment.uid.clone());
                 }
+                // The taint is the step that starts a peer's fail-over: count each once.
+                if let Action::Taint {
+                    node,
+                    cause: Cause::FailOver,
+                    ..
+                } = action
+                {
+                    self.metrics.fail_overs.with_label_values(&[node]).inc();
+                }
                 if let (Action::PublishServiceEndpoint { .. }, None) = (action, &caveat) {
                     self.metrics
                         .endpoint_rewrite

@@ -93,6 +93,18 @@ impl From<&PodView> for PodRef {
 }
 
 impl Action {
+    /// Every value [`Action::kind`] returns (metrics start each at 0).
+    pub const KINDS: [&'static str; 8] = [
+        "taint",
+        "untaint",
+        "evict",
+        "force_delete",
+        "delete_attachment",
+        "force_secondary",
+        "publish",
+        "hold_fail_over",
+    ];
+
     /// Short name, for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -287,5 +299,61 @@ mod tests {
             note: String::new(),
         };
         assert_eq!(own_taint.failing_over(), None);
+    }
+
+    #[test]
+    fn every_kind_is_listed_for_the_metrics() {
+        let node = || "n".to_owned();
+        let pod = || PodRef {
+            namespace: "apps".into(),
+            name: "web".into(),
+            uid: "u1".into(),
+            node: node(),
+        };
+        let every_variant = [
+            Action::Taint {
+                node: node(),
+                key: crate::names::LOST_QUORUM_TAINT,
+                value: crate::names::TAINT_BY_FAIL_OVER,
+                cause: Cause::FailOver,
+                note: String::new(),
+            },
+            Action::Untaint {
+                node: node(),
+                key: crate::names::LOST_QUORUM_TAINT,
+                cause: Cause::LostQuorum,
+                note: String::new(),
+            },
+            evict(Cause::FailOver),
+            Action::ForceDelete {
+                pod: pod(),
+                note: String::new(),
+            },
+            Action::DeleteAttachment {
+                attachment: AttachmentView {
+                    name: "va".into(),
+                    uid: "u2".into(),
+                    node: node(),
+                },
+                note: String::new(),
+            },
+            Action::ForceSecondary {
+                resource: "r".into(),
+                node: node(),
+                pv: None,
+            },
+            Action::PublishServiceEndpoint {
+                pv: "pv".into(),
+                endpoint: "10.0.0.1:2049".into(),
+            },
+            Action::HoldFailOver {
+                node: node(),
+                resource: "r".into(),
+                pv: "pv".into(),
+                evidence: String::new(),
+            },
+        ];
+        let kinds: Vec<&str> = every_variant.iter().map(Action::kind).collect();
+        assert_eq!(kinds, Action::KINDS);
     }
 }

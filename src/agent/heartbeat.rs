@@ -7,9 +7,11 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
+use prometheus::Gauge;
 use serde_json::json;
 
 use super::report::Report;
+use crate::metrics::set_to_now;
 use crate::names::{
     AGENT_FIELD_MANAGER, AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX, AGENT_REPORT_FIELD_MANAGER, AGENT_REPORT_LABEL,
     AGENT_REPORT_LEASE_PREFIX, DRBD_REPORT_ANNOTATION,
@@ -44,8 +46,9 @@ impl Heartbeat {
         }
     }
 
-    /// Renews the node's Lease every third of its duration until `shutdown`.
-    pub async fn run(self, shutdown: Shutdown) {
+    /// Renews the node's Lease every third of its duration until `shutdown`; `renewed` holds the
+    /// time of the last renewal.
+    pub async fn run(self, shutdown: Shutdown, renewed: Gauge) {
         let period = Duration::from_secs(u64::from(self.duration_seconds.max(3)) / 3);
         let name = lease_name(&self.node);
         loop {
@@ -57,7 +60,10 @@ impl Heartbeat {
                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": self.duration_seconds, "renewTime": now},
             });
             match self.apply(AGENT_FIELD_MANAGER, &name, &lease).await {
-                Ok(()) => tracing::debug!(lease = %name, "heartbeat renewed"),
+                Ok(()) => {
+                    set_to_now(&renewed);
+                    tracing::debug!(lease = %name, "heartbeat renewed");
+                }
                 Err(err) => tracing::warn!(lease = %name, error = %err, "cannot renew the heartbeat Lease"),
             }
             tokio::select! {

@@ -16,6 +16,7 @@ use kube::{Api, Client};
 use prometheus::Registry;
 
 use super::act::{Executor, ExecutorSettings};
+use super::action::Action;
 use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
 use super::drbd::DrbdState;
@@ -28,7 +29,7 @@ use super::view::{Observed, Timers};
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
 use crate::events::EventSink;
-use crate::metrics::AgentMetrics;
+use crate::metrics::{AgentMetrics, set_to_now};
 use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
 
@@ -68,15 +69,8 @@ pub async fn run(
         let freshness = freshness.clone();
         move || freshness.check()
     });
-    let age_gauge = tokio::spawn({
-        let (freshness, metrics) = (freshness.clone(), metrics.clone());
-        async move {
-            loop {
-                metrics.drbd_state_age.set(freshness.age().as_secs_f64());
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        }
-    });
+    metrics.zero(&Action::KINDS);
+    metrics.dry_run.set(i64::from(args.dry_run));
     let heartbeat = Heartbeat::new(
         client.clone(),
         &args.lease_namespace,
@@ -84,7 +78,11 @@ pub async fn run(
         args.lease_duration_seconds,
         timeout,
     );
-    let heartbeat_task = tokio::spawn(heartbeat.clone().run(shutdown.clone()));
+    let heartbeat_task = tokio::spawn(
+        heartbeat
+            .clone()
+            .run(shutdown.clone(), metrics.heartbeat_renewed.clone()),
+    );
     let satellite_namespace = args
         .satellite_namespace
         .as_deref()
@@ -133,6 +131,7 @@ pub async fn run(
                 Ok(state) => {
                     record_resources(&metrics, &state);
                     freshness.mark_read();
+                    set_to_now(&metrics.drbd_last_read);
                     drbd_state = Some((state, Instant::now()));
                 }
                 Err(err) => {
@@ -197,7 +196,6 @@ pub async fn run(
         }
         while let Some(Some(())) = kube_changes.next().now_or_never() {}
     }
-    age_gauge.abort();
     let _ = heartbeat_task.await;
     tracing::info!(node = %args.node_name, "agent stopped");
     Ok(())

@@ -2,6 +2,7 @@
 //! the Services, Endpoints and EndpointSlices it creates, run only while this replica leads
 //! ([`leader`]). Each claim is reconciled by [`reconcile`].
 
+mod book;
 pub mod cache;
 mod leader;
 pub mod reconcile;
@@ -124,15 +125,27 @@ pub(crate) async fn run_controller(
     };
     controller
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
-        .for_each(|result| async move {
-            if let Err(err) = result {
-                tracing::debug!(error = %err, "controller event");
+        .for_each(|result| {
+            let ctx = ctx.clone();
+            async move {
+                match result {
+                    // A claim deleted without a finalizer is never reconciled as deleting.
+                    Err(controller::Error::ObjectNotFound(claim)) => {
+                        let key = format!("{}/{}", claim.namespace.unwrap_or_default(), claim.name);
+                        ctx.book(|book| book.forget(&key));
+                    }
+                    Err(err) => tracing::debug!(error = %err, "controller event"),
+                    Ok(_) => {}
+                }
             }
         })
         .await;
     readiness.abort();
     use_caches.abort();
     ctx.use_caches(None);
+    // Stopped (lost leadership, or shutting down): this replica no longer speaks for any claim,
+    // so its gauges must not add to the new leader's.
+    ctx.book(|book| book.clear());
 }
 
 /// A PV change is a change of the claim it is bound to.

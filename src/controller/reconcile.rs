@@ -1,13 +1,13 @@
 //! The imperative shell of the shared-volume loop: fetch, classify (pure code), apply, publish.
 
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Service};
 use kube::runtime::controller::Action;
 use kube::{Api, Client, Resource, ResourceExt};
 
+use super::book::{ClaimBook, Standing};
 use super::cache::Caches;
 use crate::apply::{apply_if_changed, create};
 use crate::events::EventSink;
@@ -34,8 +34,8 @@ pub struct Context {
     pub settings: ReconcileSettings,
     pub metrics: ControllerMetrics,
     pub events: EventSink,
-    /// Claims (by uid) whose shared volume is managed now.
-    shared: Mutex<HashSet<String>>,
+    /// Which claims are served and which wait, for the gauges.
+    book: Mutex<ClaimBook>,
     /// What the controller watches, while it runs: reconciles read there, not from the API.
     caches: RwLock<Option<Caches>>,
 }
@@ -54,7 +54,7 @@ impl Context {
             settings,
             metrics,
             events,
-            shared: Mutex::default(),
+            book: Mutex::default(),
             caches: RwLock::default(),
         }
     }
@@ -68,14 +68,18 @@ impl Context {
         self.caches.read().expect("caches poisoned").clone()
     }
 
-    fn track(&self, uid: &str, shared: bool) {
-        let mut set = self.shared.lock().expect("shared set poisoned");
-        if shared {
-            set.insert(uid.to_owned());
-        } else {
-            set.remove(uid);
-        }
-        self.metrics.shared_volumes.set(set.len() as i64);
+    /// Changes the claim book and sets the gauges from it.
+    pub fn book(&self, change: impl FnOnce(&mut ClaimBook)) {
+        let mut book = self.book.lock().expect("claim book poisoned");
+        change(&mut book);
+        self.metrics.shared_volumes.set(book.shared() as i64);
+        self.metrics.claims_pending.set(book.waiting() as i64);
+        let since = book
+            .waiting_since()
+            .and_then(|since| since.duration_since(SystemTime::UNIX_EPOCH).ok());
+        self.metrics
+            .claims_pending_since
+            .set(since.map_or(0.0, |since| since.as_secs_f64()));
     }
 }
 
@@ -114,13 +118,14 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
     let started = Instant::now();
     let result = reconcile_claim(&claim, &ctx).await;
     ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
-    let label = match &result {
-        Ok(Outcome::Skipped(_)) => "skipped",
-        Ok(Outcome::Invalid(_)) => "invalid",
-        Ok(Outcome::Shared { .. }) => "shared",
-        Err(_) => "error",
+    let (label, standing) = match &result {
+        Ok(Outcome::Skipped(_)) => ("skipped", Standing::NotServed),
+        Ok(Outcome::Invalid(_)) => ("invalid", Standing::Invalid),
+        Ok(Outcome::Shared { .. }) => ("shared", Standing::Shared),
+        Err(_) => ("error", Standing::Failed),
     };
     ctx.metrics.reconciles.with_label_values(&[label]).inc();
+    ctx.book(|book| book.record(&claim_key(&claim), standing, SystemTime::now()));
     tracing::debug!(claim = %claim_key(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
     result.map(|_| Action::requeue(ctx.settings.resync_interval))
 }
@@ -187,7 +192,6 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
     };
     ensure_endpoints(ctx, &shared, caches.as_ref()).await?;
     let EnsuredService { cluster_ip, created } = ensured;
-    ctx.track(&uid, true);
     ctx.events.clear_warnings(&claim.object_ref(&()));
 
     let mount_endpoint = desired::mount_endpoint(&cluster_ip)
@@ -231,7 +235,6 @@ async fn not_managed(ctx: &Context, claim: &PersistentVolumeClaim, why: NotManag
 }
 
 fn skipped(ctx: &Context, claim: &PersistentVolumeClaim, skip: Skip) -> Outcome {
-    ctx.track(&claim.uid().unwrap_or_default(), false);
     if skip == Skip::Deleting {
         ctx.events.clear_warnings(&claim.object_ref(&()));
     }
@@ -239,7 +242,6 @@ fn skipped(ctx: &Context, claim: &PersistentVolumeClaim, skip: Skip) -> Outcome 
 }
 
 async fn report_invalid(ctx: &Context, claim: &PersistentVolumeClaim, invalid: Invalid) -> Outcome {
-    ctx.track(&claim.uid().unwrap_or_default(), false);
     ctx.metrics.reconcile_errors.with_label_values(&[invalid.reason]).inc();
     let reference: ObjectReference = claim.object_ref(&());
     ctx.events

@@ -1,0 +1,120 @@
+//! What the controller knows of the claims it reconciled, for its gauges: which are served now,
+//! and since when each of the others that should be served has waited for its mount endpoint.
+//! Pure bookkeeping keyed by `namespace/name`; time comes in as a parameter.
+
+use std::collections::{HashMap, HashSet};
+use std::time::SystemTime;
+
+/// How a claim's last reconcile ended, as far as the gauges care.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Served: Service, endpoints and mount endpoint in place.
+    Shared,
+    /// Not ours, or not yet (no NFS server): nothing to wait for on our side.
+    NotServed,
+    /// Ours, but bad input stops it (a Warning tells what to fix): it waits.
+    Invalid,
+    /// Ours, and the reconcile failed (API, backend, timeout): it waits; whether it was served
+    /// before stays as it was.
+    Failed,
+}
+
+#[derive(Debug, Default)]
+pub struct ClaimBook {
+    shared: HashSet<String>,
+    waiting_since: HashMap<String, SystemTime>,
+}
+
+impl ClaimBook {
+    pub fn record(&mut self, claim: &str, standing: Standing, now: SystemTime) {
+        match standing {
+            Standing::Shared => {
+                self.shared.insert(claim.to_owned());
+            }
+            Standing::NotServed | Standing::Invalid => {
+                self.shared.remove(claim);
+            }
+            Standing::Failed => {}
+        }
+        match standing {
+            Standing::Shared | Standing::NotServed => {
+                self.waiting_since.remove(claim);
+            }
+            Standing::Invalid | Standing::Failed => {
+                self.waiting_since.entry(claim.to_owned()).or_insert(now);
+            }
+        }
+    }
+
+    /// The claim is gone.
+    pub fn forget(&mut self, claim: &str) {
+        self.shared.remove(claim);
+        self.waiting_since.remove(claim);
+    }
+
+    /// This replica stopped reconciling (lost leadership): it speaks for no claim.
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
+    pub fn shared(&self) -> usize {
+        self.shared.len()
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting_since.len()
+    }
+
+    /// When the longest-waiting claim started waiting.
+    pub fn waiting_since(&self) -> Option<SystemTime> {
+        self.waiting_since.values().min().copied()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn at(seconds: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn a_claim_waits_from_its_first_failure_until_it_is_served_or_gone() {
+        let mut book = ClaimBook::default();
+        book.record("apps/a", Standing::Failed, at(10));
+        book.record("apps/b", Standing::Invalid, at(20));
+        book.record("apps/a", Standing::Failed, at(30));
+        assert_eq!((book.waiting(), book.waiting_since()), (2, Some(at(10))));
+        book.record("apps/a", Standing::Shared, at(40));
+        assert_eq!(
+            (book.shared(), book.waiting(), book.waiting_since()),
+            (1, 1, Some(at(20)))
+        );
+        book.forget("apps/b");
+        assert_eq!((book.waiting(), book.waiting_since()), (0, None));
+    }
+
+    #[test]
+    fn a_failure_keeps_a_served_claim_served_and_bad_input_does_not() {
+        let mut book = ClaimBook::default();
+        book.record("apps/a", Standing::Shared, at(1));
+        book.record("apps/a", Standing::Failed, at(2));
+        assert_eq!((book.shared(), book.waiting()), (1, 1));
+        book.record("apps/a", Standing::Invalid, at(3));
+        assert_eq!((book.shared(), book.waiting_since()), (0, Some(at(2))));
+        book.record("apps/a", Standing::NotServed, at(4));
+        assert_eq!((book.shared(), book.waiting()), (0, 0));
+    }
+
+    #[test]
+    fn losing_leadership_clears_every_count() {
+        let mut book = ClaimBook::default();
+        book.record("apps/a", Standing::Shared, at(1));
+        book.record("apps/b", Standing::Failed, at(1));
+        book.clear();
+        assert_eq!((book.shared(), book.waiting(), book.waiting_since()), (0, 0, None));
+    }
+}
