@@ -148,7 +148,8 @@ pub struct AgentMetrics {
     pub actions: IntCounterVec,
     /// By `action` and `why` (`guard`, `dry_run`).
     pub refused_actions: IntCounterVec,
-    /// Peers' nodes failed over (tainted after the evidence held), by `node`.
+    /// Peers' nodes failed over (tainted after the evidence held), by `peer_node` (not `node`:
+    /// the monitors label every series with the node it is scraped from).
     pub fail_overs: IntCounterVec,
     /// From reading a Primary role to the rewritten Endpoints and EndpointSlice.
     pub endpoint_rewrite: Histogram,
@@ -207,8 +208,8 @@ impl AgentMetrics {
             fail_overs: register(
                 registry,
                 IntCounterVec::new(
-                    Opts::new(AGENT_FAIL_OVERS, "Peers' nodes this agent failed over, by node."),
-                    &["node"],
+                    Opts::new(AGENT_FAIL_OVERS, "Peers' nodes this agent failed over, by peer node."),
+                    &["peer_node"],
                 )?,
             )?,
             drbd_last_read: register(

@@ -4,52 +4,15 @@
 
 mod common;
 
-use std::process::{Command, Output};
-
 use common::drbd::{NODE_LABEL, resource, slice_addresses};
+use common::helm::{CHART, find, run, template};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
 const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/shared-volume-controller.json");
-
-fn run(command: &mut Command) -> Output {
-    let output = command
-        .output()
-        .unwrap_or_else(|err| panic!("cannot run {command:?}: {err}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed: {}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output
-}
-
-/// `helm template` with `--set` values, as JSON objects.
-fn template(sets: &[&str]) -> Vec<Value> {
-    let mut helm = tool("helm");
-    helm.args(["template", "demo", CHART, "--namespace", "storage"]);
-    for set in sets {
-        helm.args(["--set", set]);
-    }
-    let rendered = String::from_utf8(run(&mut helm).stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&rendered)
-        .map(|doc| Value::deserialize(doc).expect("rendered YAML"))
-        .filter(|doc| !doc.is_null())
-        .collect()
-}
-
-fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    objects
-        .iter()
-        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
-}
 
 fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
     container["env"].as_array()?.iter().find(|e| e["name"] == name)?["value"].as_str()

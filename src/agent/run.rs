@@ -374,7 +374,7 @@ fn record_resources(metrics: &AgentMetrics, state: &DrbdState) {
     }
 }
 
-/// When DRBD state was last read, for `/healthz` and the age metric.
+/// When DRBD state was last read, for `/healthz`.
 #[derive(Clone)]
 struct Freshness {
     last_read: Arc<Mutex<Instant>>,

@@ -4,6 +4,7 @@
 
 pub mod datapath;
 pub mod drbd;
+pub mod helm;
 pub mod outage;
 pub mod process;
 pub mod prometheus;

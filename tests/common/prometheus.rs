@@ -77,26 +77,47 @@ impl Prometheus {
         response["data"]["result"].as_array().cloned().unwrap_or_default()
     }
 
-    /// Runs every panel query of the dashboard (variables substituted) until each returns data;
-    /// returns (panels, queries) checked.
+    /// Runs every query of the dashboard (panels and annotations, every variable set to "all")
+    /// until each returns data; returns (panels, queries) checked.
     pub async fn check_dashboard(&self) -> (usize, usize) {
-        let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
-        let panels = dashboard["panels"].as_array().expect("dashboard panels");
-        let mut queries = 0;
-        for panel in panels {
-            for target in panel["targets"].as_array().into_iter().flatten() {
-                let expr = target["expr"].as_str().expect("panel target expr");
-                let expr = expr.replace("$__rate_interval", "1m");
-                let what = format!("data for panel {:?}: {expr}", panel["title"]);
-                eventually(&what, Duration::from_secs(30), || async {
-                    (!self.query(&expr).await.is_empty()).then_some(())
-                })
-                .await;
-                queries += 1;
-            }
+        let dashboard = dashboard();
+        let queries = dashboard_queries(&dashboard);
+        for (title, expr) in &queries {
+            let expr = ["$cluster", "$namespace", "$job", "$instance"]
+                .iter()
+                .fold(expr.clone(), |expr, variable| expr.replace(variable, ".*"))
+                .replace("$__rate_interval", "1m")
+                .replace("$__range", "1h");
+            let what = format!("data for {title}: {expr}");
+            eventually(&what, Duration::from_secs(30), || async {
+                (!self.query(&expr).await.is_empty()).then_some(())
+            })
+            .await;
         }
-        (panels.len(), queries)
+        (dashboard["panels"].as_array().map_or(0, Vec::len), queries.len())
     }
+}
+
+pub fn dashboard() -> Value {
+    serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap()
+}
+
+/// Every query of the dashboard, panel targets and annotations, each with its title.
+pub fn dashboard_queries(dashboard: &Value) -> Vec<(String, String)> {
+    let panels = dashboard["panels"].as_array().into_iter().flatten().flat_map(|panel| {
+        panel["targets"].as_array().into_iter().flatten().map(|target| {
+            (
+                format!("panel {}", panel["title"]),
+                target["expr"].as_str().unwrap().to_owned(),
+            )
+        })
+    });
+    let annotations = dashboard["annotations"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| Some((format!("annotation {}", a["name"]), a["expr"].as_str()?.to_owned())));
+    panels.chain(annotations).collect()
 }
 
 impl Drop for Prometheus {

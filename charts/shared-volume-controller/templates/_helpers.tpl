@@ -61,3 +61,16 @@ spec:
   policyName: {{ .policy }}
   validationActions: [Deny]
 {{- end -}}
+
+{{/* PromQL label matchers for one component's series, as scraped through the chart's
+ServiceMonitor (job: the metrics Service) or PodMonitor (job: namespace/monitor):
+pass (dict "root" $ "component" "agent"). */}}
+{{- define "svc.seriesOf" -}}
+{{- $name := include "svc.componentName" . -}}
+namespace="{{ .root.Release.Namespace }}", job=~"({{ .root.Release.Namespace }}/)?{{ $name }}(-metrics)?"
+{{- end -}}
+
+{{/* An alert's labels, in flow style: pass (dict "severity" "warning" "labels" extraLabels). */}}
+{{- define "svc.alertLabels" -}}
+{severity: {{ .severity }}{{ range $k, $v := .labels }}, {{ $k }}: {{ $v | quote }}{{ end }}}
+{{- end -}}

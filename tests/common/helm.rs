@@ -1,0 +1,45 @@
+//! The chart as helm renders it, and running tools whose failure should fail the test.
+
+use std::process::{Command, Output};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::tool;
+
+pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
+
+/// Runs `command` and fails the test with its output unless it succeeds.
+pub fn run(command: &mut Command) -> Output {
+    let output = command
+        .output()
+        .unwrap_or_else(|err| panic!("cannot run {command:?}: {err}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// `helm template` with `--set` values, as JSON objects.
+pub fn template(sets: &[&str]) -> Vec<Value> {
+    let mut helm = tool("helm");
+    helm.args(["template", "demo", CHART, "--namespace", "storage"]);
+    for set in sets {
+        helm.args(["--set", set]);
+    }
+    let rendered = String::from_utf8(run(&mut helm).stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&rendered)
+        .map(|doc| Value::deserialize(doc).expect("rendered YAML"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
