@@ -4,8 +4,12 @@
 # Exits 0 only when every step happened.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=lib.sh
+source hack/lib.sh
 
-printf '==> building shared-volume-controller and the demo\n' >&2
+step "tools (first run: 6-15 minutes to build Kubernetes from source on 2 cores), while cargo builds the demo"
+start_tools
 cargo build --locked --tests
-printf '==> tools and control plane (first run: about 10 minutes to build Kubernetes from source)\n' >&2
+wait_for_tools >/dev/null
+step "control plane and demo"
 SVC_DEMO=1 exec hack/with-cluster.sh cargo test --locked --quiet --test demo -- --ignored --nocapture

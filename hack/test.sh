@@ -3,23 +3,29 @@
 # real control plane started for this run and stopped afterwards. Exit status is the tests'.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=lib.sh
+source hack/lib.sh
 
-step() { printf '\n==> %s\n' "$*" >&2; }
-
-step "tools (hack/tools.sh)"
-bin=$(hack/tools.sh)
-export PATH="$bin:$PATH"
+step "tools (hack/tools.sh), built while cargo compiles"
+start_tools
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
+step "build"
+cargo build --locked --all-targets
+
+step "waiting for the tools"
+bin=$(wait_for_tools)
+export PATH="$bin:$PATH"
+
 step "hadolint Dockerfile"
 hadolint Dockerfile
 step "the Dockerfile's build stage has what it needs (hack/check-image-build.sh)"
 hack/check-image-build.sh
-step "build"
-cargo build --locked --all-targets
+step "the chart's README is generated from its values (hack/chart-docs.sh --check)"
+hack/chart-docs.sh --check
 
 step "cargo test (unit and end-to-end, on a fresh control plane)"
 hack/with-cluster.sh cargo test --locked --all-targets -- --include-ignored

@@ -21,6 +21,25 @@ if [[ "${1:-}" == "--print" ]]; then
 fi
 
 log() { printf '[tools] %s\n' "$*" >&2; }
+
+# Runs "$@" and, while it runs, says every 30 s how long it has taken against the usual time, so
+# that a cold build does not look hung. Usage: with_progress WHAT USUAL COMMAND...
+with_progress() {
+  local what=$1 usual=$2 start
+  shift 2
+  start=$(date +%s)
+  (
+    while sleep 30; do
+      log "  ... $what: $(($(date +%s) - start)) s so far (usually $usual on 2 cores)"
+    done
+  ) &
+  local ticker=$! status=0
+  "$@" || status=$?
+  kill "$ticker" 2>/dev/null || true
+  wait "$ticker" 2>/dev/null || true
+  ((status)) || log "  $what: done in $(($(date +%s) - start)) s"
+  return "$status"
+}
 fail() {
   printf '[tools] FAILED: %s\n[tools] Retry with: hack/tools.sh (already built tools are kept in %s)\n' "$1" "$cache_root" >&2
   exit 1
@@ -45,7 +64,7 @@ build_kubernetes() {
   local v=$KUBERNETES_VERSION staging_v="v0.${KUBERNETES_VERSION#v1.}"
   local dir
   dir=$(work_module "kubernetes-$v")
-  log "building kube-apiserver, kube-controller-manager, kubectl, kube-proxy $v from k8s.io/kubernetes (cold: 15-30 minutes)"
+  log "building kube-apiserver, kube-controller-manager, kubectl, kube-proxy $v from k8s.io/kubernetes (cold: usually 4-14 minutes on 2 cores)"
   (
     cd "$dir"
     # k8s.io/kubernetes replaces its staging modules with local paths; a module that depends on it
@@ -78,7 +97,8 @@ import (
 )
 GO
     go mod tidy -e >/dev/null 2>&1 || true
-    go get "k8s.io/kubernetes@$v" >&2 || fail "go get k8s.io/kubernetes@$v"
+    with_progress "downloading k8s.io/kubernetes $v" "1-3 min" go get "k8s.io/kubernetes@$v" >&2 ||
+      fail "go get k8s.io/kubernetes@$v"
     local pkg=k8s.io/component-base/version
     local minor
     minor=$(echo "${v#v1.}" | cut -d. -f1)
@@ -86,9 +106,11 @@ GO
     ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
     for b in "${want[@]}"; do
       [[ -x "$bin_dir/$b" ]] && continue
-      log "  go build $b"
-      go build -tags tools -ldflags "$ldflags" -o "$bin_dir/$b.tmp" "k8s.io/kubernetes/cmd/$b" >&2 ||
-        fail "go build k8s.io/kubernetes/cmd/$b@$v"
+      local usual="under a minute"
+      [[ $b == kube-apiserver ]] && usual="3-9 min" # the first build compiles what the others share
+      [[ $b == kube-controller-manager ]] && usual="1-3 min"
+      with_progress "go build $b" "$usual" go build -tags tools -ldflags "$ldflags" -o "$bin_dir/$b.tmp" \
+        "k8s.io/kubernetes/cmd/$b" >&2 || fail "go build k8s.io/kubernetes/cmd/$b@$v"
       mv "$bin_dir/$b.tmp" "$bin_dir/$b"
     done
   )
@@ -98,7 +120,7 @@ build_etcd() {
   [[ -x "$bin_dir/etcd" ]] && return 0
   local v=$ETCD_VERSION dir
   dir=$(work_module "etcd-$v")
-  log "building etcd $v from go.etcd.io/etcd/server/v3 (cold: 2-5 minutes)"
+  log "building etcd $v from go.etcd.io/etcd/server/v3 (cold: usually 1-3 minutes on 2 cores)"
   (
     cd "$dir"
     cat >go.mod <<MOD
@@ -124,8 +146,8 @@ import _ "go.etcd.io/etcd/server/v3"
 GO
     go get "go.etcd.io/etcd/server/v3@$v" >&2 || fail "go get go.etcd.io/etcd/server/v3@$v"
     go mod tidy -e >/dev/null 2>&1 || true
-    go build -tags tools -ldflags "-s -w" -o "$bin_dir/etcd.tmp" go.etcd.io/etcd/server/v3 >&2 ||
-      fail "go build etcd $v"
+    with_progress "go build etcd" "1-3 min" go build -tags tools -ldflags "-s -w" -o "$bin_dir/etcd.tmp" \
+      go.etcd.io/etcd/server/v3 >&2 || fail "go build etcd $v"
     mv "$bin_dir/etcd.tmp" "$bin_dir/etcd"
   )
 }
@@ -133,10 +155,10 @@ GO
 build_helm() {
   [[ -x "$bin_dir/helm" ]] && return 0
   local v=$HELM_VERSION
-  log "building helm $v from helm.sh/helm/v3 (cold: 3-6 minutes)"
+  log "building helm $v from helm.sh/helm/v3 (cold: usually 1-4 minutes on 2 cores)"
   local k8s_minor
   k8s_minor=$(echo "${KUBERNETES_VERSION#v1.}" | cut -d. -f1)
-  GOBIN="$bin_dir" go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v \
+  with_progress "go install helm" "1-4 min" env GOBIN="$bin_dir" go install -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$v \
 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$k8s_minor \
 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$k8s_minor" \
     "helm.sh/helm/v3/cmd/helm@$v" >&2 || fail "go install helm.sh/helm/v3/cmd/helm@$v"
@@ -178,15 +200,18 @@ install_debian_packages() {
   local sudo=""
   [[ $(id -u) -eq 0 ]] || sudo=sudo
   $sudo apt-get update -qq >&2 || fail "apt-get update"
-  $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+  with_progress "apt-get install" "under a minute" $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     $(printf '%s\n' "${need[@]}" | sort -u) >&2 || fail "apt-get install ${need[*]}"
 }
 
+started=$(date +%s)
+[[ -x "$bin_dir/kube-apiserver" ]] ||
+  log "first run: building the test tools from source, usually 6-15 minutes on 2 cores (later runs: seconds)"
 install_debian_packages
 build_etcd
 build_kubernetes
 build_helm
 build_helm_docs
 install_hadolint
-log "tools ready in $bin_dir"
+log "tools ready in $bin_dir ($(($(date +%s) - started)) s)"
 echo "$bin_dir"
