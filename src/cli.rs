@@ -95,9 +95,13 @@ pub struct ControllerArgs {
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
     /// How long to wait before reconciling a claim again after a failure (StorageOS's retry on
-    /// API failure).
+    /// API failure); doubled after each further failure of the same claim, up to
+    /// `--max-retry-interval`, and reset by a success.
     #[arg(long, env = "API_RETRY_INTERVAL", default_value = "5s")]
     pub api_retry_interval: Duration,
+    /// The longest wait between two attempts at a claim that keeps failing.
+    #[arg(long, env = "MAX_RETRY_INTERVAL", default_value = "5m")]
+    pub max_retry_interval: Duration,
     /// Claims reconciled at once.
     #[arg(long, env = "CONCURRENCY", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,

@@ -175,39 +175,83 @@ async fn keeps_everything_when_the_service_endpoint_goes_away() {
 
 #[tokio::test]
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
-async fn recreates_a_deleted_service_and_warns_clients_to_remount() {
+async fn a_deleted_service_comes_back_at_the_address_clients_mount() {
     let env = common::setup("ctl-recreate").await;
     let controller = start_controller(&env, &[]).await;
     let (name, first) = shared_claim(&env, "data", "192.0.2.30:2049").await;
     let services = env.api::<Service>();
-    let old_uid = services.get(&name).await.unwrap().metadata.uid;
+    let old = services.get(&name).await.unwrap();
 
     services.delete(&name, &DeleteParams::default()).await.unwrap();
-    let service = eventually("the Service to be recreated", WAIT, || async {
-        services
-            .get_opt(&name)
-            .await
-            .unwrap()
-            .filter(|s| s.metadata.uid != old_uid)
-    })
-    .await;
-    let ip = cluster_ip(&service);
-    let expected = format!("{ip}:2049");
-    if expected != first {
-        assert_eq!(published(&env, &name, Some(&first)).await, expected);
-        let warnings = env.wait_for_events("data", "ServiceRecreated").await;
-        assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
-        let note = warnings[0].note.clone().unwrap();
-        assert!(
-            note.contains(&first) && note.contains(&expected) && note.contains("remount"),
-            "{note}"
-        );
-    } else {
-        // The allocator handed out the same address again: nothing changed for clients.
-        assert!(env.events("data", "ServiceRecreated").await.is_empty());
-    }
+    let service = recreated(&env, &name, &old).await;
+    assert_eq!(
+        format!("{}:2049", cluster_ip(&service)),
+        first,
+        "the Service came back at the ClusterIP clients mount"
+    );
+    let restored = env.wait_for_events("data", "ServiceRestored").await;
+    assert_eq!(restored[0].type_.as_deref(), Some("Normal"));
+    assert!(
+        env.events("data", "ServiceRecreated").await.is_empty(),
+        "no Warning: clients are unaffected"
+    );
+    assert_eq!(
+        env.pv_annotation(&name, MOUNT_ENDPOINT).await.as_deref(),
+        Some(first.as_str())
+    );
+    endpoints_at(&env, &name, "192.0.2.30", 2049).await;
     controller.stop().await;
     env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_deleted_service_whose_address_was_taken_gets_a_new_one_and_a_warning() {
+    let env = common::setup("ctl-taken").await;
+    let controller = start_controller(&env, &[]).await;
+    let (name, first) = shared_claim(&env, "data", "192.0.2.31:2049").await;
+    let services = env.api::<Service>();
+    let old = services.get(&name).await.unwrap();
+    controller.stop().await;
+
+    // While no controller runs, the Service goes and something else takes its address.
+    services.delete(&name, &DeleteParams::default()).await.unwrap();
+    let squatter: Service = serde_json::from_value(json!({
+        "metadata": {"name": "squatter"},
+        "spec": {"clusterIP": cluster_ip(&old), "ports": [{"port": 80}]},
+    }))
+    .unwrap();
+    eventually("the old address to be taken", WAIT, || async {
+        services.create(&Default::default(), &squatter).await.ok()
+    })
+    .await;
+
+    let controller = start_controller(&env, &[]).await;
+    let service = recreated(&env, &name, &old).await;
+    let expected = format!("{}:2049", cluster_ip(&service));
+    assert_ne!(expected, first);
+    assert_eq!(published(&env, &name, Some(&first)).await, expected);
+    let warnings = env.wait_for_events("data", "ServiceRecreated").await;
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+    let note = warnings[0].note.clone().unwrap();
+    assert!(
+        note.contains(&first) && note.contains(&expected) && note.contains("remount"),
+        "{note}"
+    );
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+/// The Service `name` once it exists again as a new object (not `old`).
+async fn recreated(env: &TestEnv, name: &str, old: &Service) -> Service {
+    eventually("the Service to be recreated", WAIT, || async {
+        env.api::<Service>()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .filter(|s| s.metadata.uid != old.metadata.uid)
+    })
+    .await
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 //! Pure bookkeeping keyed by `namespace/name`; time comes in as a parameter.
 
 use std::collections::{HashMap, HashSet};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// How a claim's last reconcile ended, as far as the gauges care.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -23,6 +23,8 @@ pub enum Standing {
 pub struct ClaimBook {
     shared: HashSet<String>,
     waiting_since: HashMap<String, SystemTime>,
+    /// Failed reconciles in a row, by claim.
+    failures: HashMap<String, u32>,
 }
 
 impl ClaimBook {
@@ -44,12 +46,26 @@ impl ClaimBook {
                 self.waiting_since.entry(claim.to_owned()).or_insert(now);
             }
         }
+        if standing == Standing::Failed {
+            *self.failures.entry(claim.to_owned()).or_default() += 1;
+        } else {
+            self.failures.remove(claim);
+        }
+    }
+
+    /// How long to wait before trying `claim` again after its last failure: `first` after one
+    /// failure, doubling with each further one, never more than `max`.
+    pub fn retry_after(&self, claim: &str, first: Duration, max: Duration) -> Duration {
+        let failures = self.failures.get(claim).copied().unwrap_or(1).max(1);
+        let factor = 2u32.saturating_pow(failures - 1);
+        first.saturating_mul(factor).min(max)
     }
 
     /// The claim is gone.
     pub fn forget(&mut self, claim: &str) {
         self.shared.remove(claim);
         self.waiting_since.remove(claim);
+        self.failures.remove(claim);
     }
 
     /// This replica stopped reconciling (lost leadership): it speaks for no claim.
@@ -73,8 +89,6 @@ impl ClaimBook {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn at(seconds: u64) -> SystemTime {
@@ -116,5 +130,33 @@ mod tests {
         book.record("apps/b", Standing::Failed, at(1));
         book.clear();
         assert_eq!((book.shared(), book.waiting(), book.waiting_since()), (0, 0, None));
+    }
+
+    #[test]
+    fn a_claim_that_keeps_failing_waits_longer_each_time_until_it_succeeds() {
+        let (first, max) = (Duration::from_secs(5), Duration::from_secs(300));
+        let mut book = ClaimBook::default();
+        let mut waits = Vec::new();
+        for _ in 0..9 {
+            book.record("apps/a", Standing::Failed, at(0));
+            waits.push(book.retry_after("apps/a", first, max).as_secs());
+        }
+        assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
+        assert_eq!(
+            book.retry_after("apps/b", first, max).as_secs(),
+            5,
+            "others are not slowed down"
+        );
+        book.record("apps/a", Standing::Shared, at(1));
+        book.record("apps/a", Standing::Failed, at(2));
+        assert_eq!(
+            book.retry_after("apps/a", first, max).as_secs(),
+            5,
+            "a success starts over"
+        );
+        for _ in 0..100 {
+            book.record("apps/a", Standing::Failed, at(3));
+        }
+        assert_eq!(book.retry_after("apps/a", first, max), max, "no overflow");
     }
 }

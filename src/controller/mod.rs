@@ -43,6 +43,7 @@ pub async fn run(
         api_secret_path = %args.api_secret_path.display(),
         api_refresh_interval = %args.api_refresh_interval,
         api_retry_interval = %args.api_retry_interval,
+        max_retry_interval = %args.max_retry_interval,
         volume_poll_interval = %args.volume_poll_interval,
         k8s_create_poll_interval = %args.k8s_create_poll_interval,
         k8s_create_wait_duration = %args.k8s_create_wait_duration,
@@ -62,6 +63,7 @@ pub async fn run(
         create_wait_duration: *args.k8s_create_wait_duration,
         resync_interval: *args.resync_interval,
         error_requeue: *args.api_retry_interval,
+        max_error_requeue: *args.max_retry_interval,
     };
     let events = EventSink::new(client.clone(), CONTROLLER_NAME, Some(args.identity.clone()));
     let ctx = Arc::new(Context::new(client.clone(), backend, settings, metrics.clone(), events));

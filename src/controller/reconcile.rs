@@ -25,7 +25,10 @@ pub struct ReconcileSettings {
     pub create_poll_interval: Duration,
     pub create_wait_duration: Duration,
     pub resync_interval: Duration,
+    /// The wait after a claim's first failure; it doubles with each further one, up to
+    /// `max_error_requeue`.
     pub error_requeue: Duration,
+    pub max_error_requeue: Duration,
 }
 
 pub struct Context {
@@ -132,8 +135,15 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
 
 pub fn error_policy(claim: Arc<PersistentVolumeClaim>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_errors.with_label_values(&[err.reason()]).inc();
-    tracing::warn!(claim = %claim_key(&claim), error = %err, "reconcile failed; retrying in {:?}", ctx.settings.error_requeue);
-    Action::requeue(ctx.settings.error_requeue)
+    let key = claim_key(&claim);
+    let settings = &ctx.settings;
+    let retry = ctx.book.lock().expect("claim book poisoned").retry_after(
+        &key,
+        settings.error_requeue,
+        settings.max_error_requeue,
+    );
+    tracing::warn!(claim = %key, error = %err, "reconcile failed; retrying in {retry:?}");
+    Action::requeue(retry)
 }
 
 fn claim_key(claim: &PersistentVolumeClaim) -> String {
@@ -180,7 +190,8 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
             .map(|s| (*s).clone()),
         None => services.get_opt(&shared.service_name).await?,
     };
-    let Some(ensured) = ensure_service(ctx, &services, &shared, existing.as_ref(), &uid).await? else {
+    let published = volume.mount_endpoint.as_deref();
+    let Some(ensured) = ensure_service(ctx, &services, &shared, existing.as_ref(), &uid, published).await? else {
         let invalid = Invalid {
             reason: "ServiceNameTaken",
             message: format!(
@@ -197,6 +208,15 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
     let mount_endpoint = desired::mount_endpoint(&cluster_ip)
         .ok_or_else(|| ReconcileError::NoClusterIp(shared.service_name.clone(), ctx.settings.create_wait_duration))?;
     if volume.mount_endpoint.as_deref() == Some(mount_endpoint.as_str()) {
+        if created {
+            let note = format!(
+                "Service {} was missing and has been recreated at the published address {mount_endpoint}; clients are unaffected",
+                shared.service_name
+            );
+            ctx.events
+                .normal(&claim.object_ref(&()), "ServiceRestored", "RecreateService", note)
+                .await;
+        }
         return Ok(Outcome::Shared {
             mount_endpoint,
             published: false,
@@ -205,7 +225,7 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
     let reference = claim.object_ref(&());
     if created && let Some(previous) = &volume.mount_endpoint {
         let note = format!(
-            "Service {} was missing and has been recreated: the mount endpoint moved from {previous} to {mount_endpoint}; clients must remount",
+            "Service {} was missing and has been recreated, but its address {previous} had been taken meanwhile: the mount endpoint moved to {mount_endpoint}; clients must remount",
             shared.service_name
         );
         ctx.events
@@ -265,14 +285,16 @@ struct EnsuredService {
     created: bool,
 }
 
-/// Creates the Service, or applies it if it drifted, and returns its ClusterIP (waiting for one
-/// after a create); `None` when a Service of that name belongs to something else.
+/// Creates the Service (at the `published` address, if one was), or applies it if it drifted,
+/// and returns its ClusterIP (waiting for one after a create); `None` when a Service of that name
+/// belongs to something else.
 async fn ensure_service(
     ctx: &Context,
     services: &Api<Service>,
     shared: &SharedVolume,
     existing: Option<&Service>,
     claim_uid: &str,
+    published: Option<&str>,
 ) -> Result<Option<EnsuredService>, ReconcileError> {
     let desired = desired::service(shared);
     let owned = |service: &Service| service.owner_references().iter().any(|o| o.uid == claim_uid);
@@ -282,7 +304,7 @@ async fn ensure_service(
             let applied = apply_if_changed(services, CONTROLLER_FIELD_MANAGER, &desired, Some(existing)).await?;
             (applied.unwrap_or_else(|| existing.clone()), false)
         }
-        None => match create(services, CONTROLLER_FIELD_MANAGER, &desired).await? {
+        None => match create_service(services, shared, &desired, published).await? {
             Some(created) => {
                 tracing::info!(service = %format!("{}/{}", shared.namespace, shared.service_name), "Service created");
                 (created, true)
@@ -303,6 +325,29 @@ async fn ensure_service(
         None => wait_for_cluster_ip(ctx, services, &shared.service_name).await?,
     };
     Ok(Some(EnsuredService { cluster_ip, created }))
+}
+
+/// Creates the Service asking for the published ClusterIP when there is one; when that address
+/// is no longer free (or no longer in the service range), takes a new one: the caller warns that
+/// clients must remount.
+async fn create_service(
+    services: &Api<Service>,
+    shared: &SharedVolume,
+    desired: &Service,
+    published: Option<&str>,
+) -> Result<Option<Service>, kube::Error> {
+    if let Some(at_published) = desired::service_at_published_address(shared, published) {
+        match create(services, CONTROLLER_FIELD_MANAGER, &at_published).await {
+            Err(kube::Error::Api(status)) if status.code == 422 => tracing::warn!(
+                service = %format!("{}/{}", shared.namespace, shared.service_name),
+                published,
+                reason = %status.message,
+                "cannot recreate the Service at its published address; taking a new one"
+            ),
+            result => return result,
+        }
+    }
+    create(services, CONTROLLER_FIELD_MANAGER, desired).await
 }
 
 fn cluster_ip(service: &Service) -> Option<String> {

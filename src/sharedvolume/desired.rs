@@ -151,6 +151,16 @@ pub fn service(volume: &SharedVolume) -> Service {
     }
 }
 
+/// The Service to create when it is missing although a mount endpoint was published: it asks for
+/// the ClusterIP clients already mount, so that a deleted Service (by hand, by a GitOps prune)
+/// comes back at the same address. `None` when nothing usable was published.
+pub fn service_at_published_address(volume: &SharedVolume, published: Option<&str>) -> Option<Service> {
+    let ip = published?.parse::<NfsEndpoint>().ok()?.ip;
+    let mut service = service(volume);
+    service.spec.as_mut()?.cluster_ip = Some(ip.to_string());
+    Some(service)
+}
+
 /// Endpoints of the Service: the NFS server. Not mirrored: we write the EndpointSlice ourselves.
 pub fn endpoints(volume: &SharedVolume) -> Endpoints {
     Endpoints {
@@ -258,6 +268,21 @@ mod tests {
             let value = label_value(raw);
             assert!(is_label_value(&value) && !value.is_empty(), "{raw} -> {value}");
         }
+    }
+
+    #[test]
+    fn a_missing_service_asks_for_the_published_address() {
+        let volume = volume("10.0.0.5:2049");
+        let asked =
+            |published| service_at_published_address(&volume, published).map(|s| s.spec.unwrap().cluster_ip.unwrap());
+        assert_eq!(asked(Some("10.96.4.7:2049")).as_deref(), Some("10.96.4.7"));
+        assert_eq!(asked(Some("[fd00:10:96::7]:2049")).as_deref(), Some("fd00:10:96::7"));
+        assert_eq!(asked(Some("not an address")), None);
+        assert_eq!(asked(None), None);
+        let kept = service_at_published_address(&volume, Some("10.96.4.7:2049")).unwrap();
+        let mut plain = service(&volume);
+        plain.spec.as_mut().unwrap().cluster_ip = Some("10.96.4.7".into());
+        assert_eq!(kept, plain, "the same Service, with the address asked for");
     }
 
     #[test]

@@ -21,7 +21,9 @@ pub enum EndpointError {
     BadPort(String),
     #[error("{0:?} is IPv6 without brackets: write it as [address]:port, e.g. [fd00::5]:2049")]
     UnbracketedIpv6(String),
-    #[error("{0:?} is not a unicast address a client can reach")]
+    #[error(
+        "{0:?} is not an address NFS clients on other nodes can reach (loopback, link-local, unspecified, multicast or broadcast): publish the NFS server's node or pod IP"
+    )]
     Unusable(String),
 }
 
@@ -49,7 +51,7 @@ impl FromStr for NfsEndpoint {
                 return Err(EndpointError::BadPort(owned()));
             }
             let ip = addr.ip();
-            if ip.is_unspecified() || ip.is_multicast() || is_broadcast(&ip) {
+            if !reachable_by_clients(ip) {
                 return Err(EndpointError::Unusable(owned()));
             }
             return Ok(Self::new(ip, addr.port()));
@@ -78,8 +80,16 @@ impl FromStr for NfsEndpoint {
     }
 }
 
-fn is_broadcast(ip: &IpAddr) -> bool {
-    matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+/// Whether NFS clients on other nodes could reach a server at `ip`: not loopback or link-local
+/// (each node has its own), not unspecified, multicast or broadcast. An IPv4 address written as
+/// IPv6 (`::ffff:127.0.0.1`) is judged as the IPv4 address it is.
+fn reachable_by_clients(ip: IpAddr) -> bool {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            !(v4.is_loopback() || v4.is_link_local() || v4.is_unspecified() || v4.is_multicast() || v4.is_broadcast())
+        }
+        IpAddr::V6(v6) => !(v6.is_loopback() || v6.is_unicast_link_local() || v6.is_unspecified() || v6.is_multicast()),
+    }
 }
 
 impl fmt::Display for NfsEndpoint {
@@ -113,7 +123,7 @@ mod tests {
     fn refuses_what_is_not_ip_and_port() {
         use EndpointError::*;
         type Expected = fn(String) -> EndpointError;
-        let cases: [(&str, Expected); 14] = [
+        let cases: [(&str, Expected); 20] = [
             ("", Malformed),
             ("nfs.example.com:2049", Hostname),
             ("nfs-server:2049", Hostname),
@@ -127,6 +137,12 @@ mod tests {
             ("0.0.0.0:2049", Unusable),
             ("[::]:2049", Unusable),
             ("255.255.255.255:2049", Unusable),
+            ("127.0.0.1:2049", Unusable),
+            ("[::1]:2049", Unusable),
+            ("[::ffff:127.0.0.1]:2049", Unusable),
+            ("169.254.10.1:2049", Unusable),
+            ("[fe80::1]:2049", Unusable),
+            ("224.0.0.251:2049", Unusable),
             ("just words", Malformed),
         ];
         for (input, expected) in cases {
