@@ -14,9 +14,13 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// Writes the credentials as a mounted Secret would, and starts a storageos-backed controller.
 async fn start_controller(env: &TestEnv, api: &FakeStorageOs) -> (Process, tempdir::Dir) {
+    start_controller_with_password(env, api, PASSWORD).await
+}
+
+async fn start_controller_with_password(env: &TestEnv, api: &FakeStorageOs, password: &str) -> (Process, tempdir::Dir) {
     let secret = tempdir::Dir::new(&env.ns);
     std::fs::write(secret.path.join("username"), format!("{USERNAME}\n")).unwrap();
-    std::fs::write(secret.path.join("password"), PASSWORD).unwrap();
+    std::fs::write(secret.path.join("password"), password).unwrap();
     let endpoint = api.endpoint();
     let secret_path = secret.path.to_str().unwrap().to_owned();
     let args = [
@@ -39,6 +43,41 @@ async fn start_controller(env: &TestEnv, api: &FakeStorageOs) -> (Process, tempd
     let process = Process::start(&env.ns, &args);
     process.wait_ready().await;
     (process, secret)
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_wrong_password_is_not_tried_again_and_again_and_a_fixed_one_works_at_once() {
+    let env = common::setup("sos-password").await;
+    let api = FakeStorageOs::start(Duration::from_secs(60)).await;
+    let (controller, secret) = start_controller_with_password(&env, &api, "wrong").await;
+    let mut names = Vec::new();
+    for claim in ["data-1", "data-2", "data-3", "data-4", "data-5"] {
+        let (_, pv) = env.bound_rwx_claim(claim, Default::default()).await;
+        let name = pv.metadata.name.clone().unwrap();
+        api.add_volume(&format!("vol-{claim}"), &name, &env.ns, claim, "192.0.2.20:2049", true);
+        names.push(claim);
+    }
+    // Five claims retried and a poll every 200 ms: each used to log in again with the same
+    // wrong password.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let refused = api.stats().refused_logins;
+    assert!(
+        (1..=4).contains(&refused),
+        "the same refused credentials are not sent again before the back-off: {refused} refused logins in 10 s"
+    );
+
+    // The Secret is corrected: the next attempt logs in, without waiting out the back-off.
+    std::fs::write(secret.path.join("password"), PASSWORD).unwrap();
+    for claim in names {
+        eventually("a mount endpoint published", Duration::from_secs(15), || async {
+            api.mount_endpoint(&format!("vol-{claim}"))
+        })
+        .await;
+    }
+    assert_eq!(api.stats().logins, 1, "{:?}", api.stats());
+    controller.stop().await;
+    env.cleanup().await;
 }
 
 /// A throwaway directory removed on drop.

@@ -19,6 +19,8 @@ pub const PASSWORD: &str = "s3cret";
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Stats {
     pub logins: usize,
+    /// Logins with wrong credentials.
+    pub refused_logins: usize,
     pub refreshes: usize,
     pub rejected_tokens: usize,
     pub conflicts: usize,
@@ -200,6 +202,7 @@ async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Fu
                 state.stats.logins += 1;
                 with_token(&mut state)
             } else {
+                state.stats.refused_logins += 1;
                 error(StatusCode::UNAUTHORIZED, "invalid credentials")
             }
         }

@@ -95,6 +95,32 @@ struct Token {
     obtained: Instant,
 }
 
+/// A login the API refused, and how long the same credentials are not sent again.
+struct Refusal {
+    status: StatusCode,
+    credentials: Credentials,
+    at: Instant,
+    wait: Duration,
+}
+
+/// The first wait after a refused login; it doubles with each further refusal of the same
+/// credentials, up to [`MAX_LOGIN_WAIT`].
+const FIRST_LOGIN_WAIT: Duration = Duration::from_secs(5);
+const MAX_LOGIN_WAIT: Duration = Duration::from_secs(300);
+
+#[derive(Clone, PartialEq, Eq)]
+struct Credentials {
+    username: String,
+    password: String,
+}
+
+/// What the client holds between requests: a token, or the last refusal.
+#[derive(Default)]
+struct Session {
+    token: Option<Token>,
+    refusal: Option<Refusal>,
+}
+
 /// The HTTP implementation: logs in with the mounted credentials, refreshes the token before it
 /// expires, and logs in again (re-reading the credentials, which may have been rotated) when the
 /// API answers 401.
@@ -102,7 +128,7 @@ pub struct HttpApi {
     http: reqwest::Client,
     base: String,
     settings: HttpSettings,
-    token: Mutex<Option<Token>>,
+    session: Mutex<Session>,
 }
 
 impl HttpApi {
@@ -115,7 +141,7 @@ impl HttpApi {
             http,
             base: base_url(&settings.endpoint),
             settings,
-            token: Mutex::new(None),
+            session: Mutex::default(),
         })
     }
 
@@ -126,10 +152,17 @@ impl HttpApi {
             .map_err(|source| ApiError::Credentials { path, source })
     }
 
-    async fn login(&self) -> Result<String, ApiError> {
+    fn read_credentials(&self) -> Result<Credentials, ApiError> {
+        Ok(Credentials {
+            username: self.read_credential("username")?,
+            password: self.read_credential("password")?,
+        })
+    }
+
+    async fn login(&self, credentials: &Credentials) -> Result<String, ApiError> {
         let body = serde_json::json!({
-            "username": self.read_credential("username")?,
-            "password": self.read_credential("password")?,
+            "username": credentials.username,
+            "password": credentials.password,
         });
         let response = self
             .http
@@ -160,27 +193,59 @@ impl HttpApi {
         bearer_token(&response)
     }
 
-    /// A usable token: the current one, a refreshed one when it is old, or a new login.
+    /// A usable token: the current one, a refreshed one when it is old, or a new login. Refused
+    /// credentials are not sent again before a back-off (every reconcile would otherwise log in
+    /// with them), unless the mounted Secret changed meanwhile.
     async fn token(&self, force_login: bool) -> Result<String, ApiError> {
-        let mut token = self.token.lock().await;
-        if let Some(current) = token.as_ref().filter(|_| !force_login) {
+        let mut session = self.session.lock().await;
+        if let Some(current) = session.token.as_ref().filter(|_| !force_login) {
             if current.obtained.elapsed() < self.settings.refresh_interval {
                 return Ok(current.value.clone());
             }
             if let Some(value) = self.refresh(&current.value).await {
-                *token = Some(Token {
+                session.token = Some(Token {
                     value: value.clone(),
                     obtained: Instant::now(),
                 });
                 return Ok(value);
             }
         }
-        let value = self.login().await?;
-        *token = Some(Token {
-            value: value.clone(),
-            obtained: Instant::now(),
-        });
-        Ok(value)
+        let credentials = self.read_credentials()?;
+        if let Some(refusal) = &session.refusal
+            && refusal.credentials == credentials
+            && refusal.at.elapsed() < refusal.wait
+        {
+            return Err(ApiError::LoginRefused(refusal.status));
+        }
+        match self.login(&credentials).await {
+            Ok(value) => {
+                session.refusal = None;
+                session.token = Some(Token {
+                    value: value.clone(),
+                    obtained: Instant::now(),
+                });
+                Ok(value)
+            }
+            Err(ApiError::LoginRefused(status)) => {
+                let wait = match &session.refusal {
+                    Some(previous) if previous.credentials == credentials => (previous.wait * 2).min(MAX_LOGIN_WAIT),
+                    _ => FIRST_LOGIN_WAIT,
+                };
+                tracing::warn!(
+                    %status,
+                    "StorageOS refused the login: check the username and password in the API secret; the same credentials are tried again in {wait:?}"
+                );
+                session.token = None;
+                session.refusal = Some(Refusal {
+                    status,
+                    credentials,
+                    at: Instant::now(),
+                    wait,
+                });
+                Err(ApiError::LoginRefused(status))
+            }
+            Err(err) => Err(err),
+        }
     }
 
     /// Sends one authenticated request; on 401 logs in again and retries once.

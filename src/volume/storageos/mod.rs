@@ -6,13 +6,14 @@ pub mod api;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
-use tokio::sync::RwLock;
+use tokio::sync::{Mutex, RwLock};
 
 use self::api::{ApiError, StorageOsApi, Volume};
 use super::{ClaimKey, VolumeBackend, VolumeError, VolumeInfo, csi_resource_name};
@@ -155,27 +156,38 @@ async fn list_all(api: &dyn StorageOsApi) -> Result<Catalog, ApiError> {
 
 pub struct StorageOs {
     api: Arc<dyn StorageOsApi>,
-    catalog: Arc<RwLock<Option<Catalog>>>,
+    listing: Arc<Listing>,
     poll_interval: Duration,
 }
 
-impl StorageOs {
-    pub fn new(api: Arc<dyn StorageOsApi>, poll_interval: Duration) -> Self {
-        Self {
-            api,
-            catalog: Arc::default(),
-            poll_interval,
-        }
+/// The last listing of every volume, shared by reconciles and the poller; one listing at a time.
+#[derive(Default)]
+struct Listing {
+    catalog: RwLock<Option<Catalog>>,
+    /// Listings completed so far.
+    generation: AtomicU64,
+    one_at_a_time: Mutex<()>,
+}
+
+impl Listing {
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 
-    /// Polls now and stores the result; returns the catalog before and after.
-    async fn refresh(
-        api: &dyn StorageOsApi,
-        catalog: &RwLock<Option<Catalog>>,
-    ) -> Result<(Catalog, Catalog), ApiError> {
+    /// Lists every volume, unless a listing completed since the caller saw generation `since`
+    /// (one that was in flight meanwhile): then its result is taken. Returns the catalog and
+    /// whether this call listed it.
+    async fn refresh(&self, api: &dyn StorageOsApi, since: u64) -> Result<(Catalog, bool), ApiError> {
+        let _turn = self.one_at_a_time.lock().await;
+        if self.generation() != since
+            && let Some(catalog) = self.catalog.read().await.clone()
+        {
+            return Ok((catalog, false));
+        }
         let fresh = list_all(api).await?;
-        let previous = catalog.write().await.replace(fresh.clone()).unwrap_or_default();
-        Ok((previous, fresh))
+        *self.catalog.write().await = Some(fresh.clone());
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        Ok((fresh, true))
     }
 
     async fn update_cached(&self, updated: Volume) {
@@ -187,6 +199,36 @@ impl StorageOs {
     }
 }
 
+impl StorageOs {
+    pub fn new(api: Arc<dyn StorageOsApi>, poll_interval: Duration) -> Self {
+        Self {
+            api,
+            listing: Arc::default(),
+            poll_interval,
+        }
+    }
+
+    /// What the catalog says about `pv`, listing again when it is not there (not polled yet, or
+    /// newer than the last listing); a listing taken from another caller that still lacks it is
+    /// followed by one of our own, since it may have started before the volume existed.
+    async fn lookup(&self, pv: &PersistentVolume) -> Result<Lookup, ApiError> {
+        let since = self.listing.generation();
+        if let Some(Lookup::Found(info)) = self.listing.catalog.read().await.as_ref().map(|c| c.lookup(pv)) {
+            return Ok(Lookup::Found(info));
+        }
+        let (catalog, ours) = self.listing.refresh(self.api.as_ref(), since).await?;
+        match catalog.lookup(pv) {
+            Lookup::Found(info) => Ok(Lookup::Found(info)),
+            _ if !ours => {
+                let since = self.listing.generation();
+                let (catalog, _) = self.listing.refresh(self.api.as_ref(), since).await?;
+                Ok(catalog.lookup(pv))
+            }
+            other => Ok(other),
+        }
+    }
+}
+
 fn api_error(err: ApiError) -> VolumeError {
     VolumeError::Api(err.to_string())
 }
@@ -194,18 +236,7 @@ fn api_error(err: ApiError) -> VolumeError {
 #[async_trait]
 impl VolumeBackend for StorageOs {
     async fn volume(&self, pv: &PersistentVolume) -> Result<Option<VolumeInfo>, VolumeError> {
-        let cached = self.catalog.read().await.as_ref().map(|c| c.lookup(pv));
-        let lookup = match cached {
-            Some(Lookup::Found(info)) => Lookup::Found(info),
-            // Not polled yet, or the volume is newer than the last poll: look again now.
-            _ => {
-                let (_, fresh) = Self::refresh(self.api.as_ref(), &self.catalog)
-                    .await
-                    .map_err(api_error)?;
-                fresh.lookup(pv)
-            }
-        };
-        match lookup {
+        match self.lookup(pv).await.map_err(api_error)? {
             Lookup::Found(info) => Ok(Some(info)),
             Lookup::Missing => Ok(None),
             Lookup::Unlabelled { volume, missing } => Err(VolumeError::Invalid {
@@ -227,7 +258,7 @@ impl VolumeBackend for StorageOs {
         mount_endpoint: &str,
     ) -> Result<(), VolumeError> {
         let namespace_id = {
-            let catalog = self.catalog.read().await;
+            let catalog = self.listing.catalog.read().await;
             let cached = catalog.as_ref().and_then(|c| c.by_id(&volume.id));
             cached
                 .map(|v| v.namespace_id.clone())
@@ -243,7 +274,7 @@ impl VolumeBackend for StorageOs {
                 Ok(()) => {
                     // Remember what we wrote, so that reconciles before the next poll see it.
                     if let Ok(updated) = self.api.get_volume(&namespace_id, &volume.id).await {
-                        self.update_cached(updated).await;
+                        self.listing.update_cached(updated).await;
                     }
                     return Ok(());
                 }
@@ -255,11 +286,11 @@ impl VolumeBackend for StorageOs {
                         .await
                         .map_err(api_error)?;
                     if fresh.labels.get(STORAGEOS_MOUNT_ENDPOINT_LABEL).map(String::as_str) == Some(mount_endpoint) {
-                        self.update_cached(fresh).await;
+                        self.listing.update_cached(fresh).await;
                         return Ok(());
                     }
                     version = fresh.version.clone();
-                    self.update_cached(fresh).await;
+                    self.listing.update_cached(fresh).await;
                 }
                 Err(err) => return Err(api_error(err)),
             }
@@ -270,19 +301,23 @@ impl VolumeBackend for StorageOs {
         )))
     }
 
+    /// Polls every `poll_interval` and sends the claims whose volumes changed since the poller's
+    /// own previous look: a listing done meanwhile for a reconcile cannot hide a change from it.
     fn changes(&self) -> Option<BoxStream<'static, ClaimKey>> {
         let api = self.api.clone();
-        let catalog = self.catalog.clone();
+        let listing = self.listing.clone();
         let interval = self.poll_interval;
         Some(feed::spawn(256, |sender| async move {
+            let mut seen = Catalog::default();
             loop {
-                match Self::refresh(api.as_ref(), &catalog).await {
-                    Ok((before, after)) => {
-                        for claim in before.changed_claims(&after) {
+                match listing.refresh(api.as_ref(), listing.generation()).await {
+                    Ok((fresh, _)) => {
+                        for claim in seen.changed_claims(&fresh) {
                             if sender.send(claim).await.is_err() {
                                 return;
                             }
                         }
+                        seen = fresh;
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot poll StorageOS volumes; retrying"),
                 }
@@ -298,6 +333,7 @@ impl VolumeBackend for StorageOs {
 mod tests {
     use super::api::{MockStorageOsApi, Namespace, Nfs};
     use super::*;
+    use futures::StreamExt;
     use serde_json::json;
 
     fn volume(id: &str, pv: &str, endpoint: Option<&str>, version: &str) -> Volume {
@@ -459,5 +495,91 @@ mod tests {
             }
             other => panic!("expected bad input, got {other}"),
         }
+    }
+
+    /// An API whose volumes the test changes, counting how often it is listed; each listing
+    /// takes `delay` (on the paused test clock).
+    #[derive(Default)]
+    struct ChangingApi {
+        volumes: std::sync::Mutex<Vec<Volume>>,
+        listings: std::sync::atomic::AtomicUsize,
+        delay: Duration,
+    }
+
+    impl ChangingApi {
+        fn set(&self, volumes: Vec<Volume>) {
+            *self.volumes.lock().unwrap() = volumes;
+        }
+
+        fn listings(&self) -> usize {
+            self.listings.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait]
+    impl StorageOsApi for ChangingApi {
+        async fn list_namespaces(&self) -> Result<Vec<Namespace>, ApiError> {
+            self.listings.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(self.delay).await;
+            Ok(vec![Namespace {
+                id: "ns1".into(),
+                name: "default".into(),
+            }])
+        }
+        async fn list_volumes(&self, _: &str) -> Result<Vec<Volume>, ApiError> {
+            Ok(self.volumes.lock().unwrap().clone())
+        }
+        async fn get_volume(&self, _: &str, _: &str) -> Result<Volume, ApiError> {
+            unreachable!("not used here")
+        }
+        async fn set_mount_endpoint(&self, _: &str, _: &str, _: &str, _: &str) -> Result<(), ApiError> {
+            unreachable!("not used here")
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_move_first_seen_by_a_reconcile_still_reaches_the_poller() {
+        let api = Arc::new(ChangingApi::default());
+        api.set(vec![volume("v1", "pvc-1", Some("10.0.0.1:2049"), "1")]);
+        let backend = StorageOs::new(api.clone(), Duration::from_secs(5));
+        let mut changes = backend.changes().unwrap();
+        assert_eq!(
+            changes.next().await,
+            Some(claim("v1")),
+            "the first poll finds the volume"
+        );
+
+        // The primary moves; before the next poll, a reconcile of a new volume lists everything.
+        api.set(vec![
+            volume("v1", "pvc-1", Some("10.0.0.9:2049"), "2"),
+            volume("v2", "pvc-2", None, "1"),
+        ]);
+        backend.volume(&pv("pvc-2")).await.unwrap();
+
+        let mut seen = Vec::new();
+        while let Ok(Some(claim)) = tokio::time::timeout(Duration::from_secs(12), changes.next()).await {
+            seen.push(claim);
+        }
+        assert!(
+            seen.contains(&claim("v1")),
+            "the move of v1 must trigger its claim: {seen:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_lookups_share_one_listing() {
+        let api = Arc::new(ChangingApi {
+            delay: Duration::from_millis(100),
+            ..Default::default()
+        });
+        api.set(vec![
+            volume("v1", "pvc-1", Some("10.0.0.1:2049"), "1"),
+            volume("v2", "pvc-2", Some("10.0.0.2:2049"), "1"),
+        ]);
+        let backend = StorageOs::new(api.clone(), Duration::from_secs(5));
+        let (pv1, pv2) = (pv("pvc-1"), pv("pvc-2"));
+        let (one, two) = tokio::join!(backend.volume(&pv1), backend.volume(&pv2));
+        assert!(one.unwrap().is_some() && two.unwrap().is_some());
+        assert_eq!(api.listings(), 1, "two reconciles at once list the volumes once");
     }
 }
