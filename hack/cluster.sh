@@ -133,6 +133,26 @@ up() {
     --initial-cluster "default=http://127.0.0.1:$peer_port" --listen-metrics-urls "" --log-level warn
   wait_for etcd 30 curl -sf "http://127.0.0.1:$etcd_port/health"
 
+  # An audit log of every write to the objects the controller and the agents manage, with the
+  # client's User-Agent (the controller names its replica there): the fault tests read it
+  # ($dir/audit.log, beside the kubeconfig) to tell which replica wrote what, and when.
+  cat >"$dir/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete]
+    resources:
+      - group: ""
+        resources: [services, endpoints, persistentvolumes, nodes, pods]
+      - group: discovery.k8s.io
+        resources: [endpointslices]
+      - group: storage.k8s.io
+        resources: [volumeattachments]
+  - level: None
+POLICY
+
   log "starting kube-apiserver on 127.0.0.1:$api_port"
   # No endpoint reconciler: it would keep trying to write a loopback address into the `kubernetes`
   # Endpoints (refused with 422), which is noise in tests that count the apiserver's writes.
@@ -145,7 +165,9 @@ up() {
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --enable-priority-and-fairness=false --profiling=false \
-    --endpoint-reconciler-type none
+    --endpoint-reconciler-type none \
+    --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
+    --audit-log-format json --audit-log-maxbackup 1 --audit-log-maxsize 200
   write_kubeconfig "$api_port"
   wait_for kube-apiserver 90 "$bin/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz
 

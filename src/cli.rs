@@ -99,6 +99,10 @@ pub struct ControllerArgs {
     /// `--max-retry-interval`, and reset by a success.
     #[arg(long, env = "API_RETRY_INTERVAL", default_value = "5s")]
     pub api_retry_interval: Duration,
+    /// The longest one reconcile may take before it is dropped and retried (a hung API call
+    /// must not hold a worker forever).
+    #[arg(long, env = "RECONCILE_TIMEOUT", default_value = "1m")]
+    pub reconcile_timeout: Duration,
     /// The longest wait between two attempts at a claim that keeps failing.
     #[arg(long, env = "MAX_RETRY_INTERVAL", default_value = "5m")]
     pub max_retry_interval: Duration,

@@ -12,6 +12,11 @@ use crate::cli::CommonArgs;
 /// agent wants a PodDisruptionBudget's 429 at once (it retries in a later round) rather than a
 /// client that waits inside the call for Retry-After.
 pub async fn connect(common: &CommonArgs, retry: bool) -> Result<Client> {
+    Client::try_from(config(common, retry).await?).context("cannot build a Kubernetes client")
+}
+
+/// The client configuration [`connect`] uses, for callers that build their own client stack.
+pub async fn config(common: &CommonArgs, retry: bool) -> Result<Config> {
     let mut config = match &common.kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)
@@ -29,7 +34,7 @@ pub async fn connect(common: &CommonArgs, retry: bool) -> Result<Client> {
         config.write_timeout = Some(*timeout);
     }
     config.default_retry = retry;
-    Client::try_from(config).context("cannot build a Kubernetes client")
+    Ok(config)
 }
 
 /// The managed fields, often the larger part of an object, are read by neither loop: caches drop

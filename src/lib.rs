@@ -46,8 +46,8 @@ pub async fn run(cli: Cli) -> Result<()> {
     let result = async {
         match cli.command {
             Command::Controller(args) => {
-                let client = kube_client::connect(&cli.common, true).await?;
-                controller::run(args, client, registry, probes.clone(), shutdown.clone()).await
+                let config = kube_client::config(&cli.common, true).await?;
+                controller::run(args, config, registry, probes.clone(), shutdown.clone()).await
             }
             Command::Agent(args) => {
                 let client = kube_client::connect(&cli.common, false).await?;

@@ -1,12 +1,17 @@
-//! Leader election: the controller runs only while this replica holds the Lease, and goes back to
-//! standby when it loses it.
+//! Leader election: the controller runs only while this replica holds the Lease and has seen its
+//! renewal (the [`Fence`]), and goes back to standby when either stops being true.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use kube::Client;
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 
+use super::fence::{self, Fence};
 use super::reconcile::Context;
 use super::run_controller;
 use crate::admin::Probes;
@@ -16,15 +21,18 @@ use crate::names::CONTROLLER_NAME;
 use crate::shutdown::Shutdown;
 
 /// Waits for the lease, runs the loop while holding it, and goes back to standby when it is lost.
+/// It starts only once the lease manager says it leads *and* its renewal has been observed (the
+/// fence holds); it stops, dropping reconciles in flight, as soon as either is no longer true.
 pub(super) async fn lead_and_run(
     client: Client,
+    fence: Fence,
     args: &ControllerArgs,
     ctx: Arc<Context>,
     metrics: ControllerMetrics,
     probes: Probes,
     shutdown: Shutdown,
 ) -> Result<()> {
-    let manager = LeaseManagerBuilder::new(client, &args.lease_name)
+    let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
         .with_namespace(&args.lease_namespace)
         .with_identity(&args.identity)
         .with_duration(args.lease_duration_seconds)
@@ -34,6 +42,13 @@ pub(super) async fn lead_and_run(
         .await
         .context("cannot set up leader election")?;
     let (mut leading, lease_task) = manager.watch().await;
+    let observer = tokio::spawn(observe_renewals(
+        Api::namespaced(client, &args.lease_namespace),
+        args.lease_name.clone(),
+        args.identity.clone(),
+        Duration::from_secs(args.lease_duration_seconds).saturating_sub(fence::MARGIN),
+        fence.clone(),
+    ));
     probes.set_ready(true); // a standby is ready: it serves and waits
     tracing::info!(lease = %format!("{}/{}", args.lease_namespace, args.lease_name), identity = %args.identity, "waiting for leadership");
     loop {
@@ -41,29 +56,42 @@ pub(super) async fn lead_and_run(
             _ = shutdown.cancelled() => break,
             changed = leading.wait_for(|is_leader| *is_leader) => if changed.is_err() { break },
         }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            () = fence.held(FENCE_POLL) => {}
+            changed = leading.wait_for(|is_leader| !*is_leader) => if changed.is_err() { break } else { continue },
+        }
         tracing::info!(identity = %args.identity, "became leader");
         metrics.leader.set(1);
-        let stop = shutdown.child_token();
+        let (stop, abandon) = (shutdown.child_token(), Shutdown::new());
         let task = tokio::spawn(run_controller(
             ctx.clone(),
             args.watch_namespace.clone(),
             args.concurrency,
             probes.clone(),
             stop.clone(),
+            abandon.clone(),
         ));
         let lost = tokio::select! {
-            _ = shutdown.cancelled() => false,
-            changed = leading.wait_for(|is_leader| !*is_leader) => changed.is_ok(),
+            _ = shutdown.cancelled() => None,
+            changed = leading.wait_for(|is_leader| !*is_leader) => Some(if changed.is_ok() {
+                "another replica holds the Lease"
+            } else {
+                "leader election stopped"
+            }),
+            () = fence.lost() => Some("its own renewal of the Lease was not seen in time"),
         };
-        stop.cancel();
+        match lost {
+            None => stop.cancel(),
+            Some(_) => abandon.cancel(),
+        }
         let _ = task.await;
         metrics.leader.set(0);
         probes.set_ready(true);
-        if !lost {
-            break;
-        }
-        tracing::warn!(identity = %args.identity, "lost leadership; stopped reconciling");
+        let Some(why) = lost else { break };
+        tracing::warn!(identity = %args.identity, "stopped leading: {why}; reconciles in flight dropped");
     }
+    observer.abort();
     drop(leading);
     match lease_task.await {
         Ok(Ok(manager)) => {
@@ -75,4 +103,40 @@ pub(super) async fn lead_and_run(
         Err(err) => tracing::warn!(error = %err, "leader election task failed"),
     }
     Ok(())
+}
+
+/// How often a replica that the lease manager calls leader checks whether its renewal was seen.
+const FENCE_POLL: Duration = Duration::from_millis(100);
+
+/// Watches the Lease and extends `fence` by `valid_for` from each renewal by `identity` seen as it
+/// happens. What the first listing (or a relisting after the watch broke) shows is only a
+/// baseline: when it was written is not known, so it proves nothing about now.
+async fn observe_renewals(leases: Api<Lease>, name: String, identity: String, valid_for: Duration, fence: Fence) {
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let events = watcher(leases, config).default_backoff();
+    futures::pin_mut!(events);
+    let mut last_renewal = None;
+    while let Some(event) = events.next().await {
+        let (lease, live) = match event {
+            Ok(watcher::Event::Apply(lease)) => (lease, true),
+            Ok(watcher::Event::InitApply(lease)) => (lease, false),
+            Ok(watcher::Event::Delete(_)) => {
+                fence.revoke();
+                continue;
+            }
+            Ok(_) => continue,
+            // The watcher retries with back-off; meanwhile the fence runs out by itself.
+            Err(err) => {
+                tracing::debug!(error = %err, "watch of the leader Lease interrupted");
+                continue;
+            }
+        };
+        let spec = lease.spec.unwrap_or_default();
+        if spec.holder_identity.as_deref() != Some(identity.as_str()) {
+            fence.revoke();
+        } else if live && spec.renew_time.is_some() && spec.renew_time != last_renewal {
+            fence.renewed(tokio::time::Instant::now(), valid_for);
+        }
+        last_renewal = spec.renew_time;
+    }
 }

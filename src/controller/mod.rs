@@ -4,13 +4,14 @@
 
 mod book;
 pub mod cache;
+mod fence;
 mod leader;
 pub mod reconcile;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Client;
@@ -28,11 +29,13 @@ use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
 use crate::volume;
 use cache::Caches;
+use fence::{Fence, FenceLayer};
+use hyper::header::HeaderValue;
 use reconcile::{Context, ReconcileSettings};
 
 pub async fn run(
     args: ControllerArgs,
-    client: Client,
+    config: kube::Config,
     registry: Registry,
     probes: Probes,
     shutdown: Shutdown,
@@ -53,6 +56,11 @@ pub async fn run(
         "controller starting"
     );
     let metrics = ControllerMetrics::register(&registry)?;
+    // Leader election talks to the API with a client of its own; everything else goes through
+    // the fence, which refuses writes while this replica cannot be sure it leads.
+    let fence = args.leader_elect.then(Fence::default);
+    let election_client = Client::try_from(config.clone()).context("cannot build a Kubernetes client")?;
+    let client = fenced_client(config, fence.clone(), &args.identity)?;
     let backend = volume::backend(&args, &client)?;
     let settings = ReconcileSettings {
         filters: classify::Filters {
@@ -62,27 +70,49 @@ pub async fn run(
         create_poll_interval: *args.k8s_create_poll_interval,
         create_wait_duration: *args.k8s_create_wait_duration,
         resync_interval: *args.resync_interval,
+        reconcile_timeout: *args.reconcile_timeout,
         error_requeue: *args.api_retry_interval,
         max_error_requeue: *args.max_retry_interval,
     };
     let events = EventSink::new(client.clone(), CONTROLLER_NAME, Some(args.identity.clone()));
     let ctx = Arc::new(Context::new(client.clone(), backend, settings, metrics.clone(), events));
 
-    if !args.leader_elect {
+    let Some(fence) = fence else {
         metrics.leader.set(1);
-        run_controller(ctx, args.watch_namespace.clone(), args.concurrency, probes, shutdown).await;
+        let never = Shutdown::new();
+        run_controller(
+            ctx,
+            args.watch_namespace.clone(),
+            args.concurrency,
+            probes,
+            shutdown,
+            never,
+        )
+        .await;
         return Ok(());
-    }
-    leader::lead_and_run(client, &args, ctx, metrics, probes, shutdown).await
+    };
+    leader::lead_and_run(election_client, fence, &args, ctx, metrics, probes, shutdown).await
 }
 
-/// Runs the kube-runtime Controller until `stop`; marks the replica ready once claims are cached.
+/// The controller's client: the replica named in its User-Agent, writes refused while `fence`
+/// (when there is one) does not hold.
+fn fenced_client(config: kube::Config, fence: Option<Fence>, identity: &str) -> Result<Client> {
+    let agent = format!("{CONTROLLER_NAME}/{} ({identity})", env!("CARGO_PKG_VERSION"));
+    let user_agent = HeaderValue::from_str(&agent).unwrap_or_else(|_| HeaderValue::from_static(CONTROLLER_NAME));
+    let builder = kube::client::ClientBuilder::try_from(config).context("cannot build a Kubernetes client")?;
+    Ok(builder.with_layer(&FenceLayer { fence, user_agent }).build())
+}
+
+/// Runs the kube-runtime Controller; marks the replica ready once claims are cached. `stop` lets
+/// reconciles in flight finish (shutting down while leading); `abandon` drops them at once
+/// (leadership lost: whatever they would still write is no longer ours to write).
 pub(crate) async fn run_controller(
     ctx: Arc<Context>,
     namespace: Option<String>,
     concurrency: u16,
     probes: Probes,
     stop: Shutdown,
+    abandon: Shutdown,
 ) {
     let client = ctx.client.clone();
     let managed = watcher::Config::default().labels(&managed_selector());
@@ -125,7 +155,7 @@ pub(crate) async fn run_controller(
             probes.set_ready(true);
         })
     };
-    controller
+    let running = controller
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| {
             let ctx = ctx.clone();
@@ -140,8 +170,11 @@ pub(crate) async fn run_controller(
                     Ok(_) => {}
                 }
             }
-        })
-        .await;
+        });
+    tokio::select! {
+        () = running => {}
+        () = abandon.cancelled() => tracing::warn!("reconciles in flight dropped: no longer leading"),
+    }
     readiness.abort();
     use_caches.abort();
     ctx.use_caches(None);

@@ -25,6 +25,8 @@ pub struct ReconcileSettings {
     pub create_poll_interval: Duration,
     pub create_wait_duration: Duration,
     pub resync_interval: Duration,
+    /// The longest one reconcile may take; then it is dropped and counts as a failure.
+    pub reconcile_timeout: Duration,
     /// The wait after a claim's first failure; it doubles with each further one, up to
     /// `max_error_requeue`.
     pub error_requeue: Duration,
@@ -96,6 +98,8 @@ pub enum ReconcileError {
     NoClusterIp(String, Duration),
     #[error("Service {0} was there when created and gone when read; retrying")]
     Gone(String),
+    #[error("the reconcile took longer than {0:?} and was dropped")]
+    Timeout(Duration),
 }
 
 impl ReconcileError {
@@ -105,6 +109,7 @@ impl ReconcileError {
             Self::Volume(_) => "VolumeBackend",
             Self::NoClusterIp(..) => "NoClusterIP",
             Self::Gone(..) => "Conflict",
+            Self::Timeout(..) => "Timeout",
         }
     }
 }
@@ -119,7 +124,10 @@ pub enum Outcome {
 
 pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
-    let result = reconcile_claim(&claim, &ctx).await;
+    let timeout = ctx.settings.reconcile_timeout;
+    let result = tokio::time::timeout(timeout, reconcile_claim(&claim, &ctx))
+        .await
+        .unwrap_or(Err(ReconcileError::Timeout(timeout)));
     ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
     let (label, standing) = match &result {
         Ok(Outcome::Skipped(_)) => ("skipped", Standing::NotServed),

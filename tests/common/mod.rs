@@ -2,6 +2,7 @@
 //! `KUBECONFIG` (started by `make test`), each test in a namespace of its own.
 #![allow(dead_code)]
 
+pub mod audit;
 pub mod datapath;
 pub mod drbd;
 pub mod helm;

@@ -90,14 +90,25 @@ impl Process {
         sample_value(&body, sample).unwrap_or(0.0)
     }
 
-    /// Sends SIGTERM and waits for a clean exit.
-    pub async fn stop(mut self) {
-        let pid = self.child.id().expect("process already gone");
+    /// Sends `signal` (`STOP`, `CONT`, `TERM`…) to the process.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid();
         let status = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
+            .args([&format!("-{signal}"), &pid.to_string()])
             .status()
             .expect("run kill");
-        assert!(status.success(), "kill -TERM {pid} failed");
+        assert!(status.success(), "kill -{signal} {pid} failed");
+    }
+
+    /// `kill -9`: no chance to finish anything or release its Lease.
+    pub async fn kill(mut self) {
+        self.child.start_kill().expect("SIGKILL");
+        self.child.wait().await.expect("wait for the killed process");
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub async fn stop(mut self) {
+        self.signal("TERM");
         let exit = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
             .await
             .expect("process did not stop within 20s of SIGTERM")

@@ -1,0 +1,497 @@
+//! The controller under faults, with the real binary against the real control plane: what it
+//! promises must hold while things break around it. A claim's ClusterIP never changes, every
+//! volume ends up published, nothing is duplicated or orphaned, and one replica writes at a time.
+//!
+//! Sizes are small in the test command; `SVC_FAULTS_LONG=1` runs the long version (see the
+//! README's "What it guarantees").
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use common::process::Process;
+use common::{MOUNT_ENDPOINT, TestEnv, audit, eventually, serving};
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::Api;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(60);
+const LEADER: &str = "storageos_shared_volume_controller_leader";
+const SHARED: &str = "storageos_shared_volumes";
+/// Lease timing of the replicas in these tests (seconds).
+const LEASE: u64 = 4;
+const GRACE: u64 = 2;
+
+fn long_run() -> bool {
+    std::env::var_os("SVC_FAULTS_LONG").is_some()
+}
+
+/// A replica with leader election, watching only the test's namespace.
+fn replica(env: &TestEnv, identity: &str) -> Process {
+    let (lease, grace) = (LEASE.to_string(), GRACE.to_string());
+    let args = [
+        "controller",
+        "--watch-namespace",
+        &env.ns,
+        "--identity",
+        identity,
+        "--lease-namespace",
+        &env.ns,
+        "--lease-name",
+        "svc-leader",
+        "--lease-duration-seconds",
+        &lease,
+        "--lease-grace-seconds",
+        &grace,
+    ];
+    Process::start(&format!("{}-{identity}", env.ns), &args)
+}
+
+/// Starts replicas `a` and `b` and waits until one leads: (leader, standby, their identities).
+async fn two_replicas(env: &TestEnv) -> ((Process, &'static str), (Process, &'static str)) {
+    let (a, b) = (replica(env, "a"), replica(env, "b"));
+    a.wait_ready().await;
+    b.wait_ready().await;
+    let leader = eventually("one leader", WAIT, || async {
+        match (a.metric(LEADER).await, b.metric(LEADER).await) {
+            (1.0, 0.0) => Some("a"),
+            (0.0, 1.0) => Some("b"),
+            _ => None,
+        }
+    })
+    .await;
+    if leader == "a" {
+        ((a, "a"), (b, "b"))
+    } else {
+        ((b, "b"), (a, "a"))
+    }
+}
+
+/// Creates an RWX claim served at `endpoint` and waits for its mount endpoint: the PV name.
+async fn published_claim(env: &TestEnv, claim: &str, endpoint: &str) -> String {
+    let (_, pv) = env.bound_rwx_claim(claim, serving(endpoint)).await;
+    let name = pv.metadata.name.unwrap();
+    eventually("a published mount endpoint", WAIT, || async {
+        env.pv_annotation(&name, MOUNT_ENDPOINT).await
+    })
+    .await;
+    name
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_killed_leader_is_replaced_within_its_lease() {
+    let env = common::setup("flt-kill-leader").await;
+    let ((leader, _), (standby, standby_id)) = two_replicas(&env).await;
+    published_claim(&env, "before", "192.0.2.90:2049").await;
+
+    let killed = Instant::now();
+    leader.kill().await;
+    eventually("the standby to lead", WAIT, || async {
+        (standby.metric(LEADER).await == 1.0).then_some(())
+    })
+    .await;
+    let takeover = killed.elapsed();
+    let name = published_claim(&env, "after", "192.0.2.91:2049").await;
+    let took = killed.elapsed();
+    println!(
+        "leader killed with -9: standby leads after {:.1} s, a new claim published after {:.1} s (lease {LEASE} s)",
+        takeover.as_secs_f64(),
+        took.as_secs_f64()
+    );
+    assert!(
+        takeover <= Duration::from_secs(LEASE + 5),
+        "the standby must take over within the lease duration + 5 s, took {takeover:?}"
+    );
+    let writers: BTreeSet<String> = audit::writes(&env.ns, SystemTime::UNIX_EPOCH)
+        .into_iter()
+        .filter(|write| write.name == name)
+        .map(|write| write.user_agent)
+        .collect();
+    assert!(
+        writers.iter().all(|agent| agent.ends_with(&format!("({standby_id})"))),
+        "the new claim was written by the new leader only: {writers:?}"
+    );
+    standby.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_paused_leader_writes_nothing_once_it_resumes() {
+    let env = common::setup("flt-pause").await;
+    let ((leader, leader_id), (standby, standby_id)) = two_replicas(&env).await;
+    let tampered = published_claim(&env, "tampered", "192.0.2.92:2049").await;
+
+    // The leader freezes (SIGSTOP: a stalled VM, a long GC pause) past its lease.
+    leader.signal("STOP");
+    eventually("the standby to lead", WAIT, || async {
+        (standby.metric(LEADER).await == 1.0).then_some(())
+    })
+    .await;
+    for (claim, endpoint) in [("during-1", "192.0.2.93:2049"), ("during-2", "192.0.2.94:2049")] {
+        published_claim(&env, claim, endpoint).await;
+    }
+
+    // Something keeps changing a field the controller manages, so that whoever leads has
+    // something to write the moment it looks.
+    let (stop_tampering, tamperer) = tamper(&env, &tampered);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let resumed = SystemTime::now();
+    leader.signal("CONT");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    stop_tampering.cancel();
+    tamperer.await.unwrap();
+
+    assert_eq!(standby.metric(LEADER).await, 1.0, "the new leader keeps leading");
+    eventually("the old leader to stand by", WAIT, || async {
+        (leader.metric(LEADER).await == 0.0).then_some(())
+    })
+    .await;
+    let by_old = audit::writes_by(&env.ns, leader_id, resumed);
+    let by_new = audit::writes_by(&env.ns, standby_id, resumed);
+    println!(
+        "after the old leader resumed: {} writes by it, {} by the new leader (repairing the tampered Service)",
+        by_old.len(),
+        by_new.len()
+    );
+    assert!(
+        !by_new.is_empty(),
+        "the audit log attributes the new leader's repairs to it"
+    );
+    assert!(
+        by_old.is_empty(),
+        "a resumed former leader must write nothing: {:#?}",
+        by_old
+    );
+    leader.stop().await;
+    standby.stop().await;
+    env.cleanup().await;
+}
+
+/// Keeps patching a label the controller manages on Service `name`, so that whoever leads always
+/// has something to write; stops when the token is cancelled.
+fn tamper(env: &TestEnv, name: &str) -> (tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let (services, name, stop) = (env.api::<Service>(), name.to_owned(), stop.clone());
+        async move {
+            let mut round = 0;
+            while !stop.is_cancelled() {
+                round += 1;
+                let patch = json!({"metadata": {"labels": {"storageos.com/volume-id": format!("tampered-{round}")}}});
+                let _ = services
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    (stop, task)
+}
+
+/// An admission policy that refuses every renewal of the leader Lease by `identity` in the
+/// test's namespace (its holder may still change to someone else): a leader cut off from its
+/// Lease while everything else it does still works.
+struct RefusedRenewals {
+    client: kube::Client,
+    name: String,
+}
+
+impl RefusedRenewals {
+    async fn install(env: &TestEnv, identity: &str) -> Self {
+        let name = format!("svc-refuse-renewals-{}", env.ns);
+        let expression = format!(
+            "!(object.metadata.name == 'svc-leader' && has(oldObject.spec.holderIdentity) && oldObject.spec.holderIdentity == '{identity}' && has(object.spec.holderIdentity) && object.spec.holderIdentity == '{identity}')"
+        );
+        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["coordination.k8s.io"], "apiVersions": ["v1"],
+                    "operations": ["UPDATE"], "resources": ["leases"],
+                }]},
+                "validations": [{"expression": expression, "message": "renewals refused by the fault test"}],
+            },
+        }))
+        .unwrap();
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": env.ns}}},
+            },
+        }))
+        .unwrap();
+        let client = env.client.clone();
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .create(&Default::default(), &policy)
+            .await
+            .unwrap();
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .create(&Default::default(), &binding)
+            .await
+            .unwrap();
+        Self { client, name }
+    }
+
+    async fn remove(self) {
+        let _ = Api::<ValidatingAdmissionPolicyBinding>::all(self.client.clone())
+            .delete(&self.name, &Default::default())
+            .await;
+        let _ = Api::<ValidatingAdmissionPolicy>::all(self.client.clone())
+            .delete(&self.name, &Default::default())
+            .await;
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_leader_that_cannot_renew_stops_writing_before_another_takes_over() {
+    let env = common::setup("flt-renew").await;
+    let ((leader, leader_id), (standby, standby_id)) = two_replicas(&env).await;
+    let tampered = published_claim(&env, "tampered", "192.0.2.95:2049").await;
+    let (stop_tampering, tamperer) = tamper(&env, &tampered);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The leader can no longer renew its Lease; everything else it does still works. Its lease
+    // manager only retries with back-off and says it lost the Lease at a later read.
+    let refused = RefusedRenewals::install(&env, leader_id).await;
+    eventually("the standby to lead", WAIT, || async {
+        (standby.metric(LEADER).await == 1.0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop_tampering.cancel();
+    tamperer.await.unwrap();
+    refused.remove().await;
+
+    let lease = env.api::<Lease>().get("svc-leader").await.unwrap().spec.unwrap();
+    assert_eq!(lease.holder_identity.as_deref(), Some(standby_id));
+    let acquired: SystemTime = lease.acquire_time.expect("acquireTime").0.into();
+    let by_old = audit::writes_by(&env.ns, leader_id, acquired);
+    let by_new = audit::writes_by(&env.ns, standby_id, acquired);
+    println!(
+        "after the standby took the Lease: {} writes by the old leader, {} by the new one",
+        by_old.len(),
+        by_new.len()
+    );
+    assert!(
+        !by_new.is_empty(),
+        "the audit log attributes the new leader's repairs to it"
+    );
+    assert!(
+        by_old.is_empty(),
+        "two replicas wrote at once: the old leader kept writing after the standby took its Lease: {by_old:#?}"
+    );
+    // The dashboard sums the gauge over replicas: only the leader may count the volume.
+    eventually("the new leader to count the volume", WAIT, || async {
+        (standby.metric(SHARED).await == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(leader.metric(LEADER).await, 0.0);
+    assert_eq!(leader.metric(SHARED).await, 0.0, "a former leader counts no volume");
+    leader.stop().await;
+    standby.stop().await;
+    env.cleanup().await;
+}
+
+/// By Service name: every ClusterIP and every uid it was seen with.
+type Seen = BTreeMap<String, (BTreeSet<String>, BTreeSet<String>)>;
+
+/// Records every ClusterIP and uid each Service of the namespace is ever seen with.
+struct ServiceHistory {
+    seen: Arc<Mutex<Seen>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ServiceHistory {
+    fn start(env: &TestEnv) -> Self {
+        let seen: Arc<Mutex<Seen>> = Arc::default();
+        let stream = watcher(env.api::<Service>(), watcher::Config::default())
+            .default_backoff()
+            .applied_objects();
+        let task = tokio::spawn({
+            let seen = seen.clone();
+            async move {
+                futures::pin_mut!(stream);
+                while let Some(Ok(service)) = stream.next().await {
+                    let name = service.metadata.name.clone().unwrap_or_default();
+                    let ip = service.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+                    let mut seen = seen.lock().unwrap();
+                    let (ips, uids) = seen.entry(name).or_default();
+                    ips.insert(ip);
+                    uids.insert(service.metadata.uid.unwrap_or_default());
+                }
+            }
+        });
+        Self { seen, task }
+    }
+
+    /// Services seen with more than one ClusterIP, or recreated (more than one uid).
+    fn changed(&self) -> Vec<String> {
+        let seen = self.seen.lock().unwrap();
+        seen.iter()
+            .filter(|(_, (ips, uids))| ips.len() > 1 || uids.len() > 1)
+            .map(|(name, (ips, uids))| format!("{name}: ClusterIPs {ips:?}, uids {uids:?}"))
+            .collect()
+    }
+}
+
+impl Drop for ServiceHistory {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A small deterministic generator (the seed is printed, `SVC_FAULT_SEED` replays a run).
+struct Random(u64);
+
+impl Random {
+    fn from_env() -> Self {
+        let seed = std::env::var("SVC_FAULT_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+            });
+        println!("fault seed {seed} (SVC_FAULT_SEED={seed} replays it)");
+        Self(seed)
+    }
+
+    fn below(&mut self, bound: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % bound.max(1)
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved() {
+    let (claims, kills) = if long_run() { (200, 10) } else { (40, 3) };
+    let env = common::setup("flt-kill9").await;
+    let mut random = Random::from_env();
+    let history = ServiceHistory::start(&env);
+    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
+    let start = || Process::start(&format!("{}-controller", env.ns), &args);
+
+    let mut pvs = Vec::new();
+    let mut servers = BTreeMap::new();
+    let mut controller = start();
+    for i in 0..claims {
+        let server = format!("192.0.2.{}:2049", 100 + i % 100);
+        let (_, pv) = env.bound_rwx_claim(&format!("data-{i}"), serving(&server)).await;
+        let name = pv.metadata.name.unwrap();
+        servers.insert(name.clone(), server);
+        pvs.push(name);
+    }
+    let mut survived = 0;
+    for round in 0..kills {
+        // Let it work for a random while, then kill it without warning.
+        tokio::time::sleep(Duration::from_millis(random.below(1500))).await;
+        controller.kill().await;
+        survived += 1;
+        // Meanwhile some primaries move: the endpoints must follow once a controller runs again.
+        for _ in 0..claims / 10 {
+            let pv = &pvs[random.below(pvs.len() as u64) as usize];
+            let server = format!("198.51.100.{}:2049", 1 + random.below(200));
+            env.annotate_pv(pv, common::SERVICE_ENDPOINT, Some(&server)).await;
+            servers.insert(pv.clone(), server);
+        }
+        println!("round {}: killed with -9 and restarted", round + 1);
+        controller = start();
+    }
+
+    // Every volume published at its Service's ClusterIP, endpoints at its current server.
+    let converged = Instant::now();
+    eventually("every claim converged", WAIT, || async {
+        let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
+        let endpoints = env.api::<Endpoints>().list(&ListParams::default()).await.unwrap().items;
+        let ips: BTreeMap<String, String> = services
+            .iter()
+            .map(|s| {
+                (
+                    s.metadata.name.clone().unwrap(),
+                    s.spec.clone().unwrap().cluster_ip.unwrap(),
+                )
+            })
+            .collect();
+        let at: BTreeMap<String, String> = endpoints
+            .iter()
+            .filter_map(|e| {
+                let subset = e.subsets.as_ref()?.first()?;
+                let ip = &subset.addresses.as_ref()?.first()?.ip;
+                let port = subset.ports.as_ref()?.first()?.port;
+                Some((e.metadata.name.clone()?, format!("{ip}:{port}")))
+            })
+            .collect();
+        for pv in &pvs {
+            let mount = env.pv_annotation(pv, MOUNT_ENDPOINT).await?;
+            (mount == format!("{}:2049", ips.get(pv)?)).then_some(())?;
+            (at.get(pv) == servers.get(pv)).then_some(())?;
+        }
+        Some(())
+    })
+    .await;
+    println!(
+        "{claims} claims converged {:.1} s after the last restart, through {survived} kills",
+        converged.elapsed().as_secs_f64()
+    );
+
+    // Nothing duplicated, nothing orphaned, no ClusterIP ever changed.
+    let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
+    let endpoints = env.api::<Endpoints>().list(&ListParams::default()).await.unwrap().items;
+    let slices = env
+        .api::<EndpointSlice>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let named = |names: Vec<Option<String>>| names.into_iter().flatten().collect::<BTreeSet<String>>();
+    let expected: BTreeSet<String> = pvs.iter().cloned().collect();
+    assert_eq!(services.len(), claims, "one Service per claim");
+    assert_eq!(
+        named(services.iter().map(|s| s.metadata.name.clone()).collect()),
+        expected
+    );
+    assert_eq!(endpoints.len(), claims, "one Endpoints per claim");
+    assert_eq!(
+        named(endpoints.iter().map(|e| e.metadata.name.clone()).collect()),
+        expected
+    );
+    assert_eq!(slices.len(), claims, "one EndpointSlice per claim");
+    for owned in services
+        .iter()
+        .map(|s| &s.metadata)
+        .chain(endpoints.iter().map(|e| &e.metadata))
+        .chain(slices.iter().map(|s| &s.metadata))
+    {
+        let owners = owned.owner_references.as_deref().unwrap_or_default();
+        assert!(
+            owners.len() == 1 && owners[0].kind == "PersistentVolumeClaim",
+            "{:?} is owned by its claim: {owners:?}",
+            owned.name
+        );
+    }
+    let changed = history.changed();
+    println!("ClusterIP changes: {}", changed.len());
+    assert!(changed.is_empty(), "no Service recreated or readdressed: {changed:#?}");
+    controller.stop().await;
+    env.cleanup().await;
+}
