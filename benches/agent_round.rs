@@ -65,10 +65,7 @@ fn drbd() -> DrbdState {
         .map(|i| Resource {
             name: format!("pvc-{i}"),
             role: "Secondary".into(),
-            devices: vec![Device {
-                volume: 0,
-                quorum: true,
-            }],
+            devices: vec![Device { quorum: true }],
             connections: vec![Connection {
                 name: "node-1".into(),
                 connection_state: "Connecting".into(),

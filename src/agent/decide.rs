@@ -488,7 +488,7 @@ mod tests {
         Resource {
             name: "pvc-1".into(),
             role: role.into(),
-            devices: vec![Device { volume: 0, quorum }],
+            devices: vec![Device { quorum }],
             connections: peers
                 .iter()
                 .map(|(name, state, role)| Connection {

@@ -33,8 +33,6 @@ pub struct Resource {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 pub struct Device {
     #[serde(default)]
-    pub volume: u32,
-    #[serde(default)]
     pub quorum: bool,
 }
 

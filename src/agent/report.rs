@@ -78,10 +78,7 @@ mod tests {
             resources: vec![Resource {
                 name: "pvc-1".into(),
                 role: "Primary".into(),
-                devices: vec![Device {
-                    volume: 0,
-                    quorum: true,
-                }],
+                devices: vec![Device { quorum: true }],
                 connections: vec![
                     Connection {
                         name: "b".into(),

@@ -2,7 +2,7 @@
 //! endpoint goes into Endpoints and EndpointSlices, which only take IP addresses.
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,12 +62,19 @@ impl FromStr for NfsEndpoint {
         if text.parse::<IpAddr>().is_ok() {
             return Err(EndpointError::BadPort(owned()));
         }
+        if text.starts_with('[') {
+            return Err(bracketed_error(text, owned()));
+        }
         let (host, port) = match text.rsplit_once(':') {
             Some(parts) => parts,
             None => return Err(EndpointError::Malformed(owned())),
         };
         if host.contains(':') {
-            return Err(EndpointError::UnbracketedIpv6(owned()));
+            return Err(if host.parse::<Ipv6Addr>().is_ok() {
+                EndpointError::UnbracketedIpv6(owned())
+            } else {
+                EndpointError::Malformed(owned())
+            });
         }
         let host = host.trim_start_matches('[').trim_end_matches(']');
         if host.parse::<IpAddr>().is_ok() || port.parse::<u32>().is_err() {
@@ -77,6 +84,26 @@ impl FromStr for NfsEndpoint {
             return Err(EndpointError::Malformed(owned()));
         }
         Err(EndpointError::Hostname(owned()))
+    }
+}
+
+/// Why `[…]…` is not a usable endpoint (it did not parse as `[IPv6]:port`): a zone (`%eth0`)
+/// makes it link-local, a valid address without a usable port lacks the port, anything else is
+/// not an address at all.
+fn bracketed_error(text: &str, raw: String) -> EndpointError {
+    let Some(inside) = text
+        .strip_prefix('[')
+        .and_then(|rest| rest.split_once(']'))
+        .map(|(inside, _)| inside)
+    else {
+        return EndpointError::Malformed(raw);
+    };
+    if inside.contains('%') {
+        return EndpointError::Unusable(raw);
+    }
+    match inside.parse::<Ipv6Addr>() {
+        Ok(_) => EndpointError::BadPort(raw),
+        Err(_) => EndpointError::Malformed(raw),
     }
 }
 
