@@ -13,6 +13,7 @@ pub const CONTROLLER_LEADER: &str = "storageos_shared_volume_controller_leader";
 pub const CLAIMS_PENDING: &str = "storageos_shared_volume_claims_pending";
 pub const CLAIMS_PENDING_SINCE: &str = "storageos_shared_volume_claims_pending_since_timestamp_seconds";
 pub const BUILD_INFO: &str = "storageos_shared_volume_build_info";
+pub const LOOP_TURNED: &str = "storageos_shared_volume_loop_last_turn_timestamp_seconds";
 
 pub const AGENT_DRBD_RESOURCES: &str = "storageos_drbd_agent_resources";
 pub const AGENT_ACTIONS: &str = "storageos_drbd_agent_actions_total";
@@ -85,6 +86,8 @@ pub struct ControllerMetrics {
     pub claims_pending_since: Gauge,
     pub publishes: IntCounter,
     pub leader: IntGauge,
+    /// When the reconcile loop last answered its liveness probe.
+    pub loop_turned: Gauge,
 }
 
 impl ControllerMetrics {
@@ -133,6 +136,13 @@ impl ControllerMetrics {
             leader: register(
                 registry,
                 IntGauge::new(CONTROLLER_LEADER, "1 while this replica is the leader.")?,
+            )?,
+            loop_turned: register(
+                registry,
+                Gauge::new(
+                    LOOP_TURNED,
+                    "Unix time at which the reconcile loop last processed its liveness probe (every 10 s while leading).",
+                )?,
             )?,
         })
     }

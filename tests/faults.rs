@@ -177,6 +177,27 @@ async fn a_paused_leader_writes_nothing_once_it_resumes() {
     env.cleanup().await;
 }
 
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn the_liveness_probe_goes_through_the_reconcile_loop() {
+    let env = common::setup("flt-liveness").await;
+    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
+    let controller = Process::start(&format!("{}-controller", env.ns), &args);
+    controller.wait_ready().await;
+    let turned = "storageos_shared_volume_loop_last_turn_timestamp_seconds";
+    let first = eventually("a first probe through the loop", Duration::from_secs(15), || async {
+        Some(controller.metric(turned).await).filter(|t| *t > 0.0)
+    })
+    .await;
+    eventually("the next probe through the loop", Duration::from_secs(15), || async {
+        (controller.metric(turned).await > first).then_some(())
+    })
+    .await;
+    assert_eq!(controller.get("/healthz").await.map(|(status, _)| status), Some(200));
+    controller.stop().await;
+    env.cleanup().await;
+}
+
 /// Keeps patching a label the controller manages on Service `name`, so that whoever leads always
 /// has something to write; stops when the token is cancelled.
 fn tamper(env: &TestEnv, name: &str) -> (tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {

@@ -11,10 +11,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 
+use super::Health;
 use super::fence::{self, Fence};
 use super::reconcile::Context;
 use super::run_controller;
-use crate::admin::Probes;
 use crate::cli::ControllerArgs;
 use crate::metrics::ControllerMetrics;
 use crate::names::CONTROLLER_NAME;
@@ -29,7 +29,7 @@ pub(super) async fn lead_and_run(
     args: &ControllerArgs,
     ctx: Arc<Context>,
     metrics: ControllerMetrics,
-    probes: Probes,
+    health: Health,
     shutdown: Shutdown,
 ) -> Result<()> {
     let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
@@ -49,7 +49,7 @@ pub(super) async fn lead_and_run(
         Duration::from_secs(args.lease_duration_seconds).saturating_sub(fence::MARGIN),
         fence.clone(),
     ));
-    probes.set_ready(true); // a standby is ready: it serves and waits
+    health.probes.set_ready(true); // a standby is ready: it serves and waits
     tracing::info!(lease = %format!("{}/{}", args.lease_namespace, args.lease_name), identity = %args.identity, "waiting for leadership");
     loop {
         tokio::select! {
@@ -68,7 +68,7 @@ pub(super) async fn lead_and_run(
             ctx.clone(),
             args.watch_namespace.clone(),
             args.concurrency,
-            probes.clone(),
+            health.clone(),
             stop.clone(),
             abandon.clone(),
         ));
@@ -87,7 +87,7 @@ pub(super) async fn lead_and_run(
         }
         let _ = task.await;
         metrics.leader.set(0);
-        probes.set_ready(true);
+        health.probes.set_ready(true);
         let Some(why) = lost else { break };
         tracing::warn!(identity = %args.identity, "stopped leading: {why}; reconciles in flight dropped");
     }

@@ -7,6 +7,7 @@ pub mod cache;
 mod fence;
 mod leader;
 pub mod reconcile;
+mod watchdog;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +24,7 @@ use prometheus::Registry;
 use crate::admin::Probes;
 use crate::cli::ControllerArgs;
 use crate::events::EventSink;
-use crate::metrics::ControllerMetrics;
+use crate::metrics::{ControllerMetrics, set_to_now};
 use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
@@ -32,6 +33,7 @@ use cache::Caches;
 use fence::{Fence, FenceLayer};
 use hyper::header::HeaderValue;
 use reconcile::{Context, ReconcileSettings};
+use watchdog::{PROBE_NAME, Watchdog};
 
 pub async fn run(
     args: ControllerArgs,
@@ -77,21 +79,28 @@ pub async fn run(
     let events = EventSink::new(client.clone(), CONTROLLER_NAME, Some(args.identity.clone()));
     let ctx = Arc::new(Context::new(client.clone(), backend, settings, metrics.clone(), events));
 
+    let watchdog = Watchdog::new(*args.reconcile_timeout + Duration::from_secs(30));
+    probes.set_liveness_check({
+        let watchdog = watchdog.clone();
+        move || watchdog.check(std::time::Instant::now())
+    });
     let Some(fence) = fence else {
         metrics.leader.set(1);
         let never = Shutdown::new();
+        let namespace = args.watch_namespace.clone();
         run_controller(
             ctx,
-            args.watch_namespace.clone(),
+            namespace,
             args.concurrency,
-            probes,
+            Health { probes, watchdog },
             shutdown,
             never,
         )
         .await;
         return Ok(());
     };
-    leader::lead_and_run(election_client, fence, &args, ctx, metrics, probes, shutdown).await
+    let health = Health { probes, watchdog };
+    leader::lead_and_run(election_client, fence, &args, ctx, metrics, health, shutdown).await
 }
 
 /// The controller's client: the replica named in its User-Agent, writes refused while `fence`
@@ -110,10 +119,11 @@ pub(crate) async fn run_controller(
     ctx: Arc<Context>,
     namespace: Option<String>,
     concurrency: u16,
-    probes: Probes,
+    health: Health,
     stop: Shutdown,
     abandon: Shutdown,
 ) {
+    let Health { probes, watchdog } = health;
     let client = ctx.client.clone();
     let managed = watcher::Config::default().labels(&managed_selector());
     let (caches, triggers) = Caches::new(&client, namespace.as_deref(), &managed);
@@ -138,6 +148,7 @@ pub(crate) async fn run_controller(
     if let Some(changes) = ctx.backend.changes() {
         controller = controller.reconcile_on(changes.map(|claim| ObjectRef::new(&claim.name).within(&claim.namespace)));
     }
+    controller = controller.reconcile_on(liveness_probes(watchdog.clone()));
     let store = controller.store();
     let readiness = {
         let probes = probes.clone();
@@ -158,9 +169,13 @@ pub(crate) async fn run_controller(
     let running = controller
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| {
-            let ctx = ctx.clone();
+            let (ctx, watchdog) = (ctx.clone(), watchdog.clone());
             async move {
                 match result {
+                    Err(controller::Error::ObjectNotFound(probe)) if probe.name == PROBE_NAME => {
+                        watchdog.answered();
+                        set_to_now(&ctx.metrics.loop_turned);
+                    }
                     // A claim deleted without a finalizer is never reconciled as deleting.
                     Err(controller::Error::ObjectNotFound(claim)) => {
                         let key = format!("{}/{}", claim.namespace.unwrap_or_default(), claim.name);
@@ -175,12 +190,29 @@ pub(crate) async fn run_controller(
         () = running => {}
         () = abandon.cancelled() => tracing::warn!("reconciles in flight dropped: no longer leading"),
     }
+    watchdog.stand_down();
     readiness.abort();
     use_caches.abort();
     ctx.use_caches(None);
     // Stopped (lost leadership, or shutting down): this replica no longer speaks for any claim,
     // so its gauges must not add to the new leader's.
     ctx.book(|book| book.clear());
+}
+
+/// What a replica tells about itself: whether it is ready, and whether its loop turns.
+#[derive(Clone)]
+pub(crate) struct Health {
+    pub probes: Probes,
+    pub watchdog: Watchdog,
+}
+
+/// A probe every [`watchdog::PROBE_EVERY`] through the controller's own queue (see [`Watchdog`]).
+fn liveness_probes(watchdog: Watchdog) -> impl futures::Stream<Item = ObjectRef<PersistentVolumeClaim>> + Send {
+    futures::stream::unfold(watchdog, |watchdog| async move {
+        tokio::time::sleep(watchdog::PROBE_EVERY).await;
+        watchdog.sent(std::time::Instant::now());
+        Some((ObjectRef::new(PROBE_NAME), watchdog))
+    })
 }
 
 /// A PV change is a change of the claim it is bound to.
