@@ -13,6 +13,8 @@ pub const CONTROLLER_LEADER: &str = "storageos_shared_volume_controller_leader";
 pub const CLAIMS_PENDING: &str = "storageos_shared_volume_claims_pending";
 pub const CLAIMS_PENDING_SINCE: &str = "storageos_shared_volume_claims_pending_since_timestamp_seconds";
 pub const BUILD_INFO: &str = "storageos_shared_volume_build_info";
+pub const REPAIRS: &str = "storageos_shared_volume_repairs_total";
+pub const REPAIRS_DEFERRED: &str = "storageos_shared_volume_repairs_deferred_total";
 pub const LOOP_TURNED: &str = "storageos_shared_volume_loop_last_turn_timestamp_seconds";
 
 pub const AGENT_DRBD_RESOURCES: &str = "storageos_drbd_agent_resources";
@@ -88,6 +90,10 @@ pub struct ControllerMetrics {
     pub leader: IntGauge,
     /// When the reconcile loop last answered its liveness probe.
     pub loop_turned: Gauge,
+    /// Writes that put back objects something else had changed.
+    pub repairs: IntCounter,
+    /// Repairs held back because something keeps changing the same objects.
+    pub repairs_deferred: IntCounter,
 }
 
 impl ControllerMetrics {
@@ -136,6 +142,17 @@ impl ControllerMetrics {
             leader: register(
                 registry,
                 IntGauge::new(CONTROLLER_LEADER, "1 while this replica is the leader.")?,
+            )?,
+            repairs: register(
+                registry,
+                IntCounter::new(REPAIRS, "Writes that put back objects something else had changed.")?,
+            )?,
+            repairs_deferred: register(
+                registry,
+                IntCounter::new(
+                    REPAIRS_DEFERRED,
+                    "Repairs held back because something keeps changing the same objects.",
+                )?,
             )?,
             loop_turned: register(
                 registry,

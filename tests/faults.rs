@@ -198,6 +198,54 @@ async fn the_liveness_probe_goes_through_the_reconcile_loop() {
     env.cleanup().await;
 }
 
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_field_contested_by_an_outside_writer_is_repaired_with_bounded_writes() {
+    let env = common::setup("flt-contested").await;
+    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
+    let controller = Process::start(&format!("{}-controller", env.ns), &args);
+    controller.wait_ready().await;
+    let name = published_claim(&env, "contested", "192.0.2.96:2049").await;
+    let since = SystemTime::now();
+
+    // 20 changes a second for 10 s: repairing each one is a write storm against the API server.
+    let (stop_tampering, tamperer) = tamper(&env, &name);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop_tampering.cancel();
+    tamperer.await.unwrap();
+    let tampered = audit::writes(&env.ns, since)
+        .iter()
+        .filter(|write| write.user_agent.contains("kube-rs") || !write.user_agent.contains("shared-volume-controller"))
+        .count();
+    let repairs = audit::writes(&env.ns, since)
+        .into_iter()
+        .filter(|write| write.user_agent.contains("shared-volume-controller") && write.name == name)
+        .count();
+    let deferred = controller
+        .metric("storageos_shared_volume_repairs_deferred_total")
+        .await;
+    println!(
+        "outside writer: {tampered} changes in 10 s; controller: {repairs} repair writes, {deferred} repairs deferred"
+    );
+    assert!(
+        repairs <= 15,
+        "repairs back off while the field is contested: {repairs} writes for {tampered} changes"
+    );
+    assert!(deferred > 0.0, "the back-off shows in the metrics");
+
+    // Once left alone, the Service is repaired.
+    eventually("the Service repaired", WAIT, || async {
+        let service = env.api::<Service>().get(&name).await.ok()?;
+        let labels = service.metadata.labels?;
+        (!labels.get("storageos.com/volume-id")?.starts_with("tampered")).then_some(())
+    })
+    .await;
+    let contested = env.wait_for_events("contested", "ManagedFieldsContested").await;
+    assert_eq!(contested[0].type_.as_deref(), Some("Warning"));
+    controller.stop().await;
+    env.cleanup().await;
+}
+
 /// Keeps patching a label the controller manages on Service `name`, so that whoever leads always
 /// has something to write; stops when the token is cancelled.
 fn tamper(env: &TestEnv, name: &str) -> (tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {

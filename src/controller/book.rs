@@ -3,7 +3,7 @@
 //! Pure bookkeeping keyed by `namespace/name`; time comes in as a parameter.
 
 use std::collections::{HashMap, HashSet};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 /// How a claim's last reconcile ended, as far as the gauges care.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,7 +25,25 @@ pub struct ClaimBook {
     waiting_since: HashMap<String, SystemTime>,
     /// Failed reconciles in a row, by claim.
     failures: HashMap<String, u32>,
+    /// The desired state (a fingerprint) last converged, by claim.
+    converged: HashMap<String, u64>,
+    /// Repairs of drift after convergence, by claim.
+    repairs: HashMap<String, Repairs>,
 }
+
+/// Repairs of one claim's objects that something else keeps changing back.
+#[derive(Clone, Copy, Debug)]
+struct Repairs {
+    count: u32,
+    last: Instant,
+}
+
+/// Repairs that go through at once; after these, each waits twice as long as the one before.
+pub const FREE_REPAIRS: u32 = 3;
+const FIRST_REPAIR_WAIT: Duration = Duration::from_secs(1);
+const MAX_REPAIR_WAIT: Duration = Duration::from_secs(300);
+/// A repair this long after the previous one (beyond its wait) starts the count again.
+const QUIET: Duration = Duration::from_secs(60);
 
 impl ClaimBook {
     pub fn record(&mut self, claim: &str, standing: Standing, now: SystemTime) {
@@ -66,6 +84,38 @@ impl ClaimBook {
         self.shared.remove(claim);
         self.waiting_since.remove(claim);
         self.failures.remove(claim);
+        self.converged.remove(claim);
+        self.repairs.remove(claim);
+    }
+
+    /// `claim`'s objects match the desired state with this `fingerprint`.
+    pub fn converged(&mut self, claim: &str, fingerprint: u64) {
+        self.converged.insert(claim.to_owned(), fingerprint);
+    }
+
+    /// Whether objects found out of line were last converged by us for this same desired state:
+    /// then something else changed them (drift), rather than the desired state having moved on.
+    pub fn converged_before(&self, claim: &str, fingerprint: u64) -> bool {
+        self.converged.get(claim) == Some(&fingerprint)
+    }
+
+    /// How long a repair of `claim` must still wait; `None`: repair now.
+    pub fn repair_wait(&self, claim: &str, now: Instant) -> Option<Duration> {
+        let repairs = self.repairs.get(claim)?;
+        let due = repairs.last + wait_after(repairs.count);
+        (due > now).then(|| due - now)
+    }
+
+    pub fn repaired(&mut self, claim: &str, now: Instant) {
+        let repairs = self
+            .repairs
+            .entry(claim.to_owned())
+            .or_insert(Repairs { count: 0, last: now });
+        if now.saturating_duration_since(repairs.last) > wait_after(repairs.count) + QUIET {
+            repairs.count = 0;
+        }
+        repairs.count += 1;
+        repairs.last = now;
     }
 
     /// This replica stopped reconciling (lost leadership): it speaks for no claim.
@@ -84,6 +134,17 @@ impl ClaimBook {
     /// When the longest-waiting claim started waiting.
     pub fn waiting_since(&self) -> Option<SystemTime> {
         self.waiting_since.values().min().copied()
+    }
+}
+
+/// The wait after `count` repairs in a row: none for the first [`FREE_REPAIRS`], then 1 s
+/// doubling up to 5 minutes.
+fn wait_after(count: u32) -> Duration {
+    match count.checked_sub(FREE_REPAIRS) {
+        None => Duration::ZERO,
+        Some(beyond) => FIRST_REPAIR_WAIT
+            .saturating_mul(2u32.saturating_pow(beyond))
+            .min(MAX_REPAIR_WAIT),
     }
 }
 
@@ -158,5 +219,39 @@ mod tests {
             book.record("apps/a", Standing::Failed, at(3));
         }
         assert_eq!(book.retry_after("apps/a", first, max), max, "no overflow");
+    }
+
+    #[test]
+    fn repairs_of_a_contested_claim_wait_longer_and_longer_until_it_is_left_alone() {
+        let mut book = ClaimBook::default();
+        let start = Instant::now();
+        let mut now = start;
+        let mut waits = Vec::new();
+        for _ in 0..8 {
+            if let Some(wait) = book.repair_wait("apps/a", now) {
+                waits.push(wait.as_secs());
+                now += wait;
+            } else {
+                waits.push(0);
+            }
+            book.repaired("apps/a", now);
+        }
+        assert_eq!(waits, [0, 0, 0, 1, 2, 4, 8, 16]);
+        assert_eq!(
+            book.repair_wait("apps/b", now),
+            None,
+            "other claims are not slowed down"
+        );
+        // Left alone for a while: the next repair goes through, and the count starts again.
+        now += Duration::from_secs(32 + 61);
+        assert_eq!(book.repair_wait("apps/a", now), None);
+        book.repaired("apps/a", now);
+        assert_eq!(book.repair_wait("apps/a", now + Duration::from_millis(1)), None);
+
+        book.converged("apps/a", 7);
+        assert!(book.converged_before("apps/a", 7) && !book.converged_before("apps/a", 8));
+        book.forget("apps/a");
+        assert!(!book.converged_before("apps/a", 7));
+        let _ = start;
     }
 }

@@ -9,7 +9,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use super::book::{ClaimBook, Standing};
 use super::cache::Caches;
-use crate::apply::{apply_if_changed, create};
+use crate::apply::{apply_if_changed, create, is_converged};
 use crate::events::EventSink;
 use crate::metrics::ControllerMetrics;
 use crate::names::CONTROLLER_FIELD_MANAGER;
@@ -119,7 +119,12 @@ impl ReconcileError {
 pub enum Outcome {
     Skipped(Skip),
     Invalid(&'static str),
-    Shared { mount_endpoint: String, published: bool },
+    Shared {
+        mount_endpoint: String,
+        published: bool,
+    },
+    /// Served, but something keeps changing its objects: the repair waits this long.
+    RepairDeferred(Duration),
 }
 
 pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
@@ -133,12 +138,16 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
         Ok(Outcome::Skipped(_)) => ("skipped", Standing::NotServed),
         Ok(Outcome::Invalid(_)) => ("invalid", Standing::Invalid),
         Ok(Outcome::Shared { .. }) => ("shared", Standing::Shared),
+        Ok(Outcome::RepairDeferred(_)) => ("deferred", Standing::Shared),
         Err(_) => ("error", Standing::Failed),
     };
     ctx.metrics.reconciles.with_label_values(&[label]).inc();
     ctx.book(|book| book.record(&claim_key(&claim), standing, SystemTime::now()));
     tracing::debug!(claim = %claim_key(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
-    result.map(|_| Action::requeue(ctx.settings.resync_interval))
+    result.map(|outcome| match outcome {
+        Outcome::RepairDeferred(wait) => Action::requeue(wait),
+        _ => Action::requeue(ctx.settings.resync_interval),
+    })
 }
 
 pub fn error_policy(claim: Arc<PersistentVolumeClaim>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
@@ -192,6 +201,16 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
 
     let services: Api<Service> = Api::namespaced(ctx.client.clone(), &shared.namespace);
     let caches = ctx.caches();
+    let key = claim_key(claim);
+    let fingerprint = desired::fingerprint(&shared);
+    let repairing = match caches
+        .as_ref()
+        .map(|caches| contested(ctx, caches, &shared, &key, fingerprint))
+    {
+        Some(Contest::Wait(wait)) => return Ok(defer_repair(ctx, claim, wait).await),
+        Some(Contest::Repair) => true,
+        _ => false,
+    };
     let existing = match &caches {
         Some(caches) => caches
             .service(&shared.namespace, &shared.service_name)
@@ -210,6 +229,15 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         return Ok(report_invalid(ctx, claim, invalid).await);
     };
     ensure_endpoints(ctx, &shared, caches.as_ref()).await?;
+    ctx.book(|book| {
+        if repairing {
+            book.repaired(&key, Instant::now());
+        }
+        book.converged(&key, fingerprint);
+    });
+    if repairing {
+        ctx.metrics.repairs.inc();
+    }
     let EnsuredService { cluster_ip, created } = ensured;
     ctx.events.clear_warnings(&claim.object_ref(&()));
 
@@ -253,6 +281,57 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         mount_endpoint,
         published: true,
     })
+}
+
+/// What to do about objects found out of line with what we converged them to.
+enum Contest {
+    /// In line, or the desired state moved on: write as usual.
+    None,
+    /// Drift: write it back now.
+    Repair,
+    /// Drift again and again: wait this long before writing it back.
+    Wait(Duration),
+}
+
+/// Whether the cached Service, Endpoints and EndpointSlice drifted from the state this replica
+/// converged them to (something else changed them), and whether repairing them must wait.
+fn contested(ctx: &Context, caches: &Caches, shared: &SharedVolume, key: &str, fingerprint: u64) -> Contest {
+    let (namespace, name) = (&shared.namespace, &shared.service_name);
+    let in_line = is_converged(&desired::service(shared), caches.service(namespace, name).as_deref())
+        && is_converged(
+            &desired::endpoints(shared),
+            caches.endpoints(namespace, name).as_deref(),
+        )
+        && is_converged(
+            &desired::endpoint_slice(shared),
+            caches.slice(namespace, name).as_deref(),
+        );
+    let book = ctx.book.lock().expect("claim book poisoned");
+    if in_line || !book.converged_before(key, fingerprint) {
+        return Contest::None;
+    }
+    match book.repair_wait(key, Instant::now()) {
+        Some(wait) => Contest::Wait(wait),
+        None => Contest::Repair,
+    }
+}
+
+async fn defer_repair(ctx: &Context, claim: &PersistentVolumeClaim, wait: Duration) -> Outcome {
+    ctx.metrics.repairs_deferred.inc();
+    let note = "the Service, Endpoints or EndpointSlice of this claim keep being changed by another writer; \
+                the controller puts them back, waiting longer each time while this goes on. Find the other \
+                writer in the objects' managedFields (a GitOps tool, a script) and stop it"
+        .to_owned();
+    ctx.events
+        .warning_once(
+            &claim.object_ref(&()),
+            "ManagedFieldsContested",
+            "RepairSharedVolume",
+            note,
+        )
+        .await;
+    tracing::info!(claim = %claim_key(claim), "objects changed again by another writer; repairing in {wait:?}");
+    Outcome::RepairDeferred(wait)
 }
 
 async fn not_managed(ctx: &Context, claim: &PersistentVolumeClaim, why: NotManaged) -> Outcome {

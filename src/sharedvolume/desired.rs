@@ -161,6 +161,22 @@ pub fn service_at_published_address(volume: &SharedVolume, published: Option<&st
     Some(service)
 }
 
+/// A digest of everything [`service`], [`endpoints`] and [`endpoint_slice`] are built from: two
+/// volumes with the same fingerprint want the same objects.
+pub fn fingerprint(volume: &SharedVolume) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut hasher = DefaultHasher::new();
+    (
+        &volume.namespace,
+        &volume.service_name,
+        &volume.volume_id,
+        &volume.owner.uid,
+        volume.server,
+    )
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Endpoints of the Service: the NFS server. Not mirrored: we write the EndpointSlice ourselves.
 pub fn endpoints(volume: &SharedVolume) -> Endpoints {
     Endpoints {
