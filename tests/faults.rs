@@ -246,6 +246,86 @@ async fn a_field_contested_by_an_outside_writer_is_repaired_with_bounded_writes(
     env.cleanup().await;
 }
 
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn only_the_claim_a_volume_is_bound_to_is_served_and_nothing_is_orphaned() {
+    let env = common::setup("flt-claims").await;
+    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
+    let controller = Process::start(&format!("{}-controller", env.ns), &args);
+    controller.wait_ready().await;
+    let served = published_claim(&env, "owner", "192.0.2.97:2049").await;
+    let owner_uid = |meta: &kube::api::ObjectMeta| meta.owner_references.as_ref().map(|o| o[0].uid.clone());
+    let owner = env
+        .api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .get("owner")
+        .await
+        .unwrap();
+
+    // A second claim naming the same PV (its claimRef names the first): not served, and the
+    // first claim's Service stays the first claim's.
+    env.create_claim("intruder", &served, "ReadWriteMany", "replicated")
+        .await;
+    env.mark_bound("intruder").await;
+    env.wait_for_events("intruder", "VolumeBoundElsewhere").await;
+
+    // A claim whose PV has no claimRef at all, and one bound to a PV whose claimRef names
+    // another claim: neither is served.
+    let loose = env.pv_name("loose");
+    env.create_claim("loose", &loose, "ReadWriteMany", "replicated").await;
+    let pv: k8s_openapi::api::core::v1::PersistentVolume = serde_json::from_value(json!({
+        "metadata": {"name": loose, "annotations": {common::SERVICE_ENDPOINT: "192.0.2.98:2049"}},
+        "spec": {"accessModes": ["ReadWriteMany"], "capacity": {"storage": "1Gi"}, "storageClassName": "replicated",
+                 "csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": loose}},
+    }))
+    .unwrap();
+    env.pvs().create(&Default::default(), &pv).await.unwrap();
+    env.mark_bound("loose").await;
+    env.wait_for_events("loose", "VolumeBoundElsewhere").await;
+
+    // A claim deleted while it is being reconciled: whatever was made for it goes with it.
+    let (_, gone_pv) = env.bound_rwx_claim("short-lived", serving("192.0.2.99:2049")).await;
+    let gone = gone_pv.metadata.name.unwrap();
+    env.api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+        .delete("short-lived", &Default::default())
+        .await
+        .unwrap();
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    eventually("the deleted claim's objects to be collected", WAIT, || async {
+        let left = env.api::<Service>().get_opt(&gone).await.unwrap().is_some()
+            || env.api::<Endpoints>().get_opt(&gone).await.unwrap().is_some()
+            || env.api::<EndpointSlice>().get_opt(&gone).await.unwrap().is_some();
+        (!left).then_some(())
+    })
+    .await;
+    let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
+    let names: Vec<String> = services.iter().filter_map(|s| s.metadata.name.clone()).collect();
+    assert_eq!(names, [served.clone()], "only the bound claim is served");
+    assert_eq!(
+        owner_uid(&services[0].metadata),
+        owner.metadata.uid,
+        "still owned by the claim it is bound to"
+    );
+    let slices = env
+        .api::<EndpointSlice>()
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items;
+    let endpoints = env.api::<Endpoints>().list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(slices.len(), 1, "no orphaned EndpointSlice");
+    assert_eq!(endpoints.len(), 1, "no orphaned Endpoints");
+    assert_eq!(owner_uid(&slices[0].metadata), owner.metadata.uid);
+    assert_eq!(owner_uid(&endpoints[0].metadata), owner.metadata.uid);
+    assert_eq!(
+        controller.metric(SHARED).await,
+        1.0,
+        "the gauge counts the served claim only"
+    );
+    controller.stop().await;
+    env.cleanup().await;
+}
+
 /// Keeps patching a label the controller manages on Service `name`, so that whoever leads always
 /// has something to write; stops when the token is cancelled.
 fn tamper(env: &TestEnv, name: &str) -> (tokio_util::sync::CancellationToken, tokio::task::JoinHandle<()>) {
