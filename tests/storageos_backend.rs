@@ -39,10 +39,49 @@ async fn start_controller_with_password(env: &TestEnv, api: &FakeStorageOs, pass
         "200ms",
         "--api-refresh-interval",
         "500ms",
+        "--api-timeout",
+        "2s",
+        "--api-retry-interval",
+        "1s",
+        "--max-retry-interval",
+        "4s",
     ];
     let process = Process::start(&env.ns, &args);
     process.wait_ready().await;
     (process, secret)
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_hanging_or_failing_api_is_bounded_by_the_request_timeout_and_recovered_from() {
+    let env = common::setup("sos-hang").await;
+    let api = FakeStorageOs::start(Duration::from_secs(60)).await;
+    api.set_delay(Duration::from_secs(3600));
+    let (controller, _secret) = start_controller(&env, &api).await;
+    let (_, pv) = env.bound_rwx_claim("data", Default::default()).await;
+    let name = pv.metadata.name.clone().unwrap();
+    api.add_volume("vol-1", &name, &env.ns, "data", "192.0.2.30:2049", true);
+
+    // Every call gives up after --api-timeout (2 s here): the claim fails as VolumeBackend and
+    // is retried; nothing waits for the hour the API would take, and the loop keeps turning.
+    let errors = "storageos_shared_volume_reconcile_errors_total{reason=\"VolumeBackend\"}";
+    eventually("reconciles failing on the hanging API", WAIT, || async {
+        (controller.metric(errors).await >= 2.0).then_some(())
+    })
+    .await;
+    assert_eq!(controller.get("/healthz").await.map(|(status, _)| status), Some(200));
+
+    // Back, but failing a few times with 500: retried until it works.
+    api.inject_failures(3);
+    api.set_delay(Duration::ZERO);
+    let mount = eventually("a mount endpoint published once the API answers", WAIT, || async {
+        api.mount_endpoint("vol-1")
+    })
+    .await;
+    let cluster_ip = env.cluster_ip(&name).await.unwrap();
+    assert_eq!(mount, format!("{cluster_ip}:2049"));
+    controller.stop().await;
+    env.cleanup().await;
 }
 
 #[tokio::test]

@@ -36,6 +36,10 @@ struct State {
     volumes: HashMap<String, Vec<Value>>,
     /// The next PUTs that answer 409 (after bumping the version, as a concurrent writer would).
     conflicts_to_inject: usize,
+    /// How long every answer is held back (a slow or hanging API).
+    delay: Duration,
+    /// The next requests (after login) that answer 500.
+    failures_to_inject: usize,
     stats: Stats,
 }
 
@@ -119,6 +123,16 @@ impl FakeStorageOs {
             .map(str::to_owned)
     }
 
+    /// Holds back every answer by `delay` (a hanging API: longer than the client's timeout).
+    pub fn set_delay(&self, delay: Duration) {
+        self.state.lock().unwrap().delay = delay;
+    }
+
+    /// The next `count` authenticated requests answer 500.
+    pub fn inject_failures(&self, count: usize) {
+        self.state.lock().unwrap().failures_to_inject = count;
+    }
+
     pub fn inject_conflicts(&self, count: usize) {
         self.state.lock().unwrap().conflicts_to_inject = count;
     }
@@ -186,6 +200,8 @@ fn valid_token(state: &State, request: &Request<Incoming>) -> bool {
 }
 
 async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let delay = state.lock().unwrap().delay;
+    tokio::time::sleep(delay).await;
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
     let authorized = valid_token(&state.lock().unwrap(), &request);
@@ -209,6 +225,10 @@ async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Fu
         _ if !authorized => {
             state.stats.rejected_tokens += 1;
             error(StatusCode::UNAUTHORIZED, "token missing or expired")
+        }
+        _ if state.failures_to_inject > 0 => {
+            state.failures_to_inject -= 1;
+            error(StatusCode::INTERNAL_SERVER_ERROR, "injected failure")
         }
         (Method::POST, ["v2", "auth", "refresh"]) => {
             state.stats.refreshes += 1;
