@@ -6,10 +6,14 @@
 #                                ${TMPDIR:-/tmp}/shared-volume-controller-cluster)
 #   hack/cluster.sh down [DIR]   stop every process and remove DIR
 #   hack/cluster.sh env [DIR]    print `export KUBECONFIG=...`
+#   hack/cluster.sh restart NAME [DIR]
+#                                stop one of etcd, kube-apiserver, kube-controller-manager and start
+#                                it again as it was (etcd keeps its data): for the fault tests
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cmd=${1:-}
+[[ $cmd == restart ]] && { component=${2:-}; shift; }
 dir=${2:-${SVC_CLUSTER_DIR:-${TMPDIR:-/tmp}/shared-volume-controller-cluster}}
 log() { printf '[cluster] %s\n' "$*" >&2; }
 
@@ -93,8 +97,22 @@ KC
 start() { # name, command...
   local name=$1
   shift
-  setsid "$@" >"$dir/$name.log" 2>&1 </dev/null &
+  printf '%q ' "$@" >"$dir/$name.cmd"
+  setsid "$@" >>"$dir/$name.log" 2>&1 </dev/null &
   echo $! >"$dir/$name.pid"
+}
+
+restart() {
+  [[ -f "$dir/$component.cmd" ]] || { log "no $component in $dir"; exit 2; }
+  local pid
+  pid=$(cat "$dir/$component.pid")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  kill -9 "$pid" 2>/dev/null || true
+  log "restarting $component"
+  local command
+  command=$(cat "$dir/$component.cmd")
+  eval "start $component $command"
 }
 
 wait_for() { # what, seconds, command...
@@ -184,9 +202,10 @@ POLICY
 case "$cmd" in
   up) up ;;
   down) down ;;
+  restart) restart ;;
   env) echo "export KUBECONFIG=$dir/kubeconfig" ;;
   *)
-    echo "usage: $0 up|down|env [DIR]" >&2
+    echo "usage: $0 up|down|env [DIR], or $0 restart etcd|kube-apiserver|kube-controller-manager [DIR]" >&2
     exit 2
     ;;
 esac

@@ -300,7 +300,7 @@ async fn only_the_claim_a_volume_is_bound_to_is_served_and_nothing_is_orphaned()
     .await;
     let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
     let names: Vec<String> = services.iter().filter_map(|s| s.metadata.name.clone()).collect();
-    assert_eq!(names, [served.clone()], "only the bound claim is served");
+    assert_eq!(names, std::slice::from_ref(&served), "only the bound claim is served");
     assert_eq!(
         owner_uid(&services[0].metadata),
         owner.metadata.uid,
@@ -322,6 +322,85 @@ async fn only_the_claim_a_volume_is_bound_to_is_served_and_nothing_is_orphaned()
         1.0,
         "the gauge counts the served claim only"
     );
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+/// CPU seconds a process has used so far (user + system, from /proc).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
+    let cluster = common::cluster::PrivateCluster::up("restart");
+    let env = common::setup_on(cluster.client().await, "flt-restart").await;
+    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
+    let kubeconfig = cluster.kubeconfig();
+    let controller = Process::start_with_env(
+        &format!("{}-controller", env.ns),
+        &args,
+        &[("KUBECONFIG", kubeconfig.as_str())],
+    );
+    controller.wait_ready().await;
+    let since = SystemTime::now();
+    let mut claims = 0;
+    let mut more_claims = |count: usize| {
+        let names: Vec<String> = (claims..claims + count).map(|i| format!("data-{i}")).collect();
+        claims += count;
+        names
+    };
+    for claim in more_claims(5) {
+        published_claim(&env, &claim, "192.0.2.120:2049").await;
+    }
+    let cpu_before = cpu_seconds(controller.pid());
+
+    for component in ["kube-apiserver", "etcd"] {
+        let restarted = Instant::now();
+        cluster.restart(component);
+        // The API comes back; what changed meanwhile and after is picked up by resumed watches.
+        for claim in more_claims(5) {
+            eventually("the API back", WAIT, || async {
+                env.api::<Service>().list(&ListParams::default()).await.ok()
+            })
+            .await;
+            published_claim(&env, &claim, "192.0.2.121:2049").await;
+        }
+        println!(
+            "{component} restarted: 5 new claims published {:.1} s later",
+            restarted.elapsed().as_secs_f64()
+        );
+    }
+    let pvs: Vec<String> = (0..claims).map(|i| env.pv_name(&format!("data-{i}"))).collect();
+    env.annotate_pv(&pvs[0], common::SERVICE_ENDPOINT, Some("192.0.2.122:2049"))
+        .await;
+    eventually("the endpoints to follow a move after both restarts", WAIT, || async {
+        let endpoints = env.api::<Endpoints>().get(&pvs[0]).await.ok()?;
+        let ip = endpoints.subsets?.first()?.addresses.as_ref()?.first()?.ip.clone();
+        (ip == "192.0.2.122").then_some(())
+    })
+    .await;
+
+    assert_eq!(
+        controller.get("/healthz").await.map(|(status, _)| status),
+        Some(200),
+        "alive"
+    );
+    let cpu = cpu_seconds(controller.pid()) - cpu_before;
+    let log = cluster.dir.join("audit.log");
+    let writes = audit::writes_in(&log, &env.ns, since)
+        .into_iter()
+        .filter(|write| write.user_agent.contains("shared-volume-controller"))
+        .count();
+    println!("through both restarts: {claims} claims, {writes} writes, {cpu:.2} CPU seconds");
+    assert!(cpu < 10.0, "no spinning while the API was away: {cpu:.2} CPU seconds");
+    // Service, Endpoints, EndpointSlice and the PV's mount endpoint per claim, the move, and a
+    // few retries of writes the restarts cut off.
+    assert!(writes <= claims * 4 + 2 + 20, "{writes} writes for {claims} claims");
     controller.stop().await;
     env.cleanup().await;
 }

@@ -10,6 +10,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 
@@ -113,11 +114,44 @@ where
 {
     let (store, writer) = reflector::store();
     let stream = watcher(api, config)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .modify(trim)
         .reflect(writer)
         .touched_objects();
     (store, stream.boxed())
+}
+
+/// Retries of a broken watch: 0.5 s doubling to 5 s. The default climbs to 30 s, which after an
+/// API server restart of 15 s left new claims unserved for half a minute after the API was back.
+/// One controller's few watches can afford it; the agents (one per node) keep the default, which
+/// spares a recovering API server.
+pub struct WatchBackoff {
+    next: Duration,
+}
+
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self { next: FIRST_RETRY }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let now = self.next;
+        self.next = (now * 2).min(MAX_RETRY);
+        Some(now)
+    }
+}
+
+impl Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = FIRST_RETRY;
+    }
 }
 
 /// An Api over one namespace, or over all of them.
@@ -129,5 +163,19 @@ where
     match namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn watch_retries_double_up_to_five_seconds_and_start_over_after_a_reset() {
+        let mut backoff = WatchBackoff::default();
+        let waits: Vec<u64> = backoff.by_ref().take(6).map(|d| d.as_millis() as u64).collect();
+        assert_eq!(waits, [500, 1000, 2000, 4000, 5000, 5000]);
+        backoff.reset();
+        assert_eq!(backoff.next(), Some(Duration::from_millis(500)));
     }
 }

@@ -29,7 +29,7 @@ use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
 use crate::volume;
-use cache::Caches;
+use cache::{Caches, WatchBackoff};
 use fence::{Fence, FenceLayer};
 use hyper::header::HeaderValue;
 use reconcile::{Context, ReconcileSettings};
@@ -141,6 +141,9 @@ pub(crate) async fn run_controller(
         .owns_stream(triggers.slices)
         .watches_stream(triggers.pvs, claim_of_volume)
         .with_config(controller::Config::default().concurrency(concurrency))
+        // Errors of every watch also pass through the controller's own back-off: keep it as
+        // short as the watches' own, or a restarted API server is waited out for half a minute.
+        .trigger_backoff(WatchBackoff::default())
         .graceful_shutdown_on({
             let stop = stop.clone();
             async move { stop.cancelled().await }

@@ -24,7 +24,12 @@ fn log_path() -> PathBuf {
 
 /// Every write in the audit log of `namespace` received at or after `since`.
 pub fn writes(namespace: &str, since: SystemTime) -> Vec<Write> {
-    let text = std::fs::read_to_string(log_path()).expect("the control plane's audit log (hack/cluster.sh)");
+    writes_in(&log_path(), namespace, since)
+}
+
+/// [`writes`] from the audit log at `log` (a control plane of the test's own).
+pub fn writes_in(log: &std::path::Path, namespace: &str, since: SystemTime) -> Vec<Write> {
+    let text = std::fs::read_to_string(log).expect("the control plane's audit log (hack/cluster.sh)");
     text.lines()
         .filter_map(|line| serde_json::from_str::<Value>(line).ok())
         .filter(|event| event["objectRef"]["namespace"] == namespace)

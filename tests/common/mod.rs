@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod audit;
+pub mod cluster;
 pub mod datapath;
 pub mod drbd;
 pub mod helm;
@@ -44,6 +45,11 @@ pub async fn setup(test: &str) -> TestEnv {
     let client = Client::try_default()
         .await
         .expect("cannot build a client from KUBECONFIG");
+    setup_on(client, test).await
+}
+
+/// [`setup`] on the cluster `client` talks to.
+pub async fn setup_on(client: Client, test: &str) -> TestEnv {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -1,0 +1,53 @@
+//! A control plane of a test's own (hack/cluster.sh in a folder of its own), for faults that
+//! would disturb the other tests: restarting kube-apiserver or etcd. Stopped and removed on drop.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use kube::Client;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+const CLUSTER_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster.sh");
+
+pub struct PrivateCluster {
+    pub dir: PathBuf,
+}
+
+impl PrivateCluster {
+    pub fn up(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("svc-cluster-{name}-{}", std::process::id()));
+        let cluster = Self { dir };
+        cluster.run(&["up"]);
+        cluster
+    }
+
+    pub fn kubeconfig(&self) -> String {
+        self.dir.join("kubeconfig").to_string_lossy().into_owned()
+    }
+
+    pub async fn client(&self) -> Client {
+        let kubeconfig = Kubeconfig::read_from(self.kubeconfig()).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .unwrap();
+        Client::try_from(config).unwrap()
+    }
+
+    /// Stops `component` (etcd, kube-apiserver, kube-controller-manager) and starts it again.
+    pub fn restart(&self, component: &str) {
+        self.run(&["restart", component]);
+    }
+
+    fn run(&self, args: &[&str]) {
+        let mut command = Command::new(CLUSTER_SH);
+        command.args(args).arg(&self.dir);
+        let status = command.status().unwrap_or_else(|err| panic!("{command:?}: {err}"));
+        assert!(status.success(), "{command:?} failed");
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(CLUSTER_SH).arg("down").arg(&self.dir).status();
+    }
+}
