@@ -6,6 +6,8 @@
 #                                ${TMPDIR:-/tmp}/shared-volume-controller-cluster)
 #   hack/cluster.sh down [DIR]   stop every process and remove DIR
 #   hack/cluster.sh env [DIR]    print `export KUBECONFIG=...`
+#   SVC_SERVICE_CIDR=10.96.0.0/16,fd00:10:96::/108 hack/cluster.sh up DIR
+#                                a dual-stack service range (default: IPv4 10.96.0.0/16 only)
 #   hack/cluster.sh restart NAME [DIR]
 #                                stop one of etcd, kube-apiserver, kube-controller-manager and start
 #                                it again as it was (etcd keeps its data): for the fault tests
@@ -179,7 +181,7 @@ POLICY
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$api_port" \
     --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
     --client-ca-file "$pki/ca.crt" --authorization-mode RBAC \
-    --service-cluster-ip-range 10.96.0.0/16 --allow-privileged \
+    --service-cluster-ip-range "${SVC_SERVICE_CIDR:-10.96.0.0/16}" --allow-privileged \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --enable-priority-and-fairness=false --profiling=false \

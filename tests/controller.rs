@@ -499,3 +499,50 @@ async fn only_the_leader_writes_and_a_standby_takes_over() {
     standby_process.stop().await;
     env.cleanup().await;
 }
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_slice() {
+    // A dual-stack cluster whose primary family is IPv4, of the test's own.
+    let cluster =
+        common::cluster::PrivateCluster::up_with("dualstack", &[("SVC_SERVICE_CIDR", "10.96.0.0/16,fd00:10:96::/108")]);
+    let env = common::setup_on(cluster.client().await, "ctl-dualstack").await;
+    let kubeconfig = cluster.kubeconfig();
+    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
+    let controller = Process::start_with_env(
+        &format!("{}-controller", env.ns),
+        &args,
+        &[("KUBECONFIG", kubeconfig.as_str())],
+    );
+    controller.wait_ready().await;
+
+    // An IPv6 NFS server gets an IPv6 ClusterIP, although the cluster's first family is IPv4.
+    let (six, six_mount) = shared_claim(&env, "six", "[fd00:20::5]:2049").await;
+    let service = env.api::<Service>().get(&six).await.unwrap();
+    let spec = service.spec.unwrap();
+    assert_eq!(spec.ip_families, Some(vec!["IPv6".to_string()]));
+    let ip: std::net::IpAddr = spec.cluster_ip.unwrap().parse().unwrap();
+    assert!(ip.is_ipv6(), "{ip}");
+    assert_eq!(six_mount, format!("[{ip}]:2049"));
+    let (_, slice) = endpoints_at(&env, &six, "fd00:20::5", 2049).await;
+    assert_eq!(slice.address_type, "IPv6");
+
+    // An IPv4 server whose primary moves to an IPv6 address: the EndpointSlice cannot change its
+    // addressType, so it is replaced; the Service keeps its address (clients keep their mount)
+    // and a Warning says it cannot reach the new family.
+    let (four, four_mount) = shared_claim(&env, "four", "192.0.2.40:2049").await;
+    let (_, old_slice) = endpoints_at(&env, &four, "192.0.2.40", 2049).await;
+    env.annotate_pv(&four, SERVICE_ENDPOINT, Some("[fd00:20::6]:2049"))
+        .await;
+    let (_, new_slice) = endpoints_at(&env, &four, "fd00:20::6", 2049).await;
+    assert_eq!(new_slice.address_type, "IPv6");
+    assert_ne!(new_slice.metadata.uid, old_slice.metadata.uid, "replaced, not patched");
+    let mismatch = env.wait_for_events("four", "ServiceFamilyMismatch").await;
+    assert_eq!(mismatch[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        env.pv_annotation(&four, MOUNT_ENDPOINT).await.as_deref(),
+        Some(four_mount.as_str())
+    );
+    controller.stop().await;
+    env.cleanup().await;
+}

@@ -241,6 +241,7 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
     let EnsuredService { cluster_ip, created } = ensured;
     ctx.events.clear_warnings(&claim.object_ref(&()));
 
+    warn_if_other_family(ctx, claim, &shared, &cluster_ip).await;
     let mount_endpoint = desired::mount_endpoint(&cluster_ip)
         .ok_or_else(|| ReconcileError::NoClusterIp(shared.service_name.clone(), ctx.settings.create_wait_duration))?;
     if volume.mount_endpoint.as_deref() == Some(mount_endpoint.as_str()) {
@@ -281,6 +282,34 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         mount_endpoint,
         published: true,
     })
+}
+
+/// A Service cannot change its address family, and changing it would change the address clients
+/// mount: when the NFS server moved to the other family, the Service is left as it is and the
+/// claim gets a Warning that says what to do.
+async fn warn_if_other_family(ctx: &Context, claim: &PersistentVolumeClaim, shared: &SharedVolume, cluster_ip: &str) {
+    let Ok(ip) = cluster_ip.parse::<std::net::IpAddr>() else {
+        return;
+    };
+    if ip.is_ipv6() == shared.server.is_ipv6() {
+        return;
+    }
+    let note = format!(
+        "the NFS server {} is {}, but Service {} is {} ({ip}): clients of the mount endpoint cannot reach it. \
+         Delete the Service to have it recreated in the server's family (the mount endpoint changes; clients must remount)",
+        shared.server,
+        desired::address_family(shared.server.ip),
+        shared.service_name,
+        desired::address_family(ip),
+    );
+    ctx.events
+        .warning_once(
+            &claim.object_ref(&()),
+            "ServiceFamilyMismatch",
+            "ReconcileSharedVolume",
+            note,
+        )
+        .await;
 }
 
 /// What to do about objects found out of line with what we converged them to.
@@ -391,7 +420,7 @@ async fn ensure_service(
             let applied = apply_if_changed(services, CONTROLLER_FIELD_MANAGER, &desired, Some(existing)).await?;
             (applied.unwrap_or_else(|| existing.clone()), false)
         }
-        None => match create_service(services, shared, &desired, published).await? {
+        None => match create_service(services, shared, published).await? {
             Some(created) => {
                 tracing::info!(service = %format!("{}/{}", shared.namespace, shared.service_name), "Service created");
                 (created, true)
@@ -414,27 +443,28 @@ async fn ensure_service(
     Ok(Some(EnsuredService { cluster_ip, created }))
 }
 
-/// Creates the Service asking for the published ClusterIP when there is one; when that address
-/// is no longer free (or no longer in the service range), takes a new one: the caller warns that
-/// clients must remount.
+/// Creates the Service in its server's family, asking for the published ClusterIP when there is
+/// one; when that address is no longer free (or no longer in the service range), takes a new one:
+/// the caller warns that clients must remount.
 async fn create_service(
     services: &Api<Service>,
     shared: &SharedVolume,
-    desired: &Service,
     published: Option<&str>,
 ) -> Result<Option<Service>, kube::Error> {
-    if let Some(at_published) = desired::service_at_published_address(shared, published) {
-        match create(services, CONTROLLER_FIELD_MANAGER, &at_published).await {
-            Err(kube::Error::Api(status)) if status.code == 422 => tracing::warn!(
+    let new = desired::new_service(shared, published);
+    let asked_for_address = new.spec.as_ref().is_some_and(|spec| spec.cluster_ip.is_some());
+    match create(services, CONTROLLER_FIELD_MANAGER, &new).await {
+        Err(kube::Error::Api(status)) if status.code == 422 && asked_for_address => {
+            tracing::warn!(
                 service = %format!("{}/{}", shared.namespace, shared.service_name),
                 published,
                 reason = %status.message,
                 "cannot recreate the Service at its published address; taking a new one"
-            ),
-            result => return result,
+            );
+            create(services, CONTROLLER_FIELD_MANAGER, &desired::new_service(shared, None)).await
         }
+        result => result,
     }
-    create(services, CONTROLLER_FIELD_MANAGER, desired).await
 }
 
 fn cluster_ip(service: &Service) -> Option<String> {

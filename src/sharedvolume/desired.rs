@@ -151,14 +151,27 @@ pub fn service(volume: &SharedVolume) -> Service {
     }
 }
 
-/// The Service to create when it is missing although a mount endpoint was published: it asks for
-/// the ClusterIP clients already mount, so that a deleted Service (by hand, by a GitOps prune)
-/// comes back at the same address. `None` when nothing usable was published.
-pub fn service_at_published_address(volume: &SharedVolume, published: Option<&str>) -> Option<Service> {
-    let ip = published?.parse::<NfsEndpoint>().ok()?.ip;
+/// The Service to create: [`service`], single-stack in its NFS server's address family (an IPv6
+/// server gets an IPv6 ClusterIP even where the cluster's first family is IPv4), and, when a mount
+/// endpoint of that family was published, asking for that very ClusterIP, so that a deleted
+/// Service (by hand, by a GitOps prune) comes back at the address clients already mount. Neither
+/// can change on an existing Service; [`service`] is what is applied to one.
+pub fn new_service(volume: &SharedVolume, published: Option<&str>) -> Service {
     let mut service = service(volume);
-    service.spec.as_mut()?.cluster_ip = Some(ip.to_string());
-    Some(service)
+    let spec = service.spec.get_or_insert_with(Default::default);
+    spec.ip_families = Some(vec![address_family(volume.server.ip).into()]);
+    spec.ip_family_policy = Some("SingleStack".into());
+    spec.cluster_ip = published
+        .and_then(|published| published.parse::<NfsEndpoint>().ok())
+        .map(|endpoint| endpoint.ip)
+        .filter(|ip| ip.is_ipv6() == volume.server.is_ipv6())
+        .map(|ip| ip.to_string());
+    service
+}
+
+/// `IPv4` or `IPv6`, as Services and EndpointSlices spell address families.
+pub fn address_family(ip: IpAddr) -> &'static str {
+    if ip.is_ipv6() { "IPv6" } else { "IPv4" }
 }
 
 /// A digest of everything [`service`], [`endpoints`] and [`endpoint_slice`] are built from: two
@@ -199,7 +212,7 @@ pub fn endpoints(volume: &SharedVolume) -> Endpoints {
 
 /// The EndpointSlice of the Service: one ready endpoint, the NFS server.
 pub fn endpoint_slice(volume: &SharedVolume) -> EndpointSlice {
-    let address_type = if volume.server.is_ipv6() { "IPv6" } else { "IPv4" };
+    let address_type = address_family(volume.server.ip);
     EndpointSlice {
         metadata: metadata(
             volume,
@@ -287,18 +300,35 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_service_asks_for_the_published_address() {
-        let volume = volume("10.0.0.5:2049");
-        let asked =
-            |published| service_at_published_address(&volume, published).map(|s| s.spec.unwrap().cluster_ip.unwrap());
-        assert_eq!(asked(Some("10.96.4.7:2049")).as_deref(), Some("10.96.4.7"));
-        assert_eq!(asked(Some("[fd00:10:96::7]:2049")).as_deref(), Some("fd00:10:96::7"));
-        assert_eq!(asked(Some("not an address")), None);
-        assert_eq!(asked(None), None);
-        let kept = service_at_published_address(&volume, Some("10.96.4.7:2049")).unwrap();
-        let mut plain = service(&volume);
-        plain.spec.as_mut().unwrap().cluster_ip = Some("10.96.4.7".into());
-        assert_eq!(kept, plain, "the same Service, with the address asked for");
+    fn a_new_service_takes_the_servers_family_and_asks_for_the_published_address() {
+        let four = volume("10.0.0.5:2049");
+        let six = volume("[fd00::5]:2049");
+        let asked = |volume: &SharedVolume, published| {
+            let spec = new_service(volume, published).spec.unwrap();
+            (spec.ip_families.unwrap()[0].clone(), spec.cluster_ip)
+        };
+        assert_eq!(
+            asked(&four, Some("10.96.4.7:2049")),
+            ("IPv4".into(), Some("10.96.4.7".into()))
+        );
+        assert_eq!(
+            asked(&six, Some("[fd00:10:96::7]:2049")),
+            ("IPv6".into(), Some("fd00:10:96::7".into()))
+        );
+        assert_eq!(
+            asked(&six, Some("10.96.4.7:2049")),
+            ("IPv6".into(), None),
+            "another family cannot be asked for"
+        );
+        assert_eq!(asked(&four, Some("not an address")), ("IPv4".into(), None));
+        assert_eq!(asked(&four, None), ("IPv4".into(), None));
+        let created = new_service(&four, Some("10.96.4.7:2049"));
+        let mut plain = service(&four);
+        let spec = plain.spec.as_mut().unwrap();
+        spec.cluster_ip = Some("10.96.4.7".into());
+        spec.ip_families = Some(vec!["IPv4".into()]);
+        spec.ip_family_policy = Some("SingleStack".into());
+        assert_eq!(created, plain, "the applied Service plus what only a create can set");
     }
 
     #[test]

@@ -15,9 +15,14 @@ pub struct PrivateCluster {
 
 impl PrivateCluster {
     pub fn up(name: &str) -> Self {
+        Self::up_with(name, &[])
+    }
+
+    /// A control plane with extra environment for hack/cluster.sh (`SVC_SERVICE_CIDR`).
+    pub fn up_with(name: &str, env: &[(&str, &str)]) -> Self {
         let dir = std::env::temp_dir().join(format!("svc-cluster-{name}-{}", std::process::id()));
         let cluster = Self { dir };
-        cluster.run(&["up"]);
+        cluster.run_with(&["up"], env);
         cluster
     }
 
@@ -39,8 +44,12 @@ impl PrivateCluster {
     }
 
     fn run(&self, args: &[&str]) {
+        self.run_with(args, &[]);
+    }
+
+    fn run_with(&self, args: &[&str], env: &[(&str, &str)]) {
         let mut command = Command::new(CLUSTER_SH);
-        command.args(args).arg(&self.dir);
+        command.args(args).arg(&self.dir).envs(env.iter().copied());
         let status = command.status().unwrap_or_else(|err| panic!("{command:?}: {err}"));
         assert!(status.success(), "{command:?} failed");
     }
