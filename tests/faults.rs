@@ -75,6 +75,34 @@ async fn two_replicas(env: &TestEnv) -> ((Process, &'static str), (Process, &'st
     }
 }
 
+/// From the audit log: since `since`, the replica `new` wrote (it repaired what the test keeps
+/// changing) and the replica `old` wrote nothing.
+fn only_the_new_leader_wrote(env: &TestEnv, old: &str, new: &str, since: SystemTime, when: &str) {
+    let by_old = audit::writes_by(&env.ns, old, since);
+    let by_new = audit::writes_by(&env.ns, new, since);
+    println!(
+        "{when}: {} writes by the old leader, {} by the new one",
+        by_old.len(),
+        by_new.len()
+    );
+    assert!(
+        !by_new.is_empty(),
+        "the audit log attributes the new leader's repairs to it"
+    );
+    assert!(
+        by_old.is_empty(),
+        "{when}, the old leader must write nothing: {by_old:#?}"
+    );
+}
+
+/// One controller without leader election, watching the test's namespace, ready.
+async fn single_controller(env: &TestEnv) -> Process {
+    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
+    let controller = Process::start(&format!("{}-controller", env.ns), &args);
+    controller.wait_ready().await;
+    controller
+}
+
 /// Creates an RWX claim served at `endpoint` and waits for its mount endpoint: the PV name.
 async fn published_claim(env: &TestEnv, claim: &str, endpoint: &str) -> String {
     let (_, pv) = env.bound_rwx_claim(claim, serving(endpoint)).await;
@@ -156,22 +184,7 @@ async fn a_paused_leader_writes_nothing_once_it_resumes() {
         (leader.metric(LEADER).await == 0.0).then_some(())
     })
     .await;
-    let by_old = audit::writes_by(&env.ns, leader_id, resumed);
-    let by_new = audit::writes_by(&env.ns, standby_id, resumed);
-    println!(
-        "after the old leader resumed: {} writes by it, {} by the new leader (repairing the tampered Service)",
-        by_old.len(),
-        by_new.len()
-    );
-    assert!(
-        !by_new.is_empty(),
-        "the audit log attributes the new leader's repairs to it"
-    );
-    assert!(
-        by_old.is_empty(),
-        "a resumed former leader must write nothing: {:#?}",
-        by_old
-    );
+    only_the_new_leader_wrote(&env, leader_id, standby_id, resumed, "after the old leader resumed");
     leader.stop().await;
     standby.stop().await;
     env.cleanup().await;
@@ -181,9 +194,7 @@ async fn a_paused_leader_writes_nothing_once_it_resumes() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn the_liveness_probe_goes_through_the_reconcile_loop() {
     let env = common::setup("flt-liveness").await;
-    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let controller = Process::start(&format!("{}-controller", env.ns), &args);
-    controller.wait_ready().await;
+    let controller = single_controller(&env).await;
     let turned = "storageos_shared_volume_loop_last_turn_timestamp_seconds";
     let first = eventually("a first probe through the loop", Duration::from_secs(15), || async {
         Some(controller.metric(turned).await).filter(|t| *t > 0.0)
@@ -202,9 +213,7 @@ async fn the_liveness_probe_goes_through_the_reconcile_loop() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn a_field_contested_by_an_outside_writer_is_repaired_with_bounded_writes() {
     let env = common::setup("flt-contested").await;
-    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let controller = Process::start(&format!("{}-controller", env.ns), &args);
-    controller.wait_ready().await;
+    let controller = single_controller(&env).await;
     let name = published_claim(&env, "contested", "192.0.2.96:2049").await;
     let since = SystemTime::now();
 
@@ -250,9 +259,7 @@ async fn a_field_contested_by_an_outside_writer_is_repaired_with_bounded_writes(
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn only_the_claim_a_volume_is_bound_to_is_served_and_nothing_is_orphaned() {
     let env = common::setup("flt-claims").await;
-    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let controller = Process::start(&format!("{}-controller", env.ns), &args);
-    controller.wait_ready().await;
+    let controller = single_controller(&env).await;
     let served = published_claim(&env, "owner", "192.0.2.97:2049").await;
     let owner_uid = |meta: &kube::api::ObjectMeta| meta.owner_references.as_ref().map(|o| o[0].uid.clone());
     let owner = env
@@ -507,20 +514,12 @@ async fn a_leader_that_cannot_renew_stops_writing_before_another_takes_over() {
     let lease = env.api::<Lease>().get("svc-leader").await.unwrap().spec.unwrap();
     assert_eq!(lease.holder_identity.as_deref(), Some(standby_id));
     let acquired: SystemTime = lease.acquire_time.expect("acquireTime").0.into();
-    let by_old = audit::writes_by(&env.ns, leader_id, acquired);
-    let by_new = audit::writes_by(&env.ns, standby_id, acquired);
-    println!(
-        "after the standby took the Lease: {} writes by the old leader, {} by the new one",
-        by_old.len(),
-        by_new.len()
-    );
-    assert!(
-        !by_new.is_empty(),
-        "the audit log attributes the new leader's repairs to it"
-    );
-    assert!(
-        by_old.is_empty(),
-        "two replicas wrote at once: the old leader kept writing after the standby took its Lease: {by_old:#?}"
+    only_the_new_leader_wrote(
+        &env,
+        leader_id,
+        standby_id,
+        acquired,
+        "after the standby took the Lease",
     );
     // The dashboard sums the gauge over replicas: only the leader may count the volume.
     eventually("the new leader to count the volume", WAIT, || async {
