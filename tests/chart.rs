@@ -296,6 +296,7 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         (&controller, ns, "create", "leases.coordination.k8s.io", true),
         (&controller, ns, "update", "leases.coordination.k8s.io", false),
         (&controller, ns, "patch", "leases.coordination.k8s.io", false),
+        (&controller, ns, "watch", "leases.coordination.k8s.io", false),
         (&controller, elsewhere, "create", "leases.coordination.k8s.io", false),
         (&controller, elsewhere, "delete", "services", false),
         (&controller, elsewhere, "delete", "pods", false),
