@@ -241,7 +241,10 @@ esac
         assert_eq!(forward_changes(&b""[..], &sender).await, Some(false));
         let corpus = include_bytes!("../../tests/corpus/drbd/events2-garbage.txt");
         assert_eq!(forward_changes(&corpus[..], &sender).await, Some(true));
-        assert!(receiver.try_recv().is_ok(), "garbage lines are changes too: read the state again");
+        assert!(
+            receiver.try_recv().is_ok(),
+            "garbage lines are changes too: read the state again"
+        );
         drop(receiver);
         assert_eq!(
             forward_changes(&b"line\n"[..], &sender).await,
