@@ -195,6 +195,8 @@ install_debian_packages() {
   command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha)
   [[ -n $(find /usr/lib -name libfsalvfs.so -print -quit 2>/dev/null) ]] || need+=(nfs-ganesha-vfs)
   command -v nfs-cat >/dev/null || need+=(libnfs-utils)
+  # The fake drbdsetup's events2 reports state changes as they happen, as the real one does.
+  command -v inotifywait >/dev/null || need+=(inotify-tools)
   ((${#need[@]})) || return 0
   log "installing Debian packages: ${need[*]}"
   local sudo=""
