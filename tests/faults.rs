@@ -222,14 +222,11 @@ async fn a_field_contested_by_an_outside_writer_is_repaired_with_bounded_writes(
     tokio::time::sleep(Duration::from_secs(10)).await;
     stop_tampering.cancel();
     tamperer.await.unwrap();
-    let tampered = audit::writes(&env.ns, since)
-        .iter()
-        .filter(|write| write.user_agent.contains("kube-rs") || !write.user_agent.contains("shared-volume-controller"))
-        .count();
-    let repairs = audit::writes(&env.ns, since)
+    let (repair_writes, outside_writes): (Vec<_>, Vec<_>) = audit::writes(&env.ns, since)
         .into_iter()
-        .filter(|write| write.user_agent.contains("shared-volume-controller") && write.name == name)
-        .count();
+        .partition(|write| write.user_agent.contains("shared-volume-controller"));
+    let tampered = outside_writes.len();
+    let repairs = repair_writes.iter().filter(|write| write.name == name).count();
     let deferred = controller
         .metric("storageos_shared_volume_repairs_deferred_total")
         .await;

@@ -224,8 +224,7 @@ mod tests {
     #[test]
     fn repairs_of_a_contested_claim_wait_longer_and_longer_until_it_is_left_alone() {
         let mut book = ClaimBook::default();
-        let start = Instant::now();
-        let mut now = start;
+        let mut now = Instant::now();
         let mut waits = Vec::new();
         for _ in 0..8 {
             if let Some(wait) = book.repair_wait("apps/a", now) {
@@ -252,6 +251,5 @@ mod tests {
         assert!(book.converged_before("apps/a", 7) && !book.converged_before("apps/a", 8));
         book.forget("apps/a");
         assert!(!book.converged_before("apps/a", 7));
-        let _ = start;
     }
 }

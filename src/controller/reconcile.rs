@@ -325,6 +325,16 @@ enum Contest {
 /// Whether the cached Service, Endpoints and EndpointSlice drifted from the state this replica
 /// converged them to (something else changed them), and whether repairing them must wait.
 fn contested(ctx: &Context, caches: &Caches, shared: &SharedVolume, key: &str, fingerprint: u64) -> Contest {
+    // The book first: for a claim we never converged to this state (new, or its server moved)
+    // there is nothing to compare, and building the desired objects can wait for the writes.
+    if !ctx
+        .book
+        .lock()
+        .expect("claim book poisoned")
+        .converged_before(key, fingerprint)
+    {
+        return Contest::None;
+    }
     let (namespace, name) = (&shared.namespace, &shared.service_name);
     let in_line = is_converged(&desired::service(shared), caches.service(namespace, name).as_deref())
         && is_converged(
@@ -335,11 +345,15 @@ fn contested(ctx: &Context, caches: &Caches, shared: &SharedVolume, key: &str, f
             &desired::endpoint_slice(shared),
             caches.slice(namespace, name).as_deref(),
         );
-    let book = ctx.book.lock().expect("claim book poisoned");
-    if in_line || !book.converged_before(key, fingerprint) {
+    if in_line {
         return Contest::None;
     }
-    match book.repair_wait(key, Instant::now()) {
+    match ctx
+        .book
+        .lock()
+        .expect("claim book poisoned")
+        .repair_wait(key, Instant::now())
+    {
         Some(wait) => Contest::Wait(wait),
         None => Contest::Repair,
     }
