@@ -242,6 +242,54 @@ async fn a_deleted_service_whose_address_was_taken_gets_a_new_one_and_a_warning(
     env.cleanup().await;
 }
 
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_deleted_services_address_still_held_for_a_moment_is_taken_back() {
+    let env = common::setup("ctl-release").await;
+    let controller = start_controller(&env, &[]).await;
+    let (name, first) = shared_claim(&env, "data", "192.0.2.32:2049").await;
+    let services = env.api::<Service>();
+    let old = services.get(&name).await.unwrap();
+    controller.stop().await;
+
+    // The API server frees a deleted Service's address just after the delete reaches watchers;
+    // here something holds it for longer, until the controller has been refused it once.
+    services.delete(&name, &DeleteParams::default()).await.unwrap();
+    let holder: Service = serde_json::from_value(json!({
+        "metadata": {"name": "holder"},
+        "spec": {"clusterIP": cluster_ip(&old), "ports": [{"port": 80}]},
+    }))
+    .unwrap();
+    eventually("the old address to be held", WAIT, || async {
+        services.create(&Default::default(), &holder).await.ok()
+    })
+    .await;
+    let since = std::time::SystemTime::now();
+    let controller = start_controller(&env, &[]).await;
+    eventually("the controller to be refused the held address", WAIT, || async {
+        common::audit::writes(&env.ns, since)
+            .iter()
+            .any(|w| w.verb == "create" && w.resource == "services" && w.name == name && w.code == 422)
+            .then_some(())
+    })
+    .await;
+    services.delete("holder", &DeleteParams::default()).await.unwrap();
+
+    let service = recreated(&env, &name, &old).await;
+    assert_eq!(
+        format!("{}:2049", cluster_ip(&service)),
+        first,
+        "an address freed within the grace is taken back"
+    );
+    assert_eq!(published(&env, &name, None).await, first);
+    assert!(
+        env.events("data", "ServiceRecreated").await.is_empty(),
+        "no Warning: clients are unaffected"
+    );
+    controller.stop().await;
+    env.cleanup().await;
+}
+
 /// The Service `name` once it exists again as a new object (not `old`).
 async fn recreated(env: &TestEnv, name: &str, old: &Service) -> Service {
     eventually("the Service to be recreated", WAIT, || async {

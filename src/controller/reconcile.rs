@@ -457,28 +457,50 @@ async fn ensure_service(
     Ok(Some(EnsuredService { cluster_ip, created }))
 }
 
+/// The API server frees a deleted Service's address just after the delete reaches watchers: a
+/// refusal of the published address within this long of the first try is that release still
+/// under way, not another owner.
+const ADDRESS_RELEASE_GRACE: Duration = Duration::from_secs(5);
+const ADDRESS_RETRY_INTERVAL: Duration = Duration::from_millis(200);
+
 /// Creates the Service in its server's family, asking for the published ClusterIP when there is
-/// one; when that address is no longer free (or no longer in the service range), takes a new one:
-/// the caller warns that clients must remount.
+/// one; when that address stays taken past [`ADDRESS_RELEASE_GRACE`] (or is no longer in the
+/// service range), takes a new one: the caller warns that clients must remount.
 async fn create_service(
     services: &Api<Service>,
     shared: &SharedVolume,
     published: Option<&str>,
 ) -> Result<Option<Service>, kube::Error> {
     let new = desired::new_service(shared, published);
-    let asked_for_address = new.spec.as_ref().is_some_and(|spec| spec.cluster_ip.is_some());
-    match create(services, CONTROLLER_FIELD_MANAGER, &new).await {
-        Err(kube::Error::Api(status)) if status.code == 422 && asked_for_address => {
-            tracing::warn!(
-                service = %format!("{}/{}", shared.namespace, shared.service_name),
-                published,
-                reason = %status.message,
-                "cannot recreate the Service at its published address; taking a new one"
-            );
-            create(services, CONTROLLER_FIELD_MANAGER, &desired::new_service(shared, None)).await
-        }
-        result => result,
+    if new.spec.as_ref().is_none_or(|spec| spec.cluster_ip.is_none()) {
+        return create(services, CONTROLLER_FIELD_MANAGER, &new).await;
     }
+    let service = format!("{}/{}", shared.namespace, shared.service_name);
+    let deadline = Instant::now() + ADDRESS_RELEASE_GRACE;
+    loop {
+        match create(services, CONTROLLER_FIELD_MANAGER, &new).await {
+            Err(kube::Error::Api(status)) if status.code == 422 => {
+                if still_allocated(&status) && Instant::now() < deadline {
+                    tracing::debug!(%service, published, "the published address is not free yet; waiting for its release");
+                    tokio::time::sleep(ADDRESS_RETRY_INTERVAL).await;
+                    continue;
+                }
+                tracing::warn!(
+                    %service,
+                    published,
+                    reason = %status.message,
+                    "cannot recreate the Service at its published address; taking a new one"
+                );
+                return create(services, CONTROLLER_FIELD_MANAGER, &desired::new_service(shared, None)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// The API server's refusal of a ClusterIP some Service still holds (not one outside the range).
+fn still_allocated(status: &kube::core::ErrorResponse) -> bool {
+    status.message.contains("already allocated")
 }
 
 fn cluster_ip(service: &Service) -> Option<String> {
