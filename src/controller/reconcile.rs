@@ -499,7 +499,7 @@ async fn create_service(
 }
 
 /// The API server's refusal of a ClusterIP some Service still holds (not one outside the range).
-fn still_allocated(status: &kube::core::ErrorResponse) -> bool {
+fn still_allocated(status: &kube::core::Status) -> bool {
     status.message.contains("already allocated")
 }
 
