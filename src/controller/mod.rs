@@ -108,7 +108,7 @@ pub async fn run(
 fn fenced_client(config: kube::Config, fence: Option<Fence>, identity: &str) -> Result<Client> {
     let agent = format!("{CONTROLLER_NAME}/{} ({identity})", env!("CARGO_PKG_VERSION"));
     let user_agent = HeaderValue::from_str(&agent).unwrap_or_else(|_| HeaderValue::from_static(CONTROLLER_NAME));
-    let builder = kube::client::ClientBuilder::try_from(config).context("cannot build a Kubernetes client")?;
+    let builder = crate::kube_client::client_builder(&config)?;
     Ok(builder.with_layer(&FenceLayer { fence, user_agent }).build())
 }
 
