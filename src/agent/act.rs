@@ -313,13 +313,15 @@ impl Executor {
                 .await
                 .map(|_| Outcome::Done(None))
                 .map_err(|err| err.to_string()),
-            Action::PublishServiceEndpoint { pv, endpoint } => match publish_and_follow(client, pv, endpoint).await {
-                Ok(Followed::Rewritten) => Ok(Outcome::Done(None)),
-                Ok(Followed::Skipped(why)) => Ok(Outcome::Done(Some(format!(
-                    "only the service endpoint was published, the endpoints are left to the controller: {why}"
-                )))),
-                Err(err) => Err(err.to_string()),
-            },
+            Action::PublishServiceEndpoint { pv, claim, endpoint } => {
+                match publish_and_follow(client, pv, claim, endpoint).await {
+                    Ok(Followed::Rewritten) => Ok(Outcome::Done(None)),
+                    Ok(Followed::Skipped(why)) => Ok(Outcome::Done(Some(format!(
+                        "only the service endpoint was published, the endpoints are left to the controller: {why}"
+                    )))),
+                    Err(err) => Err(err.to_string()),
+                }
+            }
             Action::HoldFailOver { .. } | Action::Refused { .. } => Ok(Outcome::Skipped("nothing to write".into())),
         }
     }

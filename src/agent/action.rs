@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 
 use super::view::{AttachmentView, PodView};
+use crate::volume::ClaimKey;
 
 /// Why an action is taken; it names the events posted and the metrics counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +58,8 @@ pub enum Action {
     },
     PublishServiceEndpoint {
         pv: String,
+        /// The claim the PV is bound to, as cached: its Service's namespace.
+        claim: ClaimKey,
         endpoint: String,
     },
     /// A fail-over the evidence does not support: the peer is alive and serving.
@@ -106,6 +109,14 @@ impl Action {
     ];
 
     /// Short name, for metrics.
+    /// The service endpoint a publication writes.
+    pub fn published_endpoint(&self) -> Option<&str> {
+        match self {
+            Self::PublishServiceEndpoint { endpoint, .. } => Some(endpoint),
+            _ => None,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Taint { .. } => "taint",
@@ -129,7 +140,7 @@ impl Action {
             Self::ForceDelete { pod, .. } => format!("force-delete pod {}/{}", pod.namespace, pod.name),
             Self::DeleteAttachment { attachment, .. } => format!("delete VolumeAttachment {}", attachment.name),
             Self::ForceSecondary { resource, .. } => format!("run drbdsetup secondary --force {resource}"),
-            Self::PublishServiceEndpoint { pv, endpoint } => {
+            Self::PublishServiceEndpoint { pv, endpoint, .. } => {
                 format!("publish {endpoint} as the NFS service endpoint of PV {pv} and point its endpoints here")
             }
             Self::HoldFailOver {
@@ -344,6 +355,10 @@ mod tests {
             },
             Action::PublishServiceEndpoint {
                 pv: "pv".into(),
+                claim: ClaimKey {
+                    namespace: "ns".into(),
+                    name: "data".into(),
+                },
                 endpoint: "10.0.0.1:2049".into(),
             },
             Action::HoldFailOver {

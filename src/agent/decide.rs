@@ -59,6 +59,7 @@ pub fn decide(observed: &Observed, settings: &DecisionSettings, timers: &mut Tim
     let mut lost_quorum_locally = Vec::new();
     let mut forcing_io_errors = Vec::new();
     let mut fully_reconnected = true;
+    let mut serving = BTreeSet::new();
 
     for resource in &observed.drbd.resources {
         let volume = observed.volumes.get(&resource.name);
@@ -87,7 +88,7 @@ pub fn decide(observed: &Observed, settings: &DecisionSettings, timers: &mut Tim
         fully_reconnected &= resource.has_quorum() && resource.fully_connected();
         // A resource without a PV has no consumers we could move: nothing to fail over.
         let Some(volume) = volume else { continue };
-        if resource.is_primary() && volume.shared && evacuating(observed, settings) {
+        if resource.is_primary() && volume.shared_claim.is_some() && evacuating(observed, settings) {
             for pod in evictable(volume, &observed.node, settings) {
                 actions.push(Action::Evict {
                     pod: pod.into(),
@@ -99,13 +100,14 @@ pub fn decide(observed: &Observed, settings: &DecisionSettings, timers: &mut Tim
                 });
             }
         }
-        if let Some(endpoint) = own_endpoint(observed, settings, resource, volume)
-            && volume.service_endpoint.as_deref() != Some(endpoint.as_str())
-        {
-            actions.push(Action::PublishServiceEndpoint {
-                pv: volume.pv.clone(),
-                endpoint,
-            });
+        if let Some(publish) = own_publication(observed, settings, resource, volume) {
+            // Just promoted: the cache may not have seen the previous primary's publication
+            // yet, and still show this node's own from before; a freshly listed cache holds.
+            let promoted = timers.serving.as_ref().is_some_and(|s| !s.contains(&resource.name));
+            if promoted || volume.service_endpoint.as_deref() != publish.published_endpoint() {
+                actions.push(publish);
+            }
+            serving.insert(resource.name.clone());
         }
         if !resource.may_promote() {
             continue;
@@ -145,6 +147,7 @@ pub fn decide(observed: &Observed, settings: &DecisionSettings, timers: &mut Tim
     // Timers of peers that reconnected, lost their consumers, or whose resource went away reset.
     timers.fail_over.retain(|key, _| live_timers.contains(key));
     timers.suspended.retain(|resource, _| live_suspended.contains(resource));
+    timers.serving = Some(serving);
 
     if !settings.disable_node_taints {
         own_lost_quorum_taint(observed, &mut actions, &lost_quorum_locally, fully_reconnected);
@@ -154,19 +157,25 @@ pub fn decide(observed: &Observed, settings: &DecisionSettings, timers: &mut Tim
     actions
 }
 
-/// This node's NFS endpoint, when it should serve the volume: it is the DRBD primary, every
-/// local device has quorum and no peer is primary. An isolated node never qualifies.
-fn own_endpoint(
+/// The publication of this node's NFS endpoint, when it should serve the shared volume: it is
+/// the DRBD primary, every local device has quorum and no peer is primary. An isolated node
+/// never qualifies.
+fn own_publication(
     observed: &Observed,
     settings: &DecisionSettings,
     resource: &Resource,
     volume: &VolumeView,
-) -> Option<String> {
-    if !(resource.is_primary() && resource.may_promote() && volume.shared) {
+) -> Option<Action> {
+    if !(resource.is_primary() && resource.may_promote()) {
         return None;
     }
+    let claim = volume.shared_claim.clone()?;
     let ip = observed.node_ip.as_deref()?.parse().ok()?;
-    Some(NfsEndpoint::new(ip, settings.nfs_port).to_string())
+    Some(Action::PublishServiceEndpoint {
+        pv: volume.pv.clone(),
+        claim,
+        endpoint: NfsEndpoint::new(ip, settings.nfs_port).to_string(),
+    })
 }
 
 /// Publications of every shared volume this node serves, whatever is published now: the
@@ -179,11 +188,7 @@ pub fn republish(observed: &Observed, settings: &DecisionSettings) -> Vec<Action
         .filter(|r| observed.drbd.quorum_enabled.contains(&r.name))
         .filter_map(|resource| {
             let volume = observed.volumes.get(&resource.name)?;
-            let endpoint = own_endpoint(observed, settings, resource, volume)?;
-            Some(Action::PublishServiceEndpoint {
-                pv: volume.pv.clone(),
-                endpoint,
-            })
+            own_publication(observed, settings, resource, volume)
         })
         .collect()
 }
@@ -252,7 +257,7 @@ fn serves(volume: &VolumeView, node: &NodeView) -> bool {
 fn fail_over_steps(settings: &DecisionSettings, volume: &VolumeView, node: &NodeView, note: &str) -> Vec<Action> {
     // Clients of a shared volume reach it over the ClusterIP, not DRBD: on a Ready node only
     // the side that holds DRBD open, the NFS server, is failed over.
-    if volume.shared && node.ready && !serves(volume, node) {
+    if volume.shared_claim.is_some() && node.ready && !serves(volume, node) {
         return Vec::new();
     }
     let mut steps = Vec::new();
@@ -479,6 +484,7 @@ mod tests {
     use crate::agent::drbd::{Connection, Device, DrbdState};
     use crate::agent::report::{Report, ResourceReport};
     use crate::agent::view::{AttachmentView, PeerReport};
+    use crate::volume::ClaimKey;
 
     fn settings() -> DecisionSettings {
         DecisionSettings::for_tests()
@@ -549,7 +555,10 @@ mod tests {
             pv: "pvc-1".into(),
             pods: vec![pod("app", "node-a")],
             attachments: vec![attachment("csi-att-1", "node-a")],
-            shared: true,
+            shared_claim: Some(ClaimKey {
+                namespace: "default".into(),
+                name: "data".into(),
+            }),
             service_endpoint: Some("10.0.0.1:2049".into()),
         };
         Observed {
@@ -611,7 +620,7 @@ mod tests {
                 Action::ForceDelete { pod, .. } => format!("force-delete {}", pod.name),
                 Action::DeleteAttachment { attachment, .. } => format!("delete-attachment {}", attachment.name),
                 Action::ForceSecondary { resource, .. } => format!("secondary --force {resource}"),
-                Action::PublishServiceEndpoint { pv, endpoint } => format!("publish {pv} {endpoint}"),
+                Action::PublishServiceEndpoint { pv, endpoint, .. } => format!("publish {pv} {endpoint}"),
                 Action::HoldFailOver { node, .. } => format!("hold {node}"),
                 Action::Refused { action, .. } => format!("refused {}", kinds(&[(**action).clone()])[0]),
             })
@@ -822,7 +831,7 @@ mod tests {
         // A volume that is not shared is held by its consumers: they are moved.
         let mut rwo = link_lost();
         let volume = rwo.volumes.get_mut("pvc-1").unwrap();
-        volume.shared = false;
+        volume.shared_claim = None;
         volume.service_endpoint = None;
         assert_eq!(
             after_timeout(&rwo, &settings()),
@@ -1042,6 +1051,37 @@ mod tests {
         assert_eq!(
             kinds(&decide(&ipv6, &settings(), &mut Timers::new(), Instant::now())),
             ["publish pvc-1 [fd00::2]:2049"]
+        );
+    }
+
+    #[test]
+    fn a_new_primary_publishes_even_when_its_cache_still_shows_its_own_endpoint() {
+        // This node served the volume before; the primary moved away and back faster than the
+        // other node's publication reached this node's cache.
+        let mut secondary = primary_lost();
+        secondary.drbd.resources[0] = resource("Secondary", true, &[]);
+        let volume = secondary.volumes.get_mut("pvc-1").unwrap();
+        volume.attachments.clear();
+        volume.pods.clear();
+        volume.service_endpoint = Some("10.0.0.2:2049".into());
+        let mut primary = secondary.clone();
+        primary.drbd.resources[0] = resource("Primary", true, &[]);
+
+        let mut timers = Timers::new();
+        let now = Instant::now();
+        assert!(
+            decide(&primary, &settings(), &mut timers, now).is_empty(),
+            "a freshly listed cache is believed"
+        );
+        assert!(decide(&secondary, &settings(), &mut timers, now).is_empty());
+        assert_eq!(
+            kinds(&decide(&primary, &settings(), &mut timers, now)),
+            ["publish pvc-1 10.0.0.2:2049"],
+            "promoted: published whatever the cache says"
+        );
+        assert!(
+            decide(&primary, &settings(), &mut timers, now).is_empty(),
+            "still primary: the cache decides again"
         );
     }
 

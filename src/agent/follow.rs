@@ -23,25 +23,34 @@ pub enum Followed {
     Skipped(String),
 }
 
-pub async fn publish_and_follow(client: &Client, pv_name: &str, endpoint: &str) -> Result<Followed, kube::Error> {
+/// Publishes `endpoint` on the PV (bound to `claim`, as cached) and then points the endpoints of
+/// its claim's Service at it. The claim and the Service are read while the PV is written; the
+/// endpoints are written only once the PV says where the volume is served.
+pub async fn publish_and_follow(
+    client: &Client,
+    pv_name: &str,
+    claim_key: &ClaimKey,
+    endpoint: &str,
+) -> Result<Followed, kube::Error> {
     let pvs: Api<PersistentVolume> = Api::all(client.clone());
-    let pv = apply_annotation(
+    let ClaimKey { namespace, name } = claim_key;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace);
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let publish = apply_annotation(
         &pvs,
         AGENT_FIELD_MANAGER,
         pv_name,
         SERVICE_ENDPOINT_ANNOTATION,
         endpoint,
-    )
-    .await?;
-
-    let Some(ClaimKey { namespace, name }) = bound_claim(&pv) else {
-        return Ok(Followed::Skipped("the PV is not bound to a claim".into()));
-    };
-    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &namespace);
-    let services: Api<Service> = Api::namespaced(client.clone(), &namespace);
-    // Both reads at once: the Service is named after the PV.
-    let (claim, service) =
-        futures::future::join(claims.get_opt(&name), services.get_opt(&service_name(&pv.name_any()))).await;
+    );
+    let service_name = service_name(pv_name);
+    let (pv, claim, service) = tokio::join!(publish, claims.get_opt(name), services.get_opt(&service_name));
+    let pv = pv?;
+    if bound_claim(&pv).as_ref() != Some(claim_key) {
+        return Ok(Followed::Skipped(format!(
+            "the PV is no longer bound to claim {namespace}/{name}"
+        )));
+    }
     let Some(claim) = claim? else {
         return Ok(Followed::Skipped(format!("claim {namespace}/{name} does not exist")));
     };

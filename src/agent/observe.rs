@@ -90,7 +90,7 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
             pv: pv.name_any(),
             pods,
             attachments,
-            shared: pv_backs_shared_claim(pv),
+            shared_claim: claim.clone().filter(|_| pv_backs_shared_claim(pv)),
             service_endpoint: pv.annotations().get(SERVICE_ENDPOINT_ANNOTATION).cloned(),
         };
         volumes.insert(resource, view);
@@ -390,7 +390,13 @@ mod tests {
         assert_eq!(observed.volumes.len(), 1, "only local DRBD resources");
         let volume = &observed.volumes["pvc-1"];
         assert_eq!(volume.pv, "pv-1");
-        assert!(volume.shared);
+        assert_eq!(
+            volume.shared_claim,
+            Some(ClaimKey {
+                namespace: "apps".into(),
+                name: "data".into()
+            })
+        );
         assert_eq!(volume.service_endpoint.as_deref(), Some("10.0.0.1:2049"));
         let attachment = AttachmentView {
             name: "csi-1".into(),

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::drbd::DrbdState;
 use super::report::Report;
+use crate::volume::ClaimKey;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeView {
@@ -52,8 +53,8 @@ pub struct VolumeView {
     pub pods: Vec<PodView>,
     /// VolumeAttachments of the PV that are not being deleted.
     pub attachments: Vec<AttachmentView>,
-    /// Backs a ReadWriteMany claim served over NFS (its endpoints follow the primary).
-    pub shared: bool,
+    /// The ReadWriteMany claim the PV backs, served over NFS (its endpoints follow the primary).
+    pub shared_claim: Option<ClaimKey>,
     pub service_endpoint: Option<String>,
 }
 
@@ -92,6 +93,9 @@ pub struct Timers {
     pub fail_over: HashMap<(String, String), Instant>,
     /// Per resource: when it was first seen as a suspended primary without local consumers.
     pub suspended: HashMap<String, Instant>,
+    /// The resources this node served (as the primary of a shared volume) at the last decision;
+    /// `None` before the first.
+    pub serving: Option<BTreeSet<String>>,
 }
 
 impl Timers {
