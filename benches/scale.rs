@@ -397,6 +397,7 @@ async fn follow_the_primary(sizes: &Sizes) -> Vec<Figure> {
         env.start_agent(&nodes[1], &[]).await,
     ];
     wait_for_slice(&env, &pv, &nodes[0].ip).await;
+    let mut slice = SliceWatch::start(&env, &pv).await;
     let bare = common::setup("bench-follow-bare").await;
     let bare_pv = claims(&bare, "data", 1, Some(&nodes[0].endpoint())).await.remove(0);
     bare_publish(&bare, &bare_pv, &nodes[0].endpoint()).await;
@@ -406,7 +407,7 @@ async fn follow_the_primary(sizes: &Sizes) -> Vec<Figure> {
         let to = (i + 1) % 2;
         let started = Instant::now();
         healthy(&nodes, &[&pv], to);
-        wait_for_slice(&env, &pv, &nodes[to].ip).await;
+        slice.until_at(&nodes[to].ip).await;
         product.push(started.elapsed());
         // The floor: a bare client making the two writes a move needs.
         let started = Instant::now();
@@ -456,6 +457,36 @@ async fn follow_the_primary(sizes: &Sizes) -> Vec<Figure> {
         met: p99 <= 2.0 * floor_p99 && p99 < 250.0,
     };
     vec![total, share]
+}
+
+/// The addresses of one EndpointSlice as a watch delivers them: a move is seen when it happens,
+/// not at the next poll.
+struct SliceWatch(stream::BoxStream<'static, EndpointSlice>);
+
+impl SliceWatch {
+    async fn start(env: &TestEnv, name: &str) -> Self {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let events = watcher(env.api::<EndpointSlice>(), config)
+            .applied_objects()
+            .map(|slice| slice.expect("the EndpointSlice watch"));
+        let mut events = events.boxed();
+        // The initial list: from here on, only changes arrive.
+        events.next().await.expect("the EndpointSlice exists");
+        Self(events)
+    }
+
+    async fn until_at(&mut self, ip: &str) {
+        let wait = async {
+            while let Some(slice) = self.0.next().await {
+                if slice.endpoints.iter().flat_map(|e| &e.addresses).eq([ip]) {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), wait)
+            .await
+            .unwrap_or_else(|_| panic!("the EndpointSlice never pointed at {ip}"));
+    }
 }
 
 async fn wait_for_slice(env: &TestEnv, pv: &str, ip: &str) {
