@@ -104,7 +104,7 @@ impl Executor {
     /// blast-radius guard counts, as this round saw them.
     pub async fn run(&mut self, actions: Vec<Action>, drbd_read_at: Instant, storage_nodes: &BTreeSet<String>) {
         let now = Instant::now();
-        let decided: Vec<String> = actions.iter().map(Action::describe).collect();
+        let decided: Vec<String> = actions.iter().map(Action::settle_key).collect();
         // An action no longer decided has taken effect (or its cause went away): when it is
         // needed again, it is carried out at once.
         let cooldown = self.settings.cooldown;
@@ -313,15 +313,15 @@ impl Executor {
                 .await
                 .map(|_| Outcome::Done(None))
                 .map_err(|err| err.to_string()),
-            Action::PublishServiceEndpoint { pv, claim, endpoint } => {
-                match publish_and_follow(client, pv, claim, endpoint).await {
-                    Ok(Followed::Rewritten) => Ok(Outcome::Done(None)),
-                    Ok(Followed::Skipped(why)) => Ok(Outcome::Done(Some(format!(
-                        "only the service endpoint was published, the endpoints are left to the controller: {why}"
-                    )))),
-                    Err(err) => Err(err.to_string()),
-                }
-            }
+            Action::PublishServiceEndpoint {
+                pv, claim, endpoint, ..
+            } => match publish_and_follow(client, pv, claim, endpoint).await {
+                Ok(Followed::Rewritten) => Ok(Outcome::Done(None)),
+                Ok(Followed::Skipped(why)) => Ok(Outcome::Done(Some(format!(
+                    "only the service endpoint was published, the endpoints are left to the controller: {why}"
+                )))),
+                Err(err) => Err(err.to_string()),
+            },
             Action::HoldFailOver { .. } | Action::Refused { .. } => Ok(Outcome::Skipped("nothing to write".into())),
         }
     }
@@ -409,6 +409,7 @@ async fn change_taint(client: &Client, node: &str, key: &str, value: Option<&str
 mod tests {
     use super::*;
     use crate::agent::source::{DrbdError, MockDrbdSource};
+    use crate::volume::ClaimKey;
     use http_body_util::Full;
     use hyper::body::Bytes;
     use mockall::predicate::eq;
@@ -462,6 +463,29 @@ mod tests {
         executor.run(vec![], now, &no_nodes()).await; // no longer decided: forgotten
         executor.run(vec![demote()], now, &no_nodes()).await; // needed again: done at once
         let done = metrics.actions.with_label_values(&["force_secondary", "ok"]).get();
+        assert_eq!(done, 2);
+    }
+
+    #[tokio::test]
+    async fn a_publication_superseded_in_the_cache_is_made_again_at_once() {
+        let (mut executor, metrics) = stub_executor(MockDrbdSource::new(), false);
+        let publish = |over_version: &str| Action::PublishServiceEndpoint {
+            pv: "pv-1".into(),
+            claim: ClaimKey {
+                namespace: "apps".into(),
+                name: "data".into(),
+            },
+            endpoint: "10.0.0.2:2049".into(),
+            over_version: over_version.into(),
+        };
+        let now = Instant::now();
+        executor.run(vec![publish("7")], now, &no_nodes()).await;
+        // Decided again over the same PV: the cache has not seen the write yet.
+        executor.run(vec![publish("7")], now, &no_nodes()).await;
+        // Over a newer PV: another node published in between (this one was primary, then not,
+        // then again, faster than its rounds), so it publishes again.
+        executor.run(vec![publish("9")], now, &no_nodes()).await;
+        let done = metrics.actions.with_label_values(&["publish", "ok"]).get();
         assert_eq!(done, 2);
     }
 

@@ -61,6 +61,8 @@ pub enum Action {
         /// The claim the PV is bound to, as cached: its Service's namespace.
         claim: ClaimKey,
         endpoint: String,
+        /// The PV's resourceVersion as cached when this was decided.
+        over_version: String,
     },
     /// A fail-over the evidence does not support: the peer is alive and serving.
     HoldFailOver {
@@ -109,6 +111,18 @@ impl Action {
     ];
 
     /// Short name, for metrics.
+    /// What the executor remembers an action by while it stays decided. A publication counts as
+    /// new when decided over a newer PV: another node published in between, faster than this
+    /// node's rounds saw it lose the primary role.
+    pub fn settle_key(&self) -> String {
+        match self {
+            Self::PublishServiceEndpoint { over_version, .. } => {
+                format!("{} (over PV version {over_version})", self.describe())
+            }
+            _ => self.describe(),
+        }
+    }
+
     /// The service endpoint a publication writes.
     pub fn published_endpoint(&self) -> Option<&str> {
         match self {
@@ -360,6 +374,7 @@ mod tests {
                     name: "data".into(),
                 },
                 endpoint: "10.0.0.1:2049".into(),
+                over_version: "1".into(),
             },
             Action::HoldFailOver {
                 node: node(),

@@ -175,6 +175,7 @@ fn own_publication(
         pv: volume.pv.clone(),
         claim,
         endpoint: NfsEndpoint::new(ip, settings.nfs_port).to_string(),
+        over_version: volume.pv_version.clone(),
     })
 }
 
@@ -553,6 +554,7 @@ mod tests {
     fn primary_lost() -> Observed {
         let volume = VolumeView {
             pv: "pvc-1".into(),
+            pv_version: "1".into(),
             pods: vec![pod("app", "node-a")],
             attachments: vec![attachment("csi-att-1", "node-a")],
             shared_claim: Some(ClaimKey {

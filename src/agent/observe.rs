@@ -88,6 +88,7 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         let attachments = attachments_by_pv.remove(pv.name_any().as_str()).unwrap_or_default();
         let view = VolumeView {
             pv: pv.name_any(),
+            pv_version: pv.resource_version().unwrap_or_default(),
             pods,
             attachments,
             shared_claim: claim.clone().filter(|_| pv_backs_shared_claim(pv)),

@@ -49,6 +49,8 @@ pub struct AttachmentView {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct VolumeView {
     pub pv: String,
+    /// The PV's resourceVersion, as cached.
+    pub pv_version: String,
     /// Pods that use the volume's claim, wherever they run.
     pub pods: Vec<PodView>,
     /// VolumeAttachments of the PV that are not being deleted.
