@@ -208,24 +208,7 @@ async fn a_deleted_service_comes_back_at_the_address_clients_mount() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn a_deleted_service_whose_address_was_taken_gets_a_new_one_and_a_warning() {
     let env = common::setup("ctl-taken").await;
-    let controller = start_controller(&env, &[]).await;
-    let (name, first) = shared_claim(&env, "data", "192.0.2.31:2049").await;
-    let services = env.api::<Service>();
-    let old = services.get(&name).await.unwrap();
-    controller.stop().await;
-
-    // While no controller runs, the Service goes and something else takes its address.
-    services.delete(&name, &DeleteParams::default()).await.unwrap();
-    let squatter: Service = serde_json::from_value(json!({
-        "metadata": {"name": "squatter"},
-        "spec": {"clusterIP": cluster_ip(&old), "ports": [{"port": 80}]},
-    }))
-    .unwrap();
-    eventually("the old address to be taken", WAIT, || async {
-        services.create(&Default::default(), &squatter).await.ok()
-    })
-    .await;
-
+    let (name, first, old) = address_taken_while_away(&env, "192.0.2.31:2049", "squatter").await;
     let controller = start_controller(&env, &[]).await;
     let service = recreated(&env, &name, &old).await;
     let expected = format!("{}:2049", cluster_ip(&service));
@@ -246,24 +229,10 @@ async fn a_deleted_service_whose_address_was_taken_gets_a_new_one_and_a_warning(
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn a_deleted_services_address_still_held_for_a_moment_is_taken_back() {
     let env = common::setup("ctl-release").await;
-    let controller = start_controller(&env, &[]).await;
-    let (name, first) = shared_claim(&env, "data", "192.0.2.32:2049").await;
-    let services = env.api::<Service>();
-    let old = services.get(&name).await.unwrap();
-    controller.stop().await;
-
     // The API server frees a deleted Service's address just after the delete reaches watchers;
     // here something holds it for longer, until the controller has been refused it once.
-    services.delete(&name, &DeleteParams::default()).await.unwrap();
-    let holder: Service = serde_json::from_value(json!({
-        "metadata": {"name": "holder"},
-        "spec": {"clusterIP": cluster_ip(&old), "ports": [{"port": 80}]},
-    }))
-    .unwrap();
-    eventually("the old address to be held", WAIT, || async {
-        services.create(&Default::default(), &holder).await.ok()
-    })
-    .await;
+    let (name, first, old) = address_taken_while_away(&env, "192.0.2.32:2049", "holder").await;
+    let services = env.api::<Service>();
     let since = std::time::SystemTime::now();
     let controller = start_controller(&env, &[]).await;
     eventually("the controller to be refused the held address", WAIT, || async {
@@ -288,6 +257,28 @@ async fn a_deleted_services_address_still_held_for_a_moment_is_taken_back() {
     );
     controller.stop().await;
     env.cleanup().await;
+}
+
+/// A claim served at `endpoint` whose Service was deleted while no controller ran, and whose
+/// address the Service `taker` then took: (PV name, the mount endpoint published before, the
+/// deleted Service).
+async fn address_taken_while_away(env: &TestEnv, endpoint: &str, taker: &str) -> (String, String, Service) {
+    let controller = start_controller(env, &[]).await;
+    let (name, first) = shared_claim(env, "data", endpoint).await;
+    let services = env.api::<Service>();
+    let old = services.get(&name).await.unwrap();
+    controller.stop().await;
+    services.delete(&name, &DeleteParams::default()).await.unwrap();
+    let taker: Service = serde_json::from_value(json!({
+        "metadata": {"name": taker},
+        "spec": {"clusterIP": cluster_ip(&old), "ports": [{"port": 80}]},
+    }))
+    .unwrap();
+    eventually("the old address to be taken", WAIT, || async {
+        services.create(&Default::default(), &taker).await.ok()
+    })
+    .await;
+    (name, first, old)
 }
 
 /// The Service `name` once it exists again as a new object (not `old`).
