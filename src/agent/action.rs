@@ -110,7 +110,6 @@ impl Action {
         "hold_fail_over",
     ];
 
-    /// Short name, for metrics.
     /// What the executor remembers an action by while it stays decided. A publication counts as
     /// new when decided over a newer PV: another node published in between, faster than this
     /// node's rounds saw it lose the primary role.
@@ -131,6 +130,7 @@ impl Action {
         }
     }
 
+    /// Short name, for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Taint { .. } => "taint",
