@@ -25,6 +25,7 @@ pub const AGENT_DRBD_LAST_READ: &str = "storageos_drbd_agent_drbd_state_last_rea
 pub const AGENT_HEARTBEAT_RENEWED: &str = "storageos_drbd_agent_heartbeat_last_renewed_timestamp_seconds";
 pub const AGENT_FAIL_OVERS: &str = "storageos_drbd_agent_fail_overs_total";
 pub const AGENT_DRY_RUN: &str = "storageos_drbd_agent_dry_run";
+pub const AGENT_DRBD_READ_DURATION: &str = "storageos_drbd_agent_drbd_read_duration_seconds";
 pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_total";
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
@@ -180,6 +181,9 @@ pub struct AgentMetrics {
     pub fail_overs: IntCounterVec,
     /// From reading a Primary role to the rewritten Endpoints and EndpointSlice.
     pub endpoint_rewrite: Histogram,
+    /// One read of the DRBD state (`drbdsetup status` and `show`), failed or not: every
+    /// fail-over and endpoint move waits for one.
+    pub drbd_read: Histogram,
     pub drbd_last_read: Gauge,
     pub heartbeat_renewed: Gauge,
     /// 1 while `--dry-run` is on.
@@ -228,6 +232,16 @@ impl AgentMetrics {
                     HistogramOpts::new(
                         AGENT_ENDPOINT_REWRITE,
                         "Time from reading this node's Primary role to the rewritten endpoints.",
+                    )
+                    .buckets(RECONCILE_BUCKETS.to_vec()),
+                )?,
+            )?,
+            drbd_read: register(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        AGENT_DRBD_READ_DURATION,
+                        "Time to read the DRBD state (drbdsetup status and show), failed reads included.",
                     )
                     .buckets(RECONCILE_BUCKETS.to_vec()),
                 )?,

@@ -108,6 +108,10 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
         .metric("storageos_drbd_agent_endpoint_rewrite_duration_seconds_count")
         .await;
     assert_eq!(rewrites, 1.0, "node b rewrote the endpoints once");
+    let reads = agents[0]
+        .metric("storageos_drbd_agent_drbd_read_duration_seconds_count")
+        .await;
+    assert!(reads >= 1.0, "node b's DRBD reads are timed: {reads}");
     assert_eq!(
         agents[1]
             .metric("storageos_drbd_agent_actions_total{action=\"publish\",result=\"ok\"}")

@@ -127,7 +127,11 @@ pub async fn run(
     loop {
         if drbd_due || Instant::now() >= next_read {
             next_read = Instant::now() + *args.drbd_status_interval;
-            match drbd.read().await {
+            let read = {
+                let _timer = metrics.drbd_read.start_timer();
+                drbd.read().await
+            };
+            match read {
                 Ok(state) => {
                     record_resources(&metrics, &state);
                     freshness.mark_read();
