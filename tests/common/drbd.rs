@@ -292,9 +292,25 @@ impl TestEnv {
     }
 }
 
-/// Every node connected, `primary` (an index) Primary of every resource, all with quorum.
+/// Every node connected, `primary` (an index) Primary of every resource, all with quorum. As
+/// DRBD moves a primary: the other nodes first (the old primary demotes), then `primary`.
 pub fn healthy(nodes: &[SimNode], resources: &[&str], primary: usize) {
-    for (i, node) in nodes.iter().enumerate() {
+    demote_others(nodes, resources, primary);
+    promote(nodes, resources, primary);
+}
+
+/// The first half of [`healthy`]: every node but `primary` states its part of it.
+pub fn demote_others(nodes: &[SimNode], resources: &[&str], primary: usize) {
+    healthy_on(nodes, resources, primary, |i| i != primary);
+}
+
+/// The second half of [`healthy`]: `primary` becomes Primary.
+pub fn promote(nodes: &[SimNode], resources: &[&str], primary: usize) {
+    healthy_on(nodes, resources, primary, |i| i == primary);
+}
+
+fn healthy_on(nodes: &[SimNode], resources: &[&str], primary: usize, writes: impl Fn(usize) -> bool) {
+    for (i, node) in nodes.iter().enumerate().filter(|(i, _)| writes(*i)) {
         let role = |j: usize| if j == primary { "Primary" } else { "Secondary" };
         let peers: Vec<_> = others(nodes, i).map(|(j, peer)| (peer, "Connected", role(j))).collect();
         let states: Vec<Value> = resources.iter().map(|r| resource(r, role(i), true, &peers)).collect();
