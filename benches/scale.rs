@@ -426,21 +426,10 @@ async fn follow_the_primary(sizes: &Sizes) -> Vec<Figure> {
     }
     // The agents' own share: from reading the Primary role to the rewritten endpoints (before it,
     // events2 reports the change and the agent reads the DRBD state).
-    let rewrite = "storageos_drbd_agent_endpoint_rewrite_duration_seconds";
-    let (mut sum, mut count) = (0.0, 0.0);
-    for agent in &agents {
-        sum += agent.metric(&format!("{rewrite}_sum")).await;
-        count += agent.metric(&format!("{rewrite}_count")).await;
-    }
-    let agent_share = if count > 0.0 { sum / count * 1000.0 } else { 0.0 };
+    let (agent_share, count) =
+        histogram_mean_ms(&agents, "storageos_drbd_agent_endpoint_rewrite_duration_seconds").await;
     // What the detection costs before that: one read of the DRBD state.
-    let read = "storageos_drbd_agent_drbd_read_duration_seconds";
-    let (mut read_sum, mut reads) = (0.0, 0.0);
-    for agent in &agents {
-        read_sum += agent.metric(&format!("{read}_sum")).await;
-        reads += agent.metric(&format!("{read}_count")).await;
-    }
-    let drbd_read = if reads > 0.0 { read_sum / reads * 1000.0 } else { 0.0 };
+    let (drbd_read, reads) = histogram_mean_ms(&agents, "storageos_drbd_agent_drbd_read_duration_seconds").await;
     for process in agents.into_iter().chain([controller]) {
         process.stop().await;
     }
@@ -479,6 +468,17 @@ async fn follow_the_primary(sizes: &Sizes) -> Vec<Figure> {
         met: true,
     };
     vec![total, share, detection]
+}
+
+/// The mean of one histogram over every process, in ms, and how many it observed.
+async fn histogram_mean_ms(processes: &[Process], histogram: &str) -> (f64, f64) {
+    let (mut sum, mut count) = (0.0, 0.0);
+    for process in processes {
+        sum += process.metric(&format!("{histogram}_sum")).await;
+        count += process.metric(&format!("{histogram}_count")).await;
+    }
+    let mean = if count > 0.0 { sum / count * 1000.0 } else { 0.0 };
+    (mean, count)
 }
 
 /// Between samples: what a move sets off after the endpoints moved (the controller's follow-up
