@@ -1056,16 +1056,22 @@ mod tests {
         );
     }
 
+    /// This node in `role` of pvc-1, attached nowhere, its endpoint published at this node.
+    fn served_from_here(role: &str) -> Observed {
+        let mut observed = primary_lost();
+        observed.drbd.resources[0] = resource(role, true, &[]);
+        let volume = observed.volumes.get_mut("pvc-1").unwrap();
+        volume.attachments.clear();
+        volume.service_endpoint = Some("10.0.0.2:2049".into());
+        observed
+    }
+
     #[test]
     fn a_new_primary_publishes_even_when_its_cache_still_shows_its_own_endpoint() {
         // This node served the volume before; the primary moved away and back faster than the
         // other node's publication reached this node's cache.
-        let mut secondary = primary_lost();
-        secondary.drbd.resources[0] = resource("Secondary", true, &[]);
-        let volume = secondary.volumes.get_mut("pvc-1").unwrap();
-        volume.attachments.clear();
-        volume.pods.clear();
-        volume.service_endpoint = Some("10.0.0.2:2049".into());
+        let mut secondary = served_from_here("Secondary");
+        secondary.volumes.get_mut("pvc-1").unwrap().pods.clear();
         let mut primary = secondary.clone();
         primary.drbd.resources[0] = resource("Primary", true, &[]);
 
@@ -1089,11 +1095,8 @@ mod tests {
 
     #[test]
     fn a_draining_node_moves_the_consumers_of_its_shared_primaries() {
-        let mut observed = primary_lost();
-        observed.drbd.resources[0] = resource("Primary", true, &[]);
+        let mut observed = served_from_here("Primary");
         let volume = observed.volumes.get_mut("pvc-1").unwrap();
-        volume.attachments.clear();
-        volume.service_endpoint = Some("10.0.0.2:2049".into());
         volume.pods = vec![pod("server", "node-b"), pod("elsewhere", "node-c")];
         let evacuate = DecisionSettings {
             evacuate_taint: Some("piraeus.io/evacuate".into()),
