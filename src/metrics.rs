@@ -103,7 +103,7 @@ impl ControllerMetrics {
             reconcile_duration: register(
                 registry,
                 Histogram::with_opts(
-                    HistogramOpts::new(RECONCILE_DURATION, "Time to reconcile one shared volume.")
+                    HistogramOpts::new(RECONCILE_DURATION, "Time to reconcile one claim the controller serves or tries to serve (shared, invalid, deferred or failed); skipped claims are counted in storageos_shared_volume_reconciles_total only.")
                         .buckets(RECONCILE_BUCKETS.to_vec()),
                 )?,
             )?,

@@ -415,6 +415,44 @@ async fn ignores_single_writer_claims_and_filtered_classes() {
     env.cleanup().await;
 }
 
+/// The histogram users watch describes the work on shared volumes: claims the controller skips
+/// (RWO, unbound, filtered) are counted by result, never observed in it.
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn skipped_claims_leave_the_reconcile_histogram_alone() {
+    const SINGLE_WRITER_CLAIMS: usize = 30;
+    let env = common::setup("ctl-histogram").await;
+    let controller = start_controller(&env, &[]).await;
+    let skipped = "storageos_shared_volume_reconciles_total{result=\"skipped\"}";
+    for i in 0..SINGLE_WRITER_CLAIMS {
+        let endpoint = format!("192.0.2.{}:2049", 100 + i);
+        env.bound_claim(&format!("rwo-{i}"), "ReadWriteOnce", "replicated", serving(&endpoint))
+            .await;
+    }
+    eventually("every single-writer claim to be looked at", WAIT, || async {
+        (controller.metric(skipped).await >= SINGLE_WRITER_CLAIMS as f64).then_some(())
+    })
+    .await;
+    assert_eq!(
+        reconciles(&controller).await,
+        0.0,
+        "skipped claims must not be observed in the reconcile histogram"
+    );
+
+    shared_claim(&env, "shared", "192.0.2.99:2049").await;
+    let observed = reconciles(&controller).await;
+    assert!(observed >= 1.0, "a shared claim is observed ({observed})");
+    let shared = controller
+        .metric("storageos_shared_volume_reconciles_total{result=\"shared\"}")
+        .await;
+    assert!(
+        observed <= shared + controller.metric("storageos_shared_volume_reconciles_total{result=\"error\"}").await,
+        "one observation per served reconcile ({observed} observations, {shared} shared)"
+    );
+    controller.stop().await;
+    env.cleanup().await;
+}
+
 #[tokio::test]
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn reports_bad_input_and_writes_nothing() {

@@ -199,7 +199,10 @@ async fn demo() {
         story.say(format!("p{:<2} {:>8.2} ms", (q * 100.0) as u32, seconds * 1000.0));
     }
     let count = sample_value(&metrics, "storageos_shared_volume_reconcile_duration_seconds_count").unwrap_or(0.0);
-    story.say(format!("over {count} reconciles"));
+    let skipped = sample_value(&metrics, "storageos_shared_volume_reconciles_total{result=\"skipped\"}").unwrap_or(0.0);
+    story.say(format!(
+        "over {count} observations: reconciles of served claims ({skipped} skipped claims not observed)"
+    ));
 
     story.chapter("7. The Grafana dashboard against the real Prometheus");
     let (panels, queries) = prometheus.check_dashboard().await;

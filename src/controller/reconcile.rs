@@ -133,7 +133,11 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
     let result = tokio::time::timeout(timeout, reconcile_claim(&claim, &ctx))
         .await
         .unwrap_or(Err(ReconcileError::Timeout(timeout)));
-    ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+    // The histogram users watch describes work on shared volumes: a skip (RWO, unbound,
+    // filtered) takes microseconds and would drown the reconciles that matter.
+    if !matches!(result, Ok(Outcome::Skipped(_))) {
+        ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+    }
     let (label, standing) = match &result {
         Ok(Outcome::Skipped(_)) => ("skipped", Standing::NotServed),
         Ok(Outcome::Invalid(_)) => ("invalid", Standing::Invalid),
