@@ -16,6 +16,15 @@ use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use crate::cli::CommonArgs;
 
+/// The HTTP status the API server answered with, for an error that is such an answer; `None`
+/// for every other error (connection, timeout, decoding).
+pub fn api_status(err: &kube::Error) -> Option<u16> {
+    match err {
+        kube::Error::Api(status) => Some(status.code),
+        _ => None,
+    }
+}
+
 /// The stack [`client_builder`] starts from: requests in, responses with hyper's bodies out.
 pub type ApiService = BoxService<hyper::Request<Body>, hyper::Response<Incoming>, BoxError>;
 

@@ -55,8 +55,7 @@ pub async fn publish_and_follow(
         return Ok(Followed::Skipped(format!("claim {namespace}/{name} does not exist")));
     };
     let shared = match classify::candidate_volume(&claim, Some(&pv), &Filters::default())
-        .manage()
-        .and_then(|pv| classify::shared_volume(&claim, pv, &volume_from_pv(pv)).manage())
+        .and_then(|pv| classify::shared_volume(&claim, pv, &volume_from_pv(pv)))
     {
         Ok(shared) => shared,
         Err(why) => return Ok(Followed::Skipped(why.to_string())),

@@ -1,9 +1,11 @@
 //! What the controller knows of the claims it reconciled, for its gauges: which are served now,
 //! and since when each of the others that should be served has waited for its mount endpoint.
-//! Pure bookkeeping keyed by `namespace/name`; time comes in as a parameter.
+//! Pure bookkeeping keyed by claim; time comes in as a parameter.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
+
+use crate::volume::ClaimKey;
 
 /// How a claim's last reconcile ended, as far as the gauges care.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,14 +23,14 @@ pub enum Standing {
 
 #[derive(Debug, Default)]
 pub struct ClaimBook {
-    shared: HashSet<String>,
-    waiting_since: HashMap<String, SystemTime>,
+    shared: HashSet<ClaimKey>,
+    waiting_since: HashMap<ClaimKey, SystemTime>,
     /// Failed reconciles in a row, by claim.
-    failures: HashMap<String, u32>,
+    failures: HashMap<ClaimKey, u32>,
     /// The desired state (a fingerprint) last converged, by claim.
-    converged: HashMap<String, u64>,
+    converged: HashMap<ClaimKey, u64>,
     /// Repairs of drift after convergence, by claim.
-    repairs: HashMap<String, Repairs>,
+    repairs: HashMap<ClaimKey, Repairs>,
 }
 
 /// Repairs of one claim's objects that something else keeps changing back.
@@ -46,10 +48,10 @@ const MAX_REPAIR_WAIT: Duration = Duration::from_secs(300);
 const QUIET: Duration = Duration::from_secs(60);
 
 impl ClaimBook {
-    pub fn record(&mut self, claim: &str, standing: Standing, now: SystemTime) {
+    pub fn record(&mut self, claim: &ClaimKey, standing: Standing, now: SystemTime) {
         match standing {
             Standing::Shared => {
-                self.shared.insert(claim.to_owned());
+                self.shared.insert(claim.clone());
             }
             Standing::NotServed | Standing::Invalid => {
                 self.shared.remove(claim);
@@ -61,11 +63,11 @@ impl ClaimBook {
                 self.waiting_since.remove(claim);
             }
             Standing::Invalid | Standing::Failed => {
-                self.waiting_since.entry(claim.to_owned()).or_insert(now);
+                self.waiting_since.entry(claim.clone()).or_insert(now);
             }
         }
         if standing == Standing::Failed {
-            *self.failures.entry(claim.to_owned()).or_default() += 1;
+            *self.failures.entry(claim.clone()).or_default() += 1;
         } else {
             self.failures.remove(claim);
         }
@@ -73,14 +75,14 @@ impl ClaimBook {
 
     /// How long to wait before trying `claim` again after its last failure: `first` after one
     /// failure, doubling with each further one, never more than `max`.
-    pub fn retry_after(&self, claim: &str, first: Duration, max: Duration) -> Duration {
+    pub fn retry_after(&self, claim: &ClaimKey, first: Duration, max: Duration) -> Duration {
         let failures = self.failures.get(claim).copied().unwrap_or(1).max(1);
         let factor = 2u32.saturating_pow(failures - 1);
         first.saturating_mul(factor).min(max)
     }
 
     /// The claim is gone.
-    pub fn forget(&mut self, claim: &str) {
+    pub fn forget(&mut self, claim: &ClaimKey) {
         self.shared.remove(claim);
         self.waiting_since.remove(claim);
         self.failures.remove(claim);
@@ -89,27 +91,27 @@ impl ClaimBook {
     }
 
     /// `claim`'s objects match the desired state with this `fingerprint`.
-    pub fn converged(&mut self, claim: &str, fingerprint: u64) {
-        self.converged.insert(claim.to_owned(), fingerprint);
+    pub fn converged(&mut self, claim: &ClaimKey, fingerprint: u64) {
+        self.converged.insert(claim.clone(), fingerprint);
     }
 
     /// Whether objects found out of line were last converged by us for this same desired state:
     /// then something else changed them (drift), rather than the desired state having moved on.
-    pub fn converged_before(&self, claim: &str, fingerprint: u64) -> bool {
+    pub fn converged_before(&self, claim: &ClaimKey, fingerprint: u64) -> bool {
         self.converged.get(claim) == Some(&fingerprint)
     }
 
     /// How long a repair of `claim` must still wait; `None`: repair now.
-    pub fn repair_wait(&self, claim: &str, now: Instant) -> Option<Duration> {
+    pub fn repair_wait(&self, claim: &ClaimKey, now: Instant) -> Option<Duration> {
         let repairs = self.repairs.get(claim)?;
         let due = repairs.last + wait_after(repairs.count);
         (due > now).then(|| due - now)
     }
 
-    pub fn repaired(&mut self, claim: &str, now: Instant) {
+    pub fn repaired(&mut self, claim: &ClaimKey, now: Instant) {
         let repairs = self
             .repairs
-            .entry(claim.to_owned())
+            .entry(claim.clone())
             .or_insert(Repairs { count: 0, last: now });
         if now.saturating_duration_since(repairs.last) > wait_after(repairs.count) + QUIET {
             repairs.count = 0;
@@ -152,6 +154,13 @@ fn wait_after(count: u32) -> Duration {
 mod tests {
     use super::*;
 
+    fn key(name: &str) -> ClaimKey {
+        ClaimKey {
+            namespace: "apps".into(),
+            name: name.into(),
+        }
+    }
+
     fn at(seconds: u64) -> SystemTime {
         SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
     }
@@ -159,36 +168,36 @@ mod tests {
     #[test]
     fn a_claim_waits_from_its_first_failure_until_it_is_served_or_gone() {
         let mut book = ClaimBook::default();
-        book.record("apps/a", Standing::Failed, at(10));
-        book.record("apps/b", Standing::Invalid, at(20));
-        book.record("apps/a", Standing::Failed, at(30));
+        book.record(&key("a"), Standing::Failed, at(10));
+        book.record(&key("b"), Standing::Invalid, at(20));
+        book.record(&key("a"), Standing::Failed, at(30));
         assert_eq!((book.waiting(), book.waiting_since()), (2, Some(at(10))));
-        book.record("apps/a", Standing::Shared, at(40));
+        book.record(&key("a"), Standing::Shared, at(40));
         assert_eq!(
             (book.shared(), book.waiting(), book.waiting_since()),
             (1, 1, Some(at(20)))
         );
-        book.forget("apps/b");
+        book.forget(&key("b"));
         assert_eq!((book.waiting(), book.waiting_since()), (0, None));
     }
 
     #[test]
     fn a_failure_keeps_a_served_claim_served_and_bad_input_does_not() {
         let mut book = ClaimBook::default();
-        book.record("apps/a", Standing::Shared, at(1));
-        book.record("apps/a", Standing::Failed, at(2));
+        book.record(&key("a"), Standing::Shared, at(1));
+        book.record(&key("a"), Standing::Failed, at(2));
         assert_eq!((book.shared(), book.waiting()), (1, 1));
-        book.record("apps/a", Standing::Invalid, at(3));
+        book.record(&key("a"), Standing::Invalid, at(3));
         assert_eq!((book.shared(), book.waiting_since()), (0, Some(at(2))));
-        book.record("apps/a", Standing::NotServed, at(4));
+        book.record(&key("a"), Standing::NotServed, at(4));
         assert_eq!((book.shared(), book.waiting()), (0, 0));
     }
 
     #[test]
     fn losing_leadership_clears_every_count() {
         let mut book = ClaimBook::default();
-        book.record("apps/a", Standing::Shared, at(1));
-        book.record("apps/b", Standing::Failed, at(1));
+        book.record(&key("a"), Standing::Shared, at(1));
+        book.record(&key("b"), Standing::Failed, at(1));
         book.clear();
         assert_eq!((book.shared(), book.waiting(), book.waiting_since()), (0, 0, None));
     }
@@ -199,26 +208,26 @@ mod tests {
         let mut book = ClaimBook::default();
         let mut waits = Vec::new();
         for _ in 0..9 {
-            book.record("apps/a", Standing::Failed, at(0));
-            waits.push(book.retry_after("apps/a", first, max).as_secs());
+            book.record(&key("a"), Standing::Failed, at(0));
+            waits.push(book.retry_after(&key("a"), first, max).as_secs());
         }
         assert_eq!(waits, [5, 10, 20, 40, 80, 160, 300, 300, 300]);
         assert_eq!(
-            book.retry_after("apps/b", first, max).as_secs(),
+            book.retry_after(&key("b"), first, max).as_secs(),
             5,
             "others are not slowed down"
         );
-        book.record("apps/a", Standing::Shared, at(1));
-        book.record("apps/a", Standing::Failed, at(2));
+        book.record(&key("a"), Standing::Shared, at(1));
+        book.record(&key("a"), Standing::Failed, at(2));
         assert_eq!(
-            book.retry_after("apps/a", first, max).as_secs(),
+            book.retry_after(&key("a"), first, max).as_secs(),
             5,
             "a success starts over"
         );
         for _ in 0..100 {
-            book.record("apps/a", Standing::Failed, at(3));
+            book.record(&key("a"), Standing::Failed, at(3));
         }
-        assert_eq!(book.retry_after("apps/a", first, max), max, "no overflow");
+        assert_eq!(book.retry_after(&key("a"), first, max), max, "no overflow");
     }
 
     #[test]
@@ -227,29 +236,29 @@ mod tests {
         let mut now = Instant::now();
         let mut waits = Vec::new();
         for _ in 0..8 {
-            if let Some(wait) = book.repair_wait("apps/a", now) {
+            if let Some(wait) = book.repair_wait(&key("a"), now) {
                 waits.push(wait.as_secs());
                 now += wait;
             } else {
                 waits.push(0);
             }
-            book.repaired("apps/a", now);
+            book.repaired(&key("a"), now);
         }
         assert_eq!(waits, [0, 0, 0, 1, 2, 4, 8, 16]);
         assert_eq!(
-            book.repair_wait("apps/b", now),
+            book.repair_wait(&key("b"), now),
             None,
             "other claims are not slowed down"
         );
         // Left alone for a while: the next repair goes through, and the count starts again.
         now += Duration::from_secs(32 + 61);
-        assert_eq!(book.repair_wait("apps/a", now), None);
-        book.repaired("apps/a", now);
-        assert_eq!(book.repair_wait("apps/a", now + Duration::from_millis(1)), None);
+        assert_eq!(book.repair_wait(&key("a"), now), None);
+        book.repaired(&key("a"), now);
+        assert_eq!(book.repair_wait(&key("a"), now + Duration::from_millis(1)), None);
 
-        book.converged("apps/a", 7);
-        assert!(book.converged_before("apps/a", 7) && !book.converged_before("apps/a", 8));
-        book.forget("apps/a");
-        assert!(!book.converged_before("apps/a", 7));
+        book.converged(&key("a"), 7);
+        assert!(book.converged_before(&key("a"), 7) && !book.converged_before(&key("a"), 8));
+        book.forget(&key("a"));
+        assert!(!book.converged_before(&key("a"), 7));
     }
 }

@@ -14,7 +14,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 use super::Health;
 use super::cache::WatchBackoff;
 use super::fence::{self, Fence};
-use super::reconcile::Context;
+use super::context::Context;
 use super::run_controller;
 use crate::cli::ControllerArgs;
 use crate::metrics::ControllerMetrics;

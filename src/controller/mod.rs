@@ -4,9 +4,12 @@
 
 mod book;
 pub mod cache;
+mod context;
 mod fence;
 mod leader;
+mod plan;
 pub mod reconcile;
+mod service;
 mod watchdog;
 
 use std::sync::Arc;
@@ -28,11 +31,11 @@ use crate::metrics::{ControllerMetrics, set_to_now};
 use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
-use crate::volume;
+use crate::volume::{self, ClaimKey};
 use cache::{Caches, WatchBackoff};
 use fence::{Fence, FenceLayer};
 use hyper::header::HeaderValue;
-use reconcile::{Context, ReconcileSettings};
+use context::{Context, ReconcileSettings};
 use watchdog::{PROBE_NAME, Watchdog};
 
 pub async fn run(
@@ -181,7 +184,10 @@ pub(crate) async fn run_controller(
                     }
                     // A claim deleted without a finalizer is never reconciled as deleting.
                     Err(controller::Error::ObjectNotFound(claim)) => {
-                        let key = format!("{}/{}", claim.namespace.unwrap_or_default(), claim.name);
+                        let key = ClaimKey {
+                            namespace: claim.namespace.unwrap_or_default(),
+                            name: claim.name,
+                        };
                         ctx.book(|book| book.forget(&key));
                     }
                     Err(err) => tracing::debug!(error = %err, "controller event"),

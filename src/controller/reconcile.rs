@@ -1,92 +1,23 @@
-//! The imperative shell of the shared-volume loop: fetch, classify (pure code), apply, publish.
+//! The imperative shell of the shared-volume loop, one claim at a time: read (the claim's volume
+//! and its objects), plan (pure: [`super::plan`]), apply (Service, endpoints, mount endpoint).
 
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::core::v1::{ObjectReference, PersistentVolume, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::controller::Action;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource};
 
-use super::book::{ClaimBook, Standing};
-use super::cache::Caches;
-use crate::apply::{apply_if_changed, create, is_converged};
-use crate::events::EventSink;
-use crate::metrics::ControllerMetrics;
+use super::book::Standing;
+use super::context::Context;
+use super::plan::{Current, Drift, Plan};
+use super::service::{EnsuredService, ensure_service};
 use crate::names::CONTROLLER_FIELD_MANAGER;
-use crate::sharedvolume::classify::{self, Filters, Invalid, NotManaged, Skip};
+use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
-use crate::sharedvolume::endpoints::{write_endpoints, write_endpoints_over};
-use crate::volume::{VolumeBackend, VolumeError};
-
-/// Settings of one reconcile, from the command line.
-#[derive(Clone, Debug)]
-pub struct ReconcileSettings {
-    pub filters: Filters,
-    pub create_poll_interval: Duration,
-    pub create_wait_duration: Duration,
-    pub resync_interval: Duration,
-    /// The longest one reconcile may take; then it is dropped and counts as a failure.
-    pub reconcile_timeout: Duration,
-    /// The wait after a claim's first failure; it doubles with each further one, up to
-    /// `max_error_requeue`.
-    pub error_requeue: Duration,
-    pub max_error_requeue: Duration,
-}
-
-pub struct Context {
-    pub client: Client,
-    pub backend: Arc<dyn VolumeBackend>,
-    pub settings: ReconcileSettings,
-    pub metrics: ControllerMetrics,
-    pub events: EventSink,
-    /// Which claims are served and which wait, for the gauges.
-    book: Mutex<ClaimBook>,
-    /// What the controller watches, while it runs: reconciles read there, not from the API.
-    caches: RwLock<Option<Caches>>,
-}
-
-impl Context {
-    pub fn new(
-        client: Client,
-        backend: Arc<dyn VolumeBackend>,
-        settings: ReconcileSettings,
-        metrics: ControllerMetrics,
-        events: EventSink,
-    ) -> Self {
-        Self {
-            client,
-            backend,
-            settings,
-            metrics,
-            events,
-            book: Mutex::default(),
-            caches: RwLock::default(),
-        }
-    }
-
-    /// Reconciles read from `caches` from now on (`None`: from the API).
-    pub fn use_caches(&self, caches: Option<Caches>) {
-        *self.caches.write().expect("caches poisoned") = caches;
-    }
-
-    fn caches(&self) -> Option<Caches> {
-        self.caches.read().expect("caches poisoned").clone()
-    }
-
-    /// Changes the claim book and sets the gauges from it.
-    pub fn book(&self, change: impl FnOnce(&mut ClaimBook)) {
-        let mut book = self.book.lock().expect("claim book poisoned");
-        change(&mut book);
-        self.metrics.shared_volumes.set(book.shared() as i64);
-        self.metrics.claims_pending.set(book.waiting() as i64);
-        let since = book
-            .waiting_since()
-            .and_then(|since| since.duration_since(SystemTime::UNIX_EPOCH).ok());
-        self.metrics
-            .claims_pending_since
-            .set(since.map_or(0.0, |since| since.as_secs_f64()));
-    }
-}
+use crate::sharedvolume::endpoints::write_endpoints_over;
+use crate::volume::{ClaimKey, VolumeError, VolumeInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
@@ -108,7 +39,7 @@ impl ReconcileError {
             Self::Kube(_) => "KubernetesApi",
             Self::Volume(_) => "VolumeBackend",
             Self::NoClusterIp(..) => "NoClusterIP",
-            Self::Gone(..) => "Conflict",
+            Self::Gone(..) => "ServiceGone",
             Self::Timeout(..) => "Timeout",
         }
     }
@@ -146,8 +77,8 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
         Err(_) => ("error", Standing::Failed),
     };
     ctx.metrics.reconciles.with_label_values(&[label]).inc();
-    ctx.book(|book| book.record(&claim_key(&claim), standing, SystemTime::now()));
-    tracing::debug!(claim = %claim_key(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
+    ctx.book(|book| book.record(&ClaimKey::of(&claim), standing, SystemTime::now()));
+    tracing::debug!(claim = %ClaimKey::of(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
     result.map(|outcome| match outcome {
         Outcome::RepairDeferred(wait) => Action::requeue(wait),
         _ => Action::requeue(ctx.settings.resync_interval),
@@ -156,98 +87,132 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
 
 pub fn error_policy(claim: Arc<PersistentVolumeClaim>, err: &ReconcileError, ctx: Arc<Context>) -> Action {
     ctx.metrics.reconcile_errors.with_label_values(&[err.reason()]).inc();
-    let key = claim_key(&claim);
+    let key = ClaimKey::of(&claim);
     let settings = &ctx.settings;
-    let retry = ctx.book.lock().expect("claim book poisoned").retry_after(
-        &key,
-        settings.error_requeue,
-        settings.max_error_requeue,
-    );
+    let retry = ctx.read_book(|book| book.retry_after(&key, settings.error_requeue, settings.max_error_requeue));
     tracing::warn!(claim = %key, error = %err, "reconcile failed; retrying in {retry:?}");
     Action::requeue(retry)
 }
 
-fn claim_key(claim: &PersistentVolumeClaim) -> String {
-    format!("{}/{}", claim.namespace().unwrap_or_default(), claim.name_any())
+/// A claim found to be a shared volume this controller serves, with what it was found from.
+struct Found {
+    pv: PersistentVolume,
+    volume: VolumeInfo,
+    shared: SharedVolume,
 }
 
 async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ReconcileError> {
-    let uid = claim.uid().unwrap_or_default();
+    let Found { pv, volume, shared } = match find_shared_volume(claim, ctx).await? {
+        Ok(found) => found,
+        Err(why) => return Ok(not_managed(ctx, claim, why).await),
+    };
+    let key = ClaimKey::of(claim);
+    let plan = Plan::of(&shared);
+    let current = read_current(ctx, &shared).await?;
+    let drift = ctx.read_book(|book| {
+        let converged_before = book.converged_before(&key, plan.fingerprint);
+        plan.drift(&current, converged_before, book.repair_wait(&key, Instant::now()))
+    });
+    if let Drift::Wait(wait) = drift {
+        return Ok(defer_repair(ctx, claim, wait).await);
+    }
+    let published = volume.mount_endpoint.as_deref();
+    let Some(ensured) = ensure_service(ctx, &shared, &plan.service, current.service.as_ref(), published).await? else {
+        let invalid = Invalid::new(
+            "ServiceNameTaken",
+            format!(
+                "Service {}/{} exists and does not belong to this claim; it was left alone. Rename or delete it",
+                shared.namespace, shared.service_name
+            ),
+        );
+        return Ok(report_invalid(ctx, claim, invalid).await);
+    };
+    ensure_endpoints(ctx, &shared, &plan, &current).await?;
+    let repaired = drift == Drift::Repair;
+    ctx.book(|book| {
+        if repaired {
+            book.repaired(&key, Instant::now());
+        }
+        book.converged(&key, plan.fingerprint);
+    });
+    if repaired {
+        ctx.metrics.repairs.inc();
+    }
+    ctx.events.clear_warnings(&claim.object_ref(&()));
+    warn_if_other_family(ctx, claim, &shared, &ensured.cluster_ip).await;
+    publish_mount_endpoint(ctx, claim, &pv, &volume, &shared, ensured).await
+}
+
+/// The claim's PV and volume, if the claim is a shared volume of ours; else why not. A volume
+/// the backend does not know, or holds something unusable, is bad input.
+async fn find_shared_volume(
+    claim: &PersistentVolumeClaim,
+    ctx: &Context,
+) -> Result<Result<Found, NotManaged>, ReconcileError> {
     let pv = match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
         Some(name) => read_pv(ctx, name).await?,
         None => None,
     };
-    let pv = match classify::candidate_volume(claim, pv.as_ref(), &ctx.settings.filters).manage() {
+    let pv = match classify::candidate_volume(claim, pv.as_ref(), &ctx.settings.filters) {
         Ok(pv) => pv,
-        Err(why) => return Ok(not_managed(ctx, claim, why).await),
+        Err(why) => return Ok(Err(why)),
     };
     let volume = match ctx.backend.volume(pv).await {
         Ok(Some(volume)) => volume,
         Ok(None) => {
-            let invalid = Invalid {
-                reason: "VolumeNotFound",
-                message: format!(
-                    "the storage system has no volume for PV {:?}; check that it still exists and carries the CSI labels",
-                    pv.name_any()
-                ),
-            };
-            return Ok(report_invalid(ctx, claim, invalid).await);
+            let message = format!(
+                "the storage system has no volume for PV {:?}; check that it still exists and carries the CSI labels",
+                pv.metadata.name.as_deref().unwrap_or_default()
+            );
+            return Ok(Err(NotManaged::Invalid(Invalid::new("VolumeNotFound", message))));
         }
         Err(VolumeError::Invalid { reason, message }) => {
-            return Ok(report_invalid(ctx, claim, Invalid { reason, message }).await);
+            return Ok(Err(NotManaged::Invalid(Invalid::new(reason, message))));
         }
         Err(err) => return Err(err.into()),
     };
-    let shared = match classify::shared_volume(claim, pv, &volume).manage() {
-        Ok(shared) => shared,
-        Err(why) => return Ok(not_managed(ctx, claim, why).await),
-    };
+    Ok(classify::shared_volume(claim, pv, &volume).map(|shared| Found {
+        pv: pv.clone(),
+        volume,
+        shared,
+    }))
+}
 
-    let services: Api<Service> = Api::namespaced(ctx.client.clone(), &shared.namespace);
-    let caches = ctx.caches();
-    let key = claim_key(claim);
-    let fingerprint = desired::fingerprint(&shared);
-    let repairing = match caches
-        .as_ref()
-        .map(|caches| contested(ctx, caches, &shared, &key, fingerprint))
-    {
-        Some(Contest::Wait(wait)) => return Ok(defer_repair(ctx, claim, wait).await),
-        Some(Contest::Repair) => true,
-        _ => false,
-    };
-    let existing = match &caches {
-        Some(caches) => caches
-            .service(&shared.namespace, &shared.service_name)
-            .map(|s| (*s).clone()),
-        None => services.get_opt(&shared.service_name).await?,
-    };
-    let published = volume.mount_endpoint.as_deref();
-    let Some(ensured) = ensure_service(ctx, &services, &shared, existing.as_ref(), &uid, published).await? else {
-        let invalid = Invalid {
-            reason: "ServiceNameTaken",
-            message: format!(
-                "Service {}/{} exists and does not belong to this claim; it was left alone. Rename or delete it",
-                shared.namespace, shared.service_name
-            ),
-        };
-        return Ok(report_invalid(ctx, claim, invalid).await);
-    };
-    ensure_endpoints(ctx, &shared, caches.as_ref()).await?;
-    ctx.book(|book| {
-        if repairing {
-            book.repaired(&key, Instant::now());
-        }
-        book.converged(&key, fingerprint);
-    });
-    if repairing {
-        ctx.metrics.repairs.inc();
+/// The Service, Endpoints and EndpointSlice as the caches hold them, or, until the caches have
+/// listed, as the API has them. Reconciles do not wait for the caches: a watch that cannot list
+/// (an API server restarting, a permission missing) would hold every claim unserved, where the
+/// API still answers.
+async fn read_current(ctx: &Context, shared: &SharedVolume) -> Result<Current, kube::Error> {
+    let (namespace, name) = (&shared.namespace, &shared.service_name);
+    if let Some(caches) = ctx.caches() {
+        return Ok(Current {
+            service: caches.service(namespace, name).map(|s| (*s).clone()),
+            endpoints: caches.endpoints(namespace, name).map(|e| (*e).clone()),
+            slice: caches.slice(namespace, name).map(|s| (*s).clone()),
+        });
     }
-    let EnsuredService { cluster_ip, created } = ensured;
-    ctx.events.clear_warnings(&claim.object_ref(&()));
+    let client = &ctx.client;
+    Ok(Current {
+        service: Api::<Service>::namespaced(client.clone(), namespace).get_opt(name).await?,
+        endpoints: Api::namespaced(client.clone(), namespace).get_opt(name).await?,
+        slice: Api::<EndpointSlice>::namespaced(client.clone(), namespace).get_opt(name).await?,
+    })
+}
 
-    warn_if_other_family(ctx, claim, &shared, &cluster_ip).await;
+/// Publishes `<ClusterIP>:2049` as the volume's mount endpoint unless it is published already,
+/// and tells the claim what happened to its Service on the way.
+async fn publish_mount_endpoint(
+    ctx: &Context,
+    claim: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+    volume: &VolumeInfo,
+    shared: &SharedVolume,
+    ensured: EnsuredService,
+) -> Result<Outcome, ReconcileError> {
+    let EnsuredService { cluster_ip, created } = ensured;
     let mount_endpoint = desired::mount_endpoint(&cluster_ip)
         .ok_or_else(|| ReconcileError::NoClusterIp(shared.service_name.clone(), ctx.settings.create_wait_duration))?;
+    let reference = claim.object_ref(&());
     if volume.mount_endpoint.as_deref() == Some(mount_endpoint.as_str()) {
         if created {
             let note = format!(
@@ -255,7 +220,7 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
                 shared.service_name
             );
             ctx.events
-                .normal(&claim.object_ref(&()), "ServiceRestored", "RecreateService", note)
+                .normal(&reference, "ServiceRestored", "RecreateService", note)
                 .await;
         }
         return Ok(Outcome::Shared {
@@ -263,7 +228,6 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
             published: false,
         });
     }
-    let reference = claim.object_ref(&());
     if created && let Some(previous) = &volume.mount_endpoint {
         let note = format!(
             "Service {} was missing and has been recreated, but its address {previous} had been taken meanwhile: the mount endpoint moved to {mount_endpoint}; clients must remount",
@@ -273,7 +237,7 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
             .warning(&reference, "ServiceRecreated", "RecreateService", note)
             .await;
     }
-    ctx.backend.publish_mount_endpoint(pv, &volume, &mount_endpoint).await?;
+    ctx.backend.publish_mount_endpoint(pv, volume, &mount_endpoint).await?;
     ctx.metrics.publishes.inc();
     let note = format!(
         "mount endpoint {mount_endpoint} published (NFS server {})",
@@ -316,53 +280,6 @@ async fn warn_if_other_family(ctx: &Context, claim: &PersistentVolumeClaim, shar
         .await;
 }
 
-/// What to do about objects found out of line with what we converged them to.
-enum Contest {
-    /// In line, or the desired state moved on: write as usual.
-    None,
-    /// Drift: write it back now.
-    Repair,
-    /// Drift again and again: wait this long before writing it back.
-    Wait(Duration),
-}
-
-/// Whether the cached Service, Endpoints and EndpointSlice drifted from the state this replica
-/// converged them to (something else changed them), and whether repairing them must wait.
-fn contested(ctx: &Context, caches: &Caches, shared: &SharedVolume, key: &str, fingerprint: u64) -> Contest {
-    // The book first: for a claim we never converged to this state (new, or its server moved)
-    // there is nothing to compare, and building the desired objects can wait for the writes.
-    if !ctx
-        .book
-        .lock()
-        .expect("claim book poisoned")
-        .converged_before(key, fingerprint)
-    {
-        return Contest::None;
-    }
-    let (namespace, name) = (&shared.namespace, &shared.service_name);
-    let in_line = is_converged(&desired::service(shared), caches.service(namespace, name).as_deref())
-        && is_converged(
-            &desired::endpoints(shared),
-            caches.endpoints(namespace, name).as_deref(),
-        )
-        && is_converged(
-            &desired::endpoint_slice(shared),
-            caches.slice(namespace, name).as_deref(),
-        );
-    if in_line {
-        return Contest::None;
-    }
-    match ctx
-        .book
-        .lock()
-        .expect("claim book poisoned")
-        .repair_wait(key, Instant::now())
-    {
-        Some(wait) => Contest::Wait(wait),
-        None => Contest::Repair,
-    }
-}
-
 async fn defer_repair(ctx: &Context, claim: &PersistentVolumeClaim, wait: Duration) -> Outcome {
     ctx.metrics.repairs_deferred.inc();
     let note = "the Service, Endpoints or EndpointSlice of this claim keep being changed by another writer; \
@@ -377,7 +294,7 @@ async fn defer_repair(ctx: &Context, claim: &PersistentVolumeClaim, wait: Durati
             note,
         )
         .await;
-    tracing::info!(claim = %claim_key(claim), "objects changed again by another writer; repairing in {wait:?}");
+    tracing::info!(claim = %ClaimKey::of(claim), "objects changed again by another writer; repairing in {wait:?}");
     Outcome::RepairDeferred(wait)
 }
 
@@ -397,9 +314,8 @@ fn skipped(ctx: &Context, claim: &PersistentVolumeClaim, skip: Skip) -> Outcome 
 
 async fn report_invalid(ctx: &Context, claim: &PersistentVolumeClaim, invalid: Invalid) -> Outcome {
     ctx.metrics.reconcile_errors.with_label_values(&[invalid.reason]).inc();
-    let reference: ObjectReference = claim.object_ref(&());
     ctx.events
-        .warning_once(&reference, invalid.reason, "ReconcileSharedVolume", invalid.message)
+        .warning_once(&claim.object_ref(&()), invalid.reason, "ReconcileSharedVolume", invalid.message)
         .await;
     Outcome::Invalid(invalid.reason)
 }
@@ -413,142 +329,15 @@ async fn read_pv(ctx: &Context, name: &str) -> Result<Option<PersistentVolume>, 
     Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await
 }
 
-struct EnsuredService {
-    cluster_ip: String,
-    /// It did not exist before this reconcile.
-    created: bool,
-}
-
-/// Creates the Service (at the `published` address, if one was), or applies it if it drifted,
-/// and returns its ClusterIP (waiting for one after a create); `None` when a Service of that name
-/// belongs to something else.
-async fn ensure_service(
-    ctx: &Context,
-    services: &Api<Service>,
-    shared: &SharedVolume,
-    existing: Option<&Service>,
-    claim_uid: &str,
-    published: Option<&str>,
-) -> Result<Option<EnsuredService>, ReconcileError> {
-    let desired = desired::service(shared);
-    let owned = |service: &Service| service.owner_references().iter().any(|o| o.uid == claim_uid);
-    let (current, created) = match existing {
-        Some(existing) if !owned(existing) => return Ok(None),
-        Some(existing) => {
-            let applied = apply_if_changed(services, CONTROLLER_FIELD_MANAGER, &desired, Some(existing)).await?;
-            (applied.unwrap_or_else(|| existing.clone()), false)
-        }
-        None => match create_service(services, shared, published).await? {
-            Some(created) => {
-                tracing::info!(service = %format!("{}/{}", shared.namespace, shared.service_name), "Service created");
-                (created, true)
-            }
-            // Not in the cache, but there: read it, and it must be ours.
-            None => match services.get_opt(&shared.service_name).await? {
-                Some(found) if !owned(&found) => return Ok(None),
-                Some(found) => {
-                    let applied = apply_if_changed(services, CONTROLLER_FIELD_MANAGER, &desired, Some(&found)).await?;
-                    (applied.unwrap_or(found), false)
-                }
-                None => return Err(ReconcileError::Gone(shared.service_name.clone())),
-            },
-        },
-    };
-    let cluster_ip = match cluster_ip(&current) {
-        Some(ip) => ip,
-        None => wait_for_cluster_ip(ctx, services, &shared.service_name).await?,
-    };
-    Ok(Some(EnsuredService { cluster_ip, created }))
-}
-
-/// The API server frees a deleted Service's address just after the delete reaches watchers: a
-/// refusal of the published address within this long of the first try is that release still
-/// under way, not another owner.
-const ADDRESS_RELEASE_GRACE: Duration = Duration::from_secs(5);
-const ADDRESS_RETRY_INTERVAL: Duration = Duration::from_millis(200);
-
-/// Creates the Service in its server's family, asking for the published ClusterIP when there is
-/// one; when that address stays taken past [`ADDRESS_RELEASE_GRACE`] (or is no longer in the
-/// service range), takes a new one: the caller warns that clients must remount.
-async fn create_service(
-    services: &Api<Service>,
-    shared: &SharedVolume,
-    published: Option<&str>,
-) -> Result<Option<Service>, kube::Error> {
-    let new = desired::new_service(shared, published);
-    if new.spec.as_ref().is_none_or(|spec| spec.cluster_ip.is_none()) {
-        return create(services, CONTROLLER_FIELD_MANAGER, &new).await;
-    }
-    let service = format!("{}/{}", shared.namespace, shared.service_name);
-    let deadline = Instant::now() + ADDRESS_RELEASE_GRACE;
-    loop {
-        match create(services, CONTROLLER_FIELD_MANAGER, &new).await {
-            Err(kube::Error::Api(status)) if status.code == 422 => {
-                if still_allocated(&status) && Instant::now() < deadline {
-                    tracing::debug!(%service, published, "the published address is not free yet; waiting for its release");
-                    tokio::time::sleep(ADDRESS_RETRY_INTERVAL).await;
-                    continue;
-                }
-                tracing::warn!(
-                    %service,
-                    published,
-                    reason = %status.message,
-                    "cannot recreate the Service at its published address; taking a new one"
-                );
-                return create(services, CONTROLLER_FIELD_MANAGER, &desired::new_service(shared, None)).await;
-            }
-            result => return result,
-        }
-    }
-}
-
-/// The API server's refusal of a ClusterIP some Service still holds (not one outside the range).
-fn still_allocated(status: &kube::core::Status) -> bool {
-    status.message.contains("already allocated")
-}
-
-fn cluster_ip(service: &Service) -> Option<String> {
-    service
-        .spec
-        .as_ref()?
-        .cluster_ip
-        .clone()
-        .filter(|ip| !ip.is_empty() && ip != "None")
-}
-
-async fn wait_for_cluster_ip(ctx: &Context, services: &Api<Service>, name: &str) -> Result<String, ReconcileError> {
-    let deadline = Instant::now() + ctx.settings.create_wait_duration;
-    loop {
-        if let Some(ip) = services.get_opt(name).await?.as_ref().and_then(cluster_ip) {
-            return Ok(ip);
-        }
-        if Instant::now() >= deadline {
-            return Err(ReconcileError::NoClusterIp(
-                name.to_owned(),
-                ctx.settings.create_wait_duration,
-            ));
-        }
-        tokio::time::sleep(ctx.settings.create_poll_interval).await;
-    }
-}
-
-async fn ensure_endpoints(ctx: &Context, shared: &SharedVolume, caches: Option<&Caches>) -> Result<(), ReconcileError> {
-    let written = match caches {
-        Some(caches) => {
-            let (namespace, name) = (&shared.namespace, &shared.service_name);
-            let endpoints = caches.endpoints(namespace, name);
-            let slice = caches.slice(namespace, name);
-            write_endpoints_over(
-                &ctx.client,
-                CONTROLLER_FIELD_MANAGER,
-                shared,
-                endpoints.as_deref(),
-                slice.as_deref(),
-            )
-            .await?
-        }
-        None => write_endpoints(&ctx.client, CONTROLLER_FIELD_MANAGER, shared).await?,
-    };
+async fn ensure_endpoints(ctx: &Context, shared: &SharedVolume, plan: &Plan, current: &Current) -> Result<(), ReconcileError> {
+    let written = write_endpoints_over(
+        &ctx.client,
+        CONTROLLER_FIELD_MANAGER,
+        &plan.endpoints,
+        current.endpoints.as_ref(),
+        current.slice.as_ref(),
+    )
+    .await?;
     if written {
         tracing::info!(
             service = %format!("{}/{}", shared.namespace, shared.service_name),
@@ -557,4 +346,262 @@ async fn ensure_endpoints(ctx: &Context, shared: &SharedVolume, caches: Option<&
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The shell against a stub API server that expects an exact list of requests, in order,
+    //! and answers each with a canned response.
+
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use kube::Client;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::events::EventSink;
+    use crate::metrics::ControllerMetrics;
+    use crate::names::{MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
+    use crate::sharedvolume::classify::Filters;
+    use crate::sharedvolume::desired::EndpointObjects;
+    use crate::volume::kubernetes::{PvAnnotations, volume_from_pv};
+
+    use super::super::context::ReconcileSettings;
+
+    /// One expected request (`"GET /api/v1/…"`, no query) and the answer to it.
+    struct Exchange {
+        request: String,
+        status: u16,
+        body: Value,
+    }
+
+    fn answer(request: &str, status: u16, body: Value) -> Exchange {
+        Exchange {
+            request: request.to_owned(),
+            status,
+            body,
+        }
+    }
+
+    fn not_found(request: &str) -> Exchange {
+        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
+        answer(request, 404, status)
+    }
+
+    /// What the stub saw: each request line, with the body of every write.
+    #[derive(Default)]
+    struct Seen {
+        requests: Vec<String>,
+        bodies: Vec<Value>,
+    }
+
+    /// A client whose API server answers the `script` in order; any other request gets a 500
+    /// and is recorded as it came.
+    fn stub_api(script: Vec<Exchange>) -> (Client, Arc<Mutex<Seen>>) {
+        let script = Arc::new(Mutex::new(VecDeque::from(script)));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let service = tower::service_fn({
+            let seen = seen.clone();
+            move |request: http::Request<kube::client::Body>| {
+                let (script, seen) = (script.clone(), seen.clone());
+                async move {
+                    let line = format!("{} {}", request.method(), request.uri().path());
+                    let bytes = request.into_body().collect().await.unwrap().to_bytes();
+                    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                    let next = script.lock().unwrap().pop_front();
+                    let mut seen = seen.lock().unwrap();
+                    seen.requests.push(line.clone());
+                    seen.bodies.push(body);
+                    let (status, body) = match next {
+                        Some(exchange) if exchange.request == line => (exchange.status, exchange.body),
+                        _ => (500, json!({"kind": "Status", "code": 500, "message": "unexpected"})),
+                    };
+                    let response = http::Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(body.to_string())))
+                        .unwrap();
+                    Ok::<_, std::convert::Infallible>(response)
+                }
+            }
+        });
+        (Client::new(service, "default"), seen)
+    }
+
+    fn context(client: Client) -> Context {
+        let settings = ReconcileSettings {
+            filters: Filters::default(),
+            create_poll_interval: Duration::from_millis(10),
+            create_wait_duration: Duration::from_millis(100),
+            resync_interval: Duration::from_secs(60),
+            reconcile_timeout: Duration::from_secs(10),
+            error_requeue: Duration::from_secs(1),
+            max_error_requeue: Duration::from_secs(60),
+        };
+        let metrics = ControllerMetrics::register(&prometheus::Registry::new()).unwrap();
+        let backend = Arc::new(PvAnnotations::new(client.clone()));
+        let events = EventSink::new(client.clone(), "test", None);
+        Context::new(client, backend, settings, metrics, events)
+    }
+
+    const CLAIM_UID: &str = "uid-claim";
+    const PV: &str = "/api/v1/persistentvolumes/pv-data";
+    const SERVICE: &str = "/api/v1/namespaces/apps/services/pv-data";
+    const SERVICES: &str = "/api/v1/namespaces/apps/services";
+    const ENDPOINTS: &str = "/api/v1/namespaces/apps/endpoints/pv-data";
+    const ENDPOINTS_ALL: &str = "/api/v1/namespaces/apps/endpoints";
+    const SLICE: &str = "/apis/discovery.k8s.io/v1/namespaces/apps/endpointslices/pv-data";
+    const SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/apps/endpointslices";
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/apps/events";
+
+    fn claim() -> PersistentVolumeClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "apps", "uid": CLAIM_UID},
+            "spec": {"accessModes": ["ReadWriteMany"], "volumeName": "pv-data"},
+            "status": {"phase": "Bound"},
+        }))
+        .unwrap()
+    }
+
+    fn pv(server: &str, mount: Option<&str>) -> PersistentVolume {
+        let mut annotations = json!({SERVICE_ENDPOINT_ANNOTATION: server});
+        if let Some(mount) = mount {
+            annotations[MOUNT_ENDPOINT_ANNOTATION] = json!(mount);
+        }
+        serde_json::from_value(json!({
+            "metadata": {"name": "pv-data", "resourceVersion": "7", "annotations": annotations},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "claimRef": {"namespace": "apps", "name": "data", "uid": CLAIM_UID},
+            },
+        }))
+        .unwrap()
+    }
+
+    fn shared_of(pv: &PersistentVolume) -> SharedVolume {
+        classify::shared_volume(&claim(), pv, &volume_from_pv(pv)).unwrap()
+    }
+
+    /// The Service as the API server would hold it: what we apply, its address, and `owner`.
+    fn service_at(shared: &SharedVolume, cluster_ip: &str, owner: &str) -> Value {
+        let mut service = serde_json::to_value(desired::service(shared)).unwrap();
+        service["spec"]["clusterIP"] = json!(cluster_ip);
+        service["metadata"]["ownerReferences"][0]["uid"] = json!(owner);
+        service
+    }
+
+    fn converged_endpoints(shared: &SharedVolume) -> (Value, Value) {
+        let objects = EndpointObjects::of(shared);
+        (
+            serde_json::to_value(objects.endpoints).unwrap(),
+            serde_json::to_value(objects.slice).unwrap(),
+        )
+    }
+
+    fn reads_of(pv: &PersistentVolume, service: Exchange) -> Vec<Exchange> {
+        let (endpoints, slice) = converged_endpoints(&shared_of(pv));
+        vec![
+            answer(&format!("GET {PV}"), 200, serde_json::to_value(pv).unwrap()),
+            service,
+            answer(&format!("GET {ENDPOINTS}"), 200, endpoints),
+            answer(&format!("GET {SLICE}"), 200, slice),
+        ]
+    }
+
+    fn event_reason(body: &Value) -> &str {
+        body["reason"].as_str().unwrap_or_default()
+    }
+
+    fn request_lines(script: &[Exchange]) -> Vec<String> {
+        script.iter().map(|exchange| exchange.request.clone()).collect()
+    }
+
+    #[tokio::test]
+    async fn a_converged_claim_costs_reads_and_no_write() {
+        let pv = pv("192.0.2.1:2049", Some("10.96.0.10:2049"));
+        let service = service_at(&shared_of(&pv), "10.96.0.10", CLAIM_UID);
+        let script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
+        let expected = request_lines(&script);
+        let (client, seen) = stub_api(script);
+        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
+        let expected_outcome = Outcome::Shared {
+            mount_endpoint: "10.96.0.10:2049".into(),
+            published: false,
+        };
+        assert_eq!(outcome, expected_outcome);
+        assert_eq!(seen.lock().unwrap().requests, expected);
+    }
+
+    #[tokio::test]
+    async fn a_service_name_owned_by_someone_else_is_left_alone_and_reported() {
+        let pv = pv("192.0.2.1:2049", None);
+        let service = service_at(&shared_of(&pv), "10.96.0.10", "uid-someone-else");
+        let mut script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
+        script.push(answer(&format!("POST {EVENTS}"), 201, json!({})));
+        let expected = request_lines(&script);
+        let (client, seen) = stub_api(script);
+        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
+        assert_eq!(outcome, Outcome::Invalid("ServiceNameTaken"));
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.requests, expected, "nothing but the Warning is written");
+        assert_eq!(event_reason(seen.bodies.last().unwrap()), "ServiceNameTaken");
+    }
+
+    #[tokio::test]
+    async fn a_published_address_not_yet_released_is_asked_for_again() {
+        let pv = pv("192.0.2.1:2049", Some("10.96.0.10:2049"));
+        let shared = shared_of(&pv);
+        let (endpoints, slice) = converged_endpoints(&shared);
+        let taken = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "Service \"pv-data\" is invalid: spec.clusterIPs: Invalid value: []string{\"10.96.0.10\"}: failed to allocate IP 10.96.0.10: provided IP is already allocated"});
+        let script = vec![
+            answer(&format!("GET {PV}"), 200, serde_json::to_value(&pv).unwrap()),
+            not_found(&format!("GET {SERVICE}")),
+            not_found(&format!("GET {ENDPOINTS}")),
+            not_found(&format!("GET {SLICE}")),
+            answer(&format!("POST {SERVICES}"), 422, taken),
+            answer(
+                &format!("POST {SERVICES}"),
+                201,
+                service_at(&shared, "10.96.0.10", CLAIM_UID),
+            ),
+            answer(&format!("POST {ENDPOINTS_ALL}"), 201, endpoints),
+            answer(&format!("POST {SLICES}"), 201, slice),
+            answer(&format!("POST {EVENTS}"), 201, json!({})),
+        ];
+        let expected = request_lines(&script);
+        let (client, seen) = stub_api(script);
+        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
+        let expected_outcome = Outcome::Shared {
+            mount_endpoint: "10.96.0.10:2049".into(),
+            published: false,
+        };
+        assert_eq!(outcome, expected_outcome, "clients keep the address they mount");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.requests, expected);
+        for asked in [&seen.bodies[4], &seen.bodies[5]] {
+            assert_eq!(asked["spec"]["clusterIP"], "10.96.0.10", "both creates ask for the published address");
+        }
+        assert_eq!(event_reason(seen.bodies.last().unwrap()), "ServiceRestored");
+    }
+
+    #[tokio::test]
+    async fn a_server_in_the_other_family_warns_and_keeps_the_service() {
+        let pv = pv("[fd00::5]:2049", Some("10.96.0.10:2049"));
+        let service = service_at(&shared_of(&pv), "10.96.0.10", CLAIM_UID);
+        let mut script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
+        script.push(answer(&format!("POST {EVENTS}"), 201, json!({})));
+        let expected = request_lines(&script);
+        let (client, seen) = stub_api(script);
+        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
+        assert!(matches!(outcome, Outcome::Shared { published: false, .. }), "{outcome:?}");
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.requests, expected, "the Service is neither deleted nor rewritten");
+        let warning = seen.bodies.last().unwrap();
+        assert_eq!(event_reason(warning), "ServiceFamilyMismatch");
+        assert_eq!(warning["type"], "Warning");
+    }
 }

@@ -130,9 +130,9 @@ mod tests {
             csi_drivers: vec!["linstor.csi.linbit.com".into()],
         };
         let read = |pv: &PersistentVolume| {
-            let pv = candidate_volume(&claim, Some(pv), &filters).manage().unwrap();
+            let pv = candidate_volume(&claim, Some(pv), &filters).unwrap();
             let volume = volume_from_pv(pv);
-            let shared = shared_volume(&claim, pv, &volume).manage().unwrap();
+            let shared = shared_volume(&claim, pv, &volume).unwrap();
             (
                 volume,
                 format!("{shared:?}"),

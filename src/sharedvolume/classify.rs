@@ -1,6 +1,6 @@
 //! Pure decisions: is this claim a shared volume we manage, and if so, what is it built from?
-//! Each step gives one three-way [`Verdict`]: manage, skip (not ours), or invalid (ours, but bad
-//! input to report).
+//! Each step manages the claim (`Ok`), or says why not ([`NotManaged`]): skip (not ours), or
+//! invalid (ours, but bad input to report).
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -43,33 +43,12 @@ impl Invalid {
     }
 }
 
-/// What a classification step concluded about a claim.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict<T> {
-    /// Ours, built from this.
-    Manage(T),
-    /// Not ours (yet); nothing to report.
-    Skip(Skip),
-    /// Ours, but unusable as it stands.
-    Invalid(Invalid),
-}
-
-/// Why a claim is not managed: the two verdicts other than [`Verdict::Manage`].
+/// Why a classification step does not manage a claim: not ours (yet), or ours but unusable as
+/// it stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NotManaged {
     Skip(Skip),
     Invalid(Invalid),
-}
-
-impl<T> Verdict<T> {
-    /// The managed value, or why there is none.
-    pub fn manage(self) -> Result<T, NotManaged> {
-        match self {
-            Self::Manage(value) => Ok(value),
-            Self::Skip(skip) => Err(NotManaged::Skip(skip)),
-            Self::Invalid(invalid) => Err(NotManaged::Invalid(invalid)),
-        }
-    }
 }
 
 impl std::fmt::Display for NotManaged {
@@ -86,9 +65,9 @@ pub fn candidate_volume<'a>(
     claim: &PersistentVolumeClaim,
     pv: Option<&'a PersistentVolume>,
     filters: &Filters,
-) -> Verdict<&'a PersistentVolume> {
+) -> Result<&'a PersistentVolume, NotManaged> {
     if claim.metadata.deletion_timestamp.is_some() {
-        return Verdict::Skip(Skip::Deleting);
+        return Err(NotManaged::Skip(Skip::Deleting));
     }
     let spec = claim.spec.as_ref();
     let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
@@ -96,18 +75,18 @@ pub fn candidate_volume<'a>(
         .and_then(|s| s.volume_name.as_deref())
         .filter(|_| phase == Some("Bound"))
     else {
-        return Verdict::Skip(Skip::NotBound);
+        return Err(NotManaged::Skip(Skip::NotBound));
     };
     if !is_read_write_many(spec.and_then(|s| s.access_modes.as_ref())) {
-        return Verdict::Skip(Skip::NotReadWriteMany);
+        return Err(NotManaged::Skip(Skip::NotReadWriteMany));
     }
     let Some(pv) = pv else {
-        return Verdict::Invalid(Invalid::new(
+        return Err(NotManaged::Invalid(Invalid::new(
             "VolumeMissing",
             format!(
                 "claim is bound to PersistentVolume {pv_name:?}, which does not exist; restore the volume or recreate the claim"
             ),
-        ));
+        )));
     };
     let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
     let bound_here = claim_ref.is_some_and(|r| {
@@ -125,10 +104,10 @@ pub fn candidate_volume<'a>(
                 )
             })
             .unwrap_or_else(|| "no claim".into());
-        return Verdict::Invalid(Invalid::new(
+        return Err(NotManaged::Invalid(Invalid::new(
             "VolumeBoundElsewhere",
             format!("PersistentVolume {pv_name:?} is bound to {holder}, not to this claim; fix the volume's claimRef"),
-        ));
+        )));
     }
     if !filters.storage_classes.is_empty() {
         let class = spec
@@ -136,7 +115,7 @@ pub fn candidate_volume<'a>(
             .or_else(|| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()))
             .unwrap_or("");
         if !filters.storage_classes.iter().any(|c| c == class) {
-            return Verdict::Skip(Skip::StorageClassFiltered);
+            return Err(NotManaged::Skip(Skip::StorageClassFiltered));
         }
     }
     if !filters.csi_drivers.is_empty() {
@@ -147,10 +126,10 @@ pub fn candidate_volume<'a>(
             .map(|c| c.driver.as_str())
             .unwrap_or("");
         if !filters.csi_drivers.iter().any(|d| d == driver) {
-            return Verdict::Skip(Skip::CsiDriverFiltered);
+            return Err(NotManaged::Skip(Skip::CsiDriverFiltered));
         }
     }
-    Verdict::Manage(pv)
+    Ok(pv)
 }
 
 /// The step after: what the Service and endpoints are built from, given the volume's state.
@@ -158,23 +137,23 @@ pub fn shared_volume(
     claim: &PersistentVolumeClaim,
     pv: &PersistentVolume,
     volume: &VolumeInfo,
-) -> Verdict<SharedVolume> {
+) -> Result<SharedVolume, NotManaged> {
     let Some(raw) = volume.service_endpoint.as_deref() else {
-        return Verdict::Skip(Skip::NoServiceEndpoint);
+        return Err(NotManaged::Skip(Skip::NoServiceEndpoint));
     };
     let server: NfsEndpoint = match raw.parse() {
         Ok(server) => server,
         Err(err) => {
-            return Verdict::Invalid(Invalid::new(
+            return Err(NotManaged::Invalid(Invalid::new(
                 "InvalidServiceEndpoint",
                 format!(
                     "the volume's NFS service endpoint is unusable: {err}; fix it on the volume (PV {:?})",
                     pv.name_any()
                 ),
-            ));
+            )));
         }
     };
-    Verdict::Manage(SharedVolume {
+    Ok(SharedVolume {
         namespace: claim.namespace().unwrap_or_default(),
         service_name: service_name(&pv.name_any()),
         volume_id: label_value(&volume.id),
@@ -274,9 +253,9 @@ mod tests {
         ];
         for (name, claim, pv, filters, expected) in cases {
             let got = match candidate_volume(&claim, pv, filters) {
-                Verdict::Manage(_) => Ok(Ok(())),
-                Verdict::Skip(skip) => Ok(Err(skip)),
-                Verdict::Invalid(invalid) => Err(invalid.reason),
+                Ok(_) => Ok(Ok(())),
+                Err(NotManaged::Skip(skip)) => Ok(Err(skip)),
+                Err(NotManaged::Invalid(invalid)) => Err(invalid.reason),
             };
             assert_eq!(got, expected, "{name}");
         }
@@ -293,15 +272,14 @@ mod tests {
         };
         assert_eq!(
             shared_volume(&claim, &pv, &info(None)),
-            Verdict::Skip(Skip::NoServiceEndpoint)
+            Err(NotManaged::Skip(Skip::NoServiceEndpoint))
         );
-        let Verdict::Invalid(invalid) = shared_volume(&claim, &pv, &info(Some("nfs.local:2049"))) else {
+        let Err(NotManaged::Invalid(invalid)) = shared_volume(&claim, &pv, &info(Some("nfs.local:2049"))) else {
             panic!("a hostname must be invalid")
         };
         assert_eq!(invalid.reason, "InvalidServiceEndpoint");
         assert!(invalid.message.contains("nfs.local:2049"), "{}", invalid.message);
         let volume = shared_volume(&claim, &pv, &info(Some("10.0.0.5:2049")))
-            .manage()
             .unwrap();
         assert_eq!(volume.service_name, "pvc-1");
         assert_eq!(volume.namespace, "apps");

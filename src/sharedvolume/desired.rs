@@ -151,13 +151,13 @@ pub fn service(volume: &SharedVolume) -> Service {
     }
 }
 
-/// The Service to create: [`service`], single-stack in its NFS server's address family (an IPv6
+/// The Service to create: `applied` (what [`service`] built), single-stack in its NFS server's address family (an IPv6
 /// server gets an IPv6 ClusterIP even where the cluster's first family is IPv4), and, when a mount
 /// endpoint of that family was published, asking for that very ClusterIP, so that a deleted
 /// Service (by hand, by a GitOps prune) comes back at the address clients already mount. Neither
 /// can change on an existing Service; [`service`] is what is applied to one.
-pub fn new_service(volume: &SharedVolume, published: Option<&str>) -> Service {
-    let mut service = service(volume);
+pub fn new_service(applied: &Service, volume: &SharedVolume, published: Option<&str>) -> Service {
+    let mut service = applied.clone();
     let spec = service.spec.get_or_insert_with(Default::default);
     spec.ip_families = Some(vec![address_family(volume.server.ip).into()]);
     spec.ip_family_policy = Some("SingleStack".into());
@@ -188,6 +188,27 @@ pub fn fingerprint(volume: &SharedVolume) -> u64 {
     )
         .hash(&mut hasher);
     hasher.finish()
+}
+
+/// The Endpoints and EndpointSlice of one shared volume: both loops always write them together.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EndpointObjects {
+    pub endpoints: Endpoints,
+    pub slice: EndpointSlice,
+}
+
+impl EndpointObjects {
+    pub fn of(volume: &SharedVolume) -> Self {
+        Self {
+            endpoints: endpoints(volume),
+            slice: endpoint_slice(volume),
+        }
+    }
+
+    /// The namespace both live in.
+    pub fn namespace(&self) -> &str {
+        self.endpoints.metadata.namespace.as_deref().unwrap_or_default()
+    }
 }
 
 /// Endpoints of the Service: the NFS server. Not mirrored: we write the EndpointSlice ourselves.
@@ -241,10 +262,10 @@ pub fn endpoint_slice(volume: &SharedVolume) -> EndpointSlice {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn volume(server: &str) -> SharedVolume {
+    pub(crate) fn shared_volume(server: &str) -> SharedVolume {
         SharedVolume {
             namespace: "apps".into(),
             service_name: "pvc-1234".into(),
@@ -301,10 +322,10 @@ mod tests {
 
     #[test]
     fn a_new_service_takes_the_servers_family_and_asks_for_the_published_address() {
-        let four = volume("10.0.0.5:2049");
-        let six = volume("[fd00::5]:2049");
+        let four = shared_volume("10.0.0.5:2049");
+        let six = shared_volume("[fd00::5]:2049");
         let asked = |volume: &SharedVolume, published| {
-            let spec = new_service(volume, published).spec.unwrap();
+            let spec = new_service(&service(volume), volume, published).spec.unwrap();
             (spec.ip_families.unwrap()[0].clone(), spec.cluster_ip)
         };
         assert_eq!(
@@ -322,7 +343,7 @@ mod tests {
         );
         assert_eq!(asked(&four, Some("not an address")), ("IPv4".into(), None));
         assert_eq!(asked(&four, None), ("IPv4".into(), None));
-        let created = new_service(&four, Some("10.96.4.7:2049"));
+        let created = new_service(&service(&four), &four, Some("10.96.4.7:2049"));
         let mut plain = service(&four);
         let spec = plain.spec.as_mut().unwrap();
         spec.cluster_ip = Some("10.96.4.7".into());
@@ -341,7 +362,7 @@ mod tests {
 
     #[test]
     fn objects_point_at_the_nfs_server() {
-        let v = volume("10.0.0.5:30049");
+        let v = shared_volume("10.0.0.5:30049");
         let svc = service(&v);
         let port = &svc.spec.as_ref().unwrap().ports.as_ref().unwrap()[0];
         assert_eq!((port.name.as_deref(), port.port), (Some("nfs"), 2049));
@@ -369,7 +390,7 @@ mod tests {
 
     #[test]
     fn ipv6_servers_get_ipv6_slices() {
-        let slice = endpoint_slice(&volume("[fd00::5]:2049"));
+        let slice = endpoint_slice(&shared_volume("[fd00::5]:2049"));
         assert_eq!(slice.address_type, "IPv6");
         assert_eq!(slice.endpoints[0].addresses, vec!["fd00::5"]);
     }

@@ -9,7 +9,8 @@ pub mod storageos;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
-use k8s_openapi::api::core::v1::PersistentVolume;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::ResourceExt;
 
 pub use endpoint::{EndpointError, NfsEndpoint};
 pub use factory::backend;
@@ -43,6 +44,21 @@ pub enum VolumeError {
 pub struct ClaimKey {
     pub namespace: String,
     pub name: String,
+}
+
+impl ClaimKey {
+    pub fn of(claim: &PersistentVolumeClaim) -> Self {
+        Self {
+            namespace: claim.namespace().unwrap_or_default(),
+            name: claim.name_any(),
+        }
+    }
+}
+
+impl std::fmt::Display for ClaimKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
 }
 
 #[cfg_attr(test, mockall::automock)]
