@@ -10,6 +10,8 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+use crate::deadline::within;
+
 pub struct EventSink {
     recorder: Recorder,
     /// Last warning note posted, by (object kind/namespace/name, reason): Nodes, PVs and
@@ -51,6 +53,14 @@ impl EventSink {
         self.post(regarding, EventType::Warning, reason, action, note).await;
     }
 
+    /// Posts an event of `type_`: [`EventSink::normal`] or [`EventSink::warning`].
+    pub async fn tell(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
+        match type_ {
+            EventType::Normal => self.normal(regarding, reason, action, note).await,
+            EventType::Warning => self.warning(regarding, reason, action, note).await,
+        }
+    }
+
     /// Posts a Warning event unless the same one was the last posted for this object and reason.
     pub async fn warning_once(&self, regarding: &ObjectReference, reason: &'static str, action: &str, note: String) {
         let key = (describe(regarding), reason);
@@ -82,15 +92,10 @@ impl EventSink {
             action: action.into(),
             secondary: None,
         };
-        match tokio::time::timeout(self.timeout, self.recorder.publish(&event, regarding)).await {
+        match within(self.timeout, self.recorder.publish(&event, regarding)).await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => tracing::warn!(object = describe(regarding), reason, error = %err, "cannot post event"),
-            Err(_) => tracing::warn!(
-                object = describe(regarding),
-                reason,
-                "cannot post event: timed out after {:?}",
-                self.timeout
-            ),
+            Err(timed_out) => tracing::warn!(object = describe(regarding), reason, "cannot post event: {timed_out}"),
         }
     }
 }

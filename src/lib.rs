@@ -9,6 +9,7 @@ pub mod apply;
 pub mod cli;
 pub mod compat;
 pub mod controller;
+pub mod deadline;
 pub mod events;
 pub mod feed;
 pub mod kube_client;

@@ -6,17 +6,21 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::EventType;
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use super::action::{Action, Cause, PodRef};
+use super::action::{Action, ActionKey, Cause, PodRef};
+use super::error::AgentError;
 use super::follow::{Followed, publish_and_follow};
-use super::guard::FailOverGuard;
+use super::guard::{FailOverGuard, Reservation};
 use super::source::DrbdSource;
+use crate::deadline::within;
 use crate::events::EventSink;
+use crate::kube_client::api_status;
 use crate::metrics::AgentMetrics;
 use crate::names::AGENT_FIELD_MANAGER;
 
@@ -62,6 +66,59 @@ struct Backoff {
     delay: Duration,
 }
 
+/// What one action is, for everything said about it: computed once per action.
+struct About {
+    /// For metrics, and the event's action.
+    kind: &'static str,
+    /// The object its events are about.
+    target: ObjectReference,
+    /// What it does, in words; for a refused action, what would have been done.
+    description: String,
+}
+
+impl About {
+    fn of(action: &Action) -> Self {
+        let described = match action {
+            Action::Refused { action, .. } => action,
+            action => action,
+        };
+        Self {
+            kind: action.kind(),
+            target: action.target(),
+            description: described.describe(),
+        }
+    }
+}
+
+/// The event that tells how an action ended.
+struct Told {
+    type_: EventType,
+    reason: &'static str,
+    action: &'static str,
+    note: String,
+    /// A Warning posted only while its note changes (something that keeps failing).
+    once: bool,
+}
+
+impl Told {
+    fn new(type_: EventType, reason: &'static str, action: &'static str, note: String) -> Self {
+        Self {
+            type_,
+            reason,
+            action,
+            note,
+            once: false,
+        }
+    }
+
+    fn warning_once(reason: &'static str, action: &'static str, note: String) -> Self {
+        Self {
+            once: true,
+            ..Self::new(EventType::Warning, reason, action, note)
+        }
+    }
+}
+
 pub struct Executor {
     client: Client,
     drbd: Arc<dyn DrbdSource>,
@@ -69,10 +126,10 @@ pub struct Executor {
     metrics: AgentMetrics,
     settings: ExecutorSettings,
     guard: Option<FailOverGuard>,
-    /// Action description → when it was last done or reported, and for how long that holds.
-    recent: HashMap<String, (Instant, Settled)>,
-    /// Action description → when a failed action may be tried again.
-    backoff: HashMap<String, Backoff>,
+    /// When an action was last done or reported, and for how long that holds.
+    recent: HashMap<ActionKey, (Instant, Settled)>,
+    /// When a failed action may be tried again.
+    backoff: HashMap<ActionKey, Backoff>,
     /// UIDs of the VolumeAttachments deleted: none is deleted twice.
     deleted_attachments: HashSet<String>,
 }
@@ -104,7 +161,7 @@ impl Executor {
     /// blast-radius guard counts, as this round saw them.
     pub async fn run(&mut self, actions: Vec<Action>, drbd_read_at: Instant, storage_nodes: &BTreeSet<String>) {
         let now = Instant::now();
-        let decided: Vec<String> = actions.iter().map(Action::settle_key).collect();
+        let decided: Vec<ActionKey> = actions.iter().map(Action::key).collect();
         // An action no longer decided has taken effect (or its cause went away): when it is
         // needed again, it is carried out at once.
         let cooldown = self.settings.cooldown;
@@ -150,28 +207,81 @@ impl Executor {
         }
     }
 
+    /// Settles one action, then posts the one event that tells how.
     async fn carry_out(&mut self, action: &Action, drbd_read_at: Instant, storage_nodes: &BTreeSet<String>) -> Settled {
-        let target = action.target();
-        if let Action::Refused { action: inner, why } = action {
-            return self.refuse(inner, why).await;
+        let about = About::of(action);
+        let (settled, told) = self.settle(action, &about, drbd_read_at, storage_nodes).await;
+        if let Some(told) = told {
+            let Told {
+                type_,
+                reason,
+                action,
+                note,
+                once,
+            } = told;
+            if once {
+                self.events.warning_once(&about.target, reason, action, note).await;
+            } else {
+                self.events.tell(&about.target, type_, reason, action, note).await;
+            }
         }
-        if let Action::HoldFailOver { .. } = action {
+        settled
+    }
+
+    async fn settle(
+        &mut self,
+        action: &Action,
+        about: &About,
+        drbd_read_at: Instant,
+        storage_nodes: &BTreeSet<String>,
+    ) -> (Settled, Option<Told>) {
+        match action {
+            Action::Refused { action: refused, why } => return self.refusal(about, refused.failing_over(), why),
             // A report, not a write: told once while the same evidence holds.
-            self.metrics.held_fail_overs.inc();
-            let note = format!("{} ({})", action.describe(), action.note());
-            self.events.normal(&target, "FailOverHeld", "HoldFailOver", note).await;
-            return Settled::WhileDecided;
+            Action::HoldFailOver { .. } => {
+                self.metrics.held_fail_overs.inc();
+                let note = format!("{} ({})", about.description, action.note());
+                let told = Told::new(EventType::Normal, "FailOverHeld", "HoldFailOver", note);
+                return (Settled::WhileDecided, Some(told));
+            }
+            _ if self.settings.dry_run => {
+                self.metrics
+                    .refused_actions
+                    .with_label_values(&[about.kind, "dry_run"])
+                    .inc();
+                let note = format!("dry run: would {} ({})", about.description, action.note());
+                return (
+                    Settled::ForCooldown,
+                    Some(Told::new(EventType::Normal, "DryRun", "DryRun", note)),
+                );
+            }
+            _ => {}
         }
-        if self.settings.dry_run {
-            self.metrics
-                .refused_actions
-                .with_label_values(&[action.kind(), "dry_run"])
-                .inc();
-            let note = format!("dry run: would {} ({})", action.describe(), action.note());
-            self.events.normal(&target, "DryRun", "DryRun", note).await;
-            return Settled::ForCooldown;
+        if let Some(refused) = self.reserve(action, about, storage_nodes).await {
+            return refused;
         }
-        if let (
+        let result = within(self.settings.operations_timeout, self.execute(action))
+            .await
+            .unwrap_or_else(|timed_out| Err(timed_out.into()));
+        let label = match &result {
+            Ok(Outcome::Done(_)) => "ok",
+            Ok(Outcome::Skipped(_)) => "skipped",
+            Ok(Outcome::Blocked) => "blocked",
+            Err(_) => "failed",
+        };
+        self.metrics.actions.with_label_values(&[about.kind, label]).inc();
+        self.outcome(action, about, result, drbd_read_at)
+    }
+
+    /// Asks the blast-radius guard before the taint that starts a peer's fail-over; `Some` when
+    /// the fail-over must not go on (refused, or the guard could not tell).
+    async fn reserve(
+        &self,
+        action: &Action,
+        about: &About,
+        storage_nodes: &BTreeSet<String>,
+    ) -> Option<(Settled, Option<Told>)> {
+        let (
             Action::Taint {
                 node,
                 cause: Cause::FailOver,
@@ -179,158 +289,146 @@ impl Executor {
             },
             Some(guard),
         ) = (action, &self.guard)
-        {
-            match guard.reserve(node, storage_nodes).await {
-                Ok(Ok(())) => {}
-                Ok(Err(why)) => return self.refuse(action, &why).await,
-                Err(err) => {
-                    let note = format!("cannot {}: the blast-radius guard: {err}; retrying", action.describe());
-                    self.metrics.actions.with_label_values(&[action.kind(), "failed"]).inc();
-                    self.events
-                        .warning_once(&target, "FailOverActionFailed", action.kind(), note)
-                        .await;
-                    return Settled::Refused(node.clone());
-                }
+        else {
+            return None;
+        };
+        match guard.reserve(node, storage_nodes).await {
+            Ok(Reservation::Reserved) => None,
+            Ok(Reservation::Refused(why)) => Some(self.refusal(about, Some(node), &why)),
+            Err(err) => {
+                self.metrics.actions.with_label_values(&[about.kind, "failed"]).inc();
+                let note = format!("cannot {}: the blast-radius guard: {err}; retrying", about.description);
+                let told = Told::warning_once("FailOverActionFailed", about.kind, note);
+                Some((Settled::Refused(node.clone()), Some(told)))
             }
         }
-        let result = tokio::time::timeout(self.settings.operations_timeout, self.execute(action)).await;
-        let result = result.unwrap_or_else(|_| Err(format!("timed out after {:?}", self.settings.operations_timeout)));
-        let label = match &result {
-            Ok(Outcome::Done(_)) => "ok",
-            Ok(Outcome::Skipped(_)) => "skipped",
-            Ok(Outcome::Blocked) => "blocked",
-            Err(_) => "failed",
+    }
+
+    /// A step the blast-radius guard refused; the rest of that node's fail-over (`failing_over`)
+    /// is skipped this round.
+    fn refusal(&self, about: &About, failing_over: Option<&str>, why: &str) -> (Settled, Option<Told>) {
+        self.metrics
+            .refused_actions
+            .with_label_values(&[about.kind, "guard"])
+            .inc();
+        let note = format!("refused to {}: {why}", about.description);
+        let settled = match failing_over {
+            Some(node) => Settled::Refused(node.to_owned()),
+            None => Settled::ForCooldown,
         };
-        self.metrics.actions.with_label_values(&[action.kind(), label]).inc();
+        let told = Told::new(EventType::Warning, "FailOverRefused", "Refuse", note);
+        (settled, Some(told))
+    }
+
+    fn outcome(
+        &mut self,
+        action: &Action,
+        about: &About,
+        result: Result<Outcome, AgentError>,
+        drbd_read_at: Instant,
+    ) -> (Settled, Option<Told>) {
         match result {
             Ok(Outcome::Done(caveat)) => {
-                if let Action::DeleteAttachment { attachment, .. } = action {
-                    self.deleted_attachments.insert(attachment.uid.clone());
-                }
-                // The taint is the step that starts a peer's fail-over: count each once.
-                if let Action::Taint {
-                    node,
-                    cause: Cause::FailOver,
-                    ..
-                } = action
-                {
-                    self.metrics.fail_overs.with_label_values(&[node]).inc();
-                }
-                if let (Action::PublishServiceEndpoint { .. }, None) = (action, &caveat) {
-                    self.metrics
-                        .endpoint_rewrite
-                        .observe(drbd_read_at.elapsed().as_secs_f64());
-                }
-                let (warning, reason) = action.event_reason();
-                let mut note = format!("{} ({})", action.describe(), action.note());
+                self.record_done(action, caveat.is_none(), drbd_read_at);
+                let (type_, reason) = action.event();
+                let mut note = format!("{} ({})", about.description, action.note());
                 if let Some(caveat) = caveat {
                     note.push_str(&format!("; {caveat}"));
                 }
-                if warning {
-                    self.events.warning(&target, reason, action.kind(), note).await;
-                } else {
-                    self.events.normal(&target, reason, action.kind(), note).await;
-                }
-                Settled::ForCooldown
+                (Settled::ForCooldown, Some(Told::new(type_, reason, about.kind, note)))
             }
             Ok(Outcome::Skipped(why)) => {
-                tracing::info!(action = %action.describe(), "skipped: {why}");
-                Settled::ForCooldown
+                tracing::info!(action = %about.description, "skipped: {why}");
+                (Settled::ForCooldown, None)
             }
             Ok(Outcome::Blocked) => {
                 let note = format!(
                     "cannot {} now: a PodDisruptionBudget does not allow it; retrying",
-                    action.describe()
+                    about.description
                 );
-                self.events
-                    .warning_once(&target, "EvictionBlocked", action.kind(), note)
-                    .await;
-                Settled::Retry
+                let told = Told::warning_once("EvictionBlocked", about.kind, note);
+                (Settled::Retry, Some(told))
             }
             Err(err) => {
-                let note = format!("cannot {}: {err}; retrying", action.describe());
-                self.events
-                    .warning_once(&target, "FailOverActionFailed", action.kind(), note)
-                    .await;
-                Settled::Retry
+                let note = format!("cannot {}: {err}; retrying", about.description);
+                let told = Told::warning_once("FailOverActionFailed", about.kind, note);
+                (Settled::Retry, Some(told))
             }
         }
     }
 
-    /// Reports a step the blast-radius guard refused; the rest of that node's fail-over is
-    /// skipped this round.
-    async fn refuse(&self, action: &Action, why: &str) -> Settled {
-        self.metrics
-            .refused_actions
-            .with_label_values(&[action.kind(), "guard"])
-            .inc();
-        let note = format!("refused to {}: {why}", action.describe());
-        self.events
-            .warning(&action.target(), "FailOverRefused", "Refuse", note)
-            .await;
-        match action.failing_over() {
-            Some(node) => Settled::Refused(node.to_owned()),
-            None => Settled::ForCooldown,
+    /// What a done action leaves behind: the attachments not to delete again, the fail-over
+    /// count, the endpoint-rewrite latency (only when the endpoints were rewritten).
+    fn record_done(&mut self, action: &Action, followed: bool, drbd_read_at: Instant) {
+        match action {
+            Action::DeleteAttachment { attachment, .. } => {
+                self.deleted_attachments.insert(attachment.uid.clone());
+            }
+            // The taint is the step that starts a peer's fail-over: count each once.
+            Action::Taint {
+                node,
+                cause: Cause::FailOver,
+                ..
+            } => self.metrics.fail_overs.with_label_values(&[node]).inc(),
+            Action::PublishServiceEndpoint { .. } if followed => self
+                .metrics
+                .endpoint_rewrite
+                .observe(drbd_read_at.elapsed().as_secs_f64()),
+            _ => {}
         }
     }
 
-    async fn execute(&self, action: &Action) -> Result<Outcome, String> {
+    async fn execute(&self, action: &Action) -> Result<Outcome, AgentError> {
         let client = &self.client;
-        let kube = |err: kube::Error| err.to_string();
-        match action {
-            Action::Taint { node, key, value, .. } => change_taint(client, node, key, Some(value)).await.map_err(kube),
-            Action::Untaint { node, key, .. } => change_taint(client, node, key, None).await.map_err(kube),
+        let outcome = match action {
+            Action::Taint { node, key, value, .. } => change_taint(client, node, key, Some(value)).await?,
+            Action::Untaint { node, key, .. } => change_taint(client, node, key, None).await?,
             Action::Evict { pod, .. } => {
                 let params = EvictParams {
                     delete_options: Some(delete_params(&pod.uid, self.settings.grace_period_seconds)),
                     post_options: PostParams::default(),
                 };
                 let result = pods(client, pod).evict(&pod.name, &params).await;
-                pod_outcome(result.map(|_| ())).map_err(kube)
+                pod_outcome(result.map(|_| ()))?
             }
             Action::ForceDelete { pod, .. } => {
                 let result = pods(client, pod).delete(&pod.name, &delete_params(&pod.uid, 0)).await;
-                pod_outcome(result.map(|_| ())).map_err(kube)
+                pod_outcome(result.map(|_| ()))?
             }
-            Action::DeleteAttachment { attachment, .. } => {
-                if self.deleted_attachments.contains(&attachment.uid) {
-                    return Ok(Outcome::Skipped("this attachment was deleted already".into()));
-                }
-                let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-                let params = delete_params(&attachment.uid, self.settings.grace_period_seconds);
-                match attachments.delete(&attachment.name, &params).await {
-                    Ok(_) => Ok(Outcome::Done(None)),
-                    Err(err) if status(&err) == Some(404) => Ok(Outcome::Skipped("already deleted".into())),
-                    Err(err) if status(&err) == Some(409) => Ok(Outcome::Skipped(
-                        "the attachment was replaced (UID precondition)".into(),
-                    )),
-                    Err(err) => Err(err.to_string()),
-                }
+            Action::DeleteAttachment { attachment, .. } => self.delete_attachment(attachment).await?,
+            Action::ForceSecondary { resource, .. } => {
+                self.drbd.force_secondary(resource).await?;
+                Outcome::Done(None)
             }
-            Action::ForceSecondary { resource, .. } => self
-                .drbd
-                .force_secondary(resource)
-                .await
-                .map(|_| Outcome::Done(None))
-                .map_err(|err| err.to_string()),
             Action::PublishServiceEndpoint {
                 pv, claim, endpoint, ..
-            } => match publish_and_follow(client, pv, claim, endpoint).await {
-                Ok(Followed::Rewritten) => Ok(Outcome::Done(None)),
-                Ok(Followed::Skipped(why)) => Ok(Outcome::Done(Some(format!(
+            } => match publish_and_follow(client, pv, claim, endpoint).await? {
+                Followed::Rewritten => Outcome::Done(None),
+                Followed::Skipped(why) => Outcome::Done(Some(format!(
                     "only the service endpoint was published, the endpoints are left to the controller: {why}"
-                )))),
-                Err(err) => Err(err.to_string()),
+                ))),
             },
-            Action::HoldFailOver { .. } | Action::Refused { .. } => Ok(Outcome::Skipped("nothing to write".into())),
-        }
+            Action::HoldFailOver { .. } | Action::Refused { .. } => Outcome::Skipped("nothing to write".into()),
+        };
+        Ok(outcome)
     }
-}
 
-fn status(err: &kube::Error) -> Option<u16> {
-    match err {
-        kube::Error::Api(status) => Some(status.code),
-        _ => None,
+    async fn delete_attachment(&self, attachment: &super::view::AttachmentView) -> Result<Outcome, kube::Error> {
+        if self.deleted_attachments.contains(&attachment.uid) {
+            return Ok(Outcome::Skipped("this attachment was deleted already".into()));
+        }
+        let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
+        let params = delete_params(&attachment.uid, self.settings.grace_period_seconds);
+        match attachments.delete(&attachment.name, &params).await {
+            Ok(_) => Ok(Outcome::Done(None)),
+            Err(err) => match api_status(&err) {
+                Some(404) => Ok(Outcome::Skipped("already deleted".into())),
+                Some(409) => Ok(Outcome::Skipped(
+                    "the attachment was replaced (UID precondition)".into(),
+                )),
+                _ => Err(err),
+            },
+        }
     }
 }
 
@@ -353,7 +451,7 @@ fn delete_params(uid: &str, grace_period_seconds: u32) -> DeleteParams {
 fn pod_outcome(result: Result<(), kube::Error>) -> Result<Outcome, kube::Error> {
     match result {
         Ok(()) => Ok(Outcome::Done(None)),
-        Err(err) => match status(&err) {
+        Err(err) => match api_status(&err) {
             Some(404) => Ok(Outcome::Skipped("the pod is gone".into())),
             Some(409) => Ok(Outcome::Skipped("the pod was replaced (UID precondition)".into())),
             Some(429) => Ok(Outcome::Blocked),
@@ -399,7 +497,7 @@ async fn change_taint(client: &Client, node: &str, key: &str, value: Option<&str
         };
         match nodes.patch(node, &params, &Patch::Merge(&patch)).await {
             Ok(_) => return Ok(Outcome::Done(None)),
-            Err(err) if status(&err) == Some(409) && attempts < 5 => continue,
+            Err(err) if api_status(&err) == Some(409) && attempts < 5 => continue,
             Err(err) => return Err(err),
         }
     }

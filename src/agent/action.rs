@@ -4,6 +4,7 @@
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::runtime::events::EventType;
 
 use super::view::{AttachmentView, PodView};
 use crate::volume::ClaimKey;
@@ -78,6 +79,36 @@ pub enum Action {
     },
 }
 
+/// What an action does to which object, as the executor remembers it ([`Action::key`]).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ActionKey {
+    Taint {
+        node: String,
+        key: &'static str,
+        value: &'static str,
+    },
+    Untaint {
+        node: String,
+        key: &'static str,
+    },
+    /// A pod, `namespace/name`.
+    Evict(String),
+    ForceDelete(String),
+    DeleteAttachment(String),
+    ForceSecondary(String),
+    Publish {
+        pv: String,
+        endpoint: String,
+        over_version: String,
+    },
+    HoldFailOver {
+        node: String,
+        resource: String,
+        evidence: String,
+    },
+    Refused(Box<ActionKey>),
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct PodRef {
     pub namespace: String,
@@ -110,15 +141,44 @@ impl Action {
         "hold_fail_over",
     ];
 
-    /// What the executor remembers an action by while it stays decided. A publication counts as
-    /// new when decided over a newer PV: another node published in between, faster than this
-    /// node's rounds saw it lose the primary role.
-    pub fn settle_key(&self) -> String {
+    /// What the executor remembers an action by while it stays decided: what it does, to which
+    /// object. A publication counts as new when decided over a newer PV: another node published
+    /// in between, faster than this node's rounds saw it lose the primary role. A hold counts as
+    /// new with new evidence.
+    pub fn key(&self) -> ActionKey {
+        let object = |namespace: &str, name: &str| format!("{namespace}/{name}");
         match self {
-            Self::PublishServiceEndpoint { over_version, .. } => {
-                format!("{} (over PV version {over_version})", self.describe())
-            }
-            _ => self.describe(),
+            Self::Taint { node, key, value, .. } => ActionKey::Taint {
+                node: node.clone(),
+                key,
+                value,
+            },
+            Self::Untaint { node, key, .. } => ActionKey::Untaint { node: node.clone(), key },
+            Self::Evict { pod, .. } => ActionKey::Evict(object(&pod.namespace, &pod.name)),
+            Self::ForceDelete { pod, .. } => ActionKey::ForceDelete(object(&pod.namespace, &pod.name)),
+            Self::DeleteAttachment { attachment, .. } => ActionKey::DeleteAttachment(attachment.name.clone()),
+            Self::ForceSecondary { resource, .. } => ActionKey::ForceSecondary(resource.clone()),
+            Self::PublishServiceEndpoint {
+                pv,
+                endpoint,
+                over_version,
+                ..
+            } => ActionKey::Publish {
+                pv: pv.clone(),
+                endpoint: endpoint.clone(),
+                over_version: over_version.clone(),
+            },
+            Self::HoldFailOver {
+                node,
+                resource,
+                evidence,
+                ..
+            } => ActionKey::HoldFailOver {
+                node: node.clone(),
+                resource: resource.clone(),
+                evidence: evidence.clone(),
+            },
+            Self::Refused { action, .. } => ActionKey::Refused(Box::new(action.key())),
         }
     }
 
@@ -202,8 +262,9 @@ impl Action {
         }
     }
 
-    /// (is a Warning, event reason). The reasons are Piraeus's where it has one.
-    pub fn event_reason(&self) -> (bool, &'static str) {
+    /// The type and reason of the event that tells the action was done. The reasons are
+    /// Piraeus's where it has one.
+    pub fn event(&self) -> (EventType, &'static str) {
         match self {
             Self::Taint {
                 cause: Cause::ForceIoErrors,
@@ -212,24 +273,24 @@ impl Action {
             | Self::Evict {
                 cause: Cause::ForceIoErrors,
                 ..
-            } => (true, "VolumeForcingIoErrors"),
-            Self::Taint { .. } => (true, "NodeStorageQuorumLost"),
+            } => (EventType::Warning, "VolumeForcingIoErrors"),
+            Self::Taint { .. } => (EventType::Warning, "NodeStorageQuorumLost"),
             Self::Untaint {
                 cause: Cause::ForceIoErrors,
                 ..
-            } => (false, "NodeStorageIoErrorsCleared"),
-            Self::Untaint { .. } => (false, "NodeStorageQuorumRegained"),
+            } => (EventType::Normal, "NodeStorageIoErrorsCleared"),
+            Self::Untaint { .. } => (EventType::Normal, "NodeStorageQuorumRegained"),
             Self::Evict {
                 cause: Cause::Evacuation,
                 ..
-            } => (false, "NodeEvacuation"),
+            } => (EventType::Normal, "NodeEvacuation"),
             Self::Evict { .. } | Self::ForceDelete { .. } | Self::DeleteAttachment { .. } => {
-                (true, "VolumeWithoutQuorum")
+                (EventType::Warning, "VolumeWithoutQuorum")
             }
-            Self::ForceSecondary { .. } => (true, "SuspendedPrimaryDemoted"),
-            Self::PublishServiceEndpoint { .. } => (false, "ServiceEndpointMoved"),
-            Self::HoldFailOver { .. } => (false, "FailOverHeld"),
-            Self::Refused { .. } => (true, "FailOverRefused"),
+            Self::ForceSecondary { .. } => (EventType::Warning, "SuspendedPrimaryDemoted"),
+            Self::PublishServiceEndpoint { .. } => (EventType::Normal, "ServiceEndpointMoved"),
+            Self::HoldFailOver { .. } => (EventType::Normal, "FailOverHeld"),
+            Self::Refused { .. } => (EventType::Warning, "FailOverRefused"),
         }
     }
 
@@ -283,12 +344,12 @@ mod tests {
 
     #[test]
     fn events_name_the_cause_and_the_object() {
-        assert_eq!(evict(Cause::FailOver).event_reason(), (true, "VolumeWithoutQuorum"));
+        assert_eq!(evict(Cause::FailOver).event(), (EventType::Warning, "VolumeWithoutQuorum"));
         assert_eq!(
-            evict(Cause::ForceIoErrors).event_reason(),
-            (true, "VolumeForcingIoErrors")
+            evict(Cause::ForceIoErrors).event(),
+            (EventType::Warning, "VolumeForcingIoErrors")
         );
-        assert_eq!(evict(Cause::Evacuation).event_reason(), (false, "NodeEvacuation"));
+        assert_eq!(evict(Cause::Evacuation).event(), (EventType::Normal, "NodeEvacuation"));
         let target = evict(Cause::FailOver).target();
         assert_eq!(
             (
@@ -308,7 +369,7 @@ mod tests {
             }),
             why: "guard".into(),
         };
-        assert_eq!(refused.event_reason(), (true, "FailOverRefused"));
+        assert_eq!(refused.event(), (EventType::Warning, "FailOverRefused"));
         assert_eq!(refused.target().kind.as_deref(), Some("Node"));
     }
 

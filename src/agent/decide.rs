@@ -326,8 +326,8 @@ fn guard_fail_overs(
         .collect();
     let mut actions = Vec::new();
     for (node, mut steps) in fail_overs {
-        let mut seen = BTreeSet::new();
-        steps.retain(|step| seen.insert(step.describe()));
+        let mut seen = std::collections::HashSet::new();
+        steps.retain(|step| seen.insert(step.key()));
         let taints = steps.iter().position(|s| matches!(s, Action::Taint { .. }));
         match taints {
             Some(at) => match guard_allows(&tainted, &node, storage.len(), settings.max_tainted_fraction) {

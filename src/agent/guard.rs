@@ -14,8 +14,19 @@ use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 
 use super::decide::guard_allows;
+use super::error::AgentError;
 use super::observe::node_view;
+use crate::deadline::within;
+use crate::kube_client::api_status;
 use crate::names::{AGENT_LEASE_LABEL, FAIL_OVER_GUARD_LEASE, FAIL_OVER_RESERVATIONS_ANNOTATION, LOST_QUORUM_TAINT};
+
+/// What the guard said to a fail-over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Reservation {
+    Reserved,
+    /// Past the limit: why, in words.
+    Refused(String),
+}
 
 /// How long a reservation counts: by then the taint it stood for is on the Node.
 const RESERVATION_TTL: SignedDuration = SignedDuration::from_secs(120);
@@ -47,23 +58,18 @@ impl FailOverGuard {
         }
     }
 
-    /// Reserves a fail-over of `node`: `Ok(Ok(()))` when reserved, `Ok(Err(why))` when the guard
-    /// refuses it, `Err` when it cannot tell (then nothing may be done to the node).
-    pub async fn reserve(&self, node: &str, storage_nodes: &BTreeSet<String>) -> Result<Result<(), String>, String> {
-        match tokio::time::timeout(self.timeout, self.try_reserve(node, storage_nodes)).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("timed out after {:?}", self.timeout)),
-        }
+    /// Reserves a fail-over of `node`, or says why the guard refuses it; an error when it
+    /// cannot tell (then nothing may be done to the node).
+    pub async fn reserve(&self, node: &str, storage_nodes: &BTreeSet<String>) -> Result<Reservation, AgentError> {
+        within(self.timeout, self.try_reserve(node, storage_nodes)).await?
     }
 
-    async fn try_reserve(&self, node: &str, storage_nodes: &BTreeSet<String>) -> Result<Result<(), String>, String> {
-        let err = |err: kube::Error| err.to_string();
+    async fn try_reserve(&self, node: &str, storage_nodes: &BTreeSet<String>) -> Result<Reservation, AgentError> {
         for _ in 0..ATTEMPTS {
             let agents = self
                 .leases
                 .list(&ListParams::default().labels(AGENT_LEASE_LABEL))
-                .await
-                .map_err(err)?;
+                .await?;
             let mut storage = storage_nodes.clone();
             storage.extend(
                 agents
@@ -74,8 +80,7 @@ impl FailOverGuard {
             let nodes = self
                 .nodes
                 .list(&ListParams::default().labels(&self.node_selector))
-                .await
-                .map_err(err)?;
+                .await?;
             let mut counted: BTreeSet<String> = nodes
                 .items
                 .iter()
@@ -83,18 +88,18 @@ impl FailOverGuard {
                 .filter(|n| n.has_taint(LOST_QUORUM_TAINT) && storage.contains(&n.name))
                 .map(|n| n.name)
                 .collect();
-            let current = self.leases.get_opt(FAIL_OVER_GUARD_LEASE).await.map_err(err)?;
+            let current = self.leases.get_opt(FAIL_OVER_GUARD_LEASE).await?;
             let now = Timestamp::now();
             let mut reservations = current.as_ref().map(reservations).unwrap_or_default();
             reservations.retain(|_, expiry| *expiry > now);
             counted.extend(reservations.keys().cloned());
             if let Err(why) = guard_allows(&counted, node, storage.len(), self.max_fraction) {
-                return Ok(Err(why));
+                return Ok(Reservation::Refused(why));
             }
-            let expiry = now.checked_add(RESERVATION_TTL).map_err(|e| e.to_string())?;
+            let expiry = now.checked_add(RESERVATION_TTL)?;
             reservations.insert(node.to_owned(), expiry);
             let stored: BTreeMap<&String, String> = reservations.iter().map(|(n, t)| (n, t.to_string())).collect();
-            let text = serde_json::to_string(&stored).map_err(|e| e.to_string())?;
+            let text = serde_json::to_string(&stored)?;
             let written = match current {
                 Some(mut lease) => {
                     lease
@@ -116,13 +121,13 @@ impl FailOverGuard {
                 }
             };
             match written {
-                Ok(_) => return Ok(Ok(())),
+                Ok(_) => return Ok(Reservation::Reserved),
                 // Another agent reserved first: count again with what it wrote.
-                Err(kube::Error::Api(status)) if status.code == 409 => continue,
-                Err(other) => return Err(other.to_string()),
+                Err(err) if api_status(&err) == Some(409) => continue,
+                Err(other) => return Err(other.into()),
             }
         }
-        Err("the guard Lease kept changing under concurrent reservations".into())
+        Err(AgentError::Contended("the guard Lease"))
     }
 }
 

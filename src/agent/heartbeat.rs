@@ -10,7 +10,9 @@ use kube::{Api, Client};
 use prometheus::Gauge;
 use serde_json::json;
 
+use super::error::AgentError;
 use super::report::Report;
+use crate::deadline::within;
 use crate::metrics::set_to_now;
 use crate::names::{
     AGENT_FIELD_MANAGER, AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX, AGENT_REPORT_FIELD_MANAGER, AGENT_REPORT_LABEL,
@@ -74,8 +76,8 @@ impl Heartbeat {
     }
 
     /// States `report` on this node's report Lease.
-    pub async fn publish(&self, report: &Report) -> Result<(), String> {
-        let text = serde_json::to_string(report).map_err(|err| err.to_string())?;
+    pub async fn publish(&self, report: &Report) -> Result<(), AgentError> {
+        let text = serde_json::to_string(report)?;
         let name = report_lease_name(&self.node);
         let lease = json!({
             "apiVersion": "coordination.k8s.io/v1",
@@ -90,15 +92,11 @@ impl Heartbeat {
         self.apply(AGENT_REPORT_FIELD_MANAGER, &name, &lease).await
     }
 
-    async fn apply(&self, field_manager: &str, name: &str, lease: &serde_json::Value) -> Result<(), String> {
+    async fn apply(&self, field_manager: &str, name: &str, lease: &serde_json::Value) -> Result<(), AgentError> {
         let params = PatchParams::apply(field_manager).force();
         let patch = Patch::Apply(lease);
-        let write = self.leases.patch(name, &params, &patch);
-        match tokio::time::timeout(self.timeout, write).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(err)) => Err(err.to_string()),
-            Err(_) => Err(format!("timed out after {:?}", self.timeout)),
-        }
+        within(self.timeout, self.leases.patch(name, &params, &patch)).await??;
+        Ok(())
     }
 }
 
@@ -110,7 +108,7 @@ pub async fn renewing(
     now: k8s_openapi::jiff::Timestamp,
     timeout: Duration,
 ) -> Option<bool> {
-    let lease = match tokio::time::timeout(timeout, leases.get_opt(&lease_name(node))).await {
+    let lease = match within(timeout, leases.get_opt(&lease_name(node))).await {
         Ok(Ok(lease)) => lease,
         _ => return None,
     };

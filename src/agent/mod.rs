@@ -10,6 +10,7 @@ pub mod action;
 pub mod cache;
 pub mod decide;
 pub mod drbd;
+mod error;
 pub mod follow;
 pub mod guard;
 pub mod heartbeat;

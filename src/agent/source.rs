@@ -11,6 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
 use super::drbd::{self, DrbdState};
+use crate::deadline::within;
 use crate::feed;
 
 #[derive(Debug, thiserror::Error)]
@@ -48,14 +49,14 @@ pub struct DrbdSetup {
 impl DrbdSetup {
     async fn run(&self, args: &[&str]) -> Result<String, DrbdError> {
         let command = format!("{} {}", self.binary.display(), args.join(" "));
-        let output = tokio::time::timeout(
+        let output = within(
             self.timeout,
             Command::new(&self.binary).args(args).kill_on_drop(true).output(),
         )
         .await
-        .map_err(|_| DrbdError::Failed {
+        .map_err(|timed_out| DrbdError::Failed {
             command: command.clone(),
-            status: format!("timed out after {:?}", self.timeout),
+            status: timed_out.to_string(),
             stderr: String::new(),
         })?
         .map_err(|source| DrbdError::Spawn {
