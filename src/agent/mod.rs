@@ -15,6 +15,7 @@ pub mod follow;
 pub mod guard;
 pub mod heartbeat;
 pub mod observe;
+mod peers;
 pub mod report;
 pub mod run;
 pub mod source;

@@ -1,18 +1,15 @@
 //! The agent's loop: wake on a DRBD change (events2), a Kubernetes change, a fail-over timer that
-//! expires, or the periodic safety-net intervals; read, decide, act.
+//! expires, or the periodic safety-net intervals; read, decide, act. [`run`] wires the parts,
+//! [`Rounds`] turns the loop.
 
-use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::Client;
 use prometheus::Registry;
 
 use super::act::{Executor, ExecutorSettings};
@@ -21,11 +18,11 @@ use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
 use super::drbd::DrbdState;
 use super::guard::FailOverGuard;
-use super::heartbeat::{Heartbeat, renewing};
-use super::observe::{Snapshot, node_view, observe, suspected_peers, trim_pod};
+use super::heartbeat::Heartbeat;
+use super::peers::PeerReads;
 use super::report::Report;
 use super::source::{DrbdSetup, DrbdSource};
-use super::view::{Observed, Timers};
+use super::view::Timers;
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
 use crate::events::EventSink;
@@ -41,36 +38,19 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<()> {
     let metrics = AgentMetrics::register(&registry)?;
+    metrics.zero(&Action::KINDS);
+    metrics.dry_run.set(i64::from(args.dry_run));
     let timeout = *args.operations_timeout;
     let drbd: Arc<dyn DrbdSource> = Arc::new(DrbdSetup {
         binary: args.drbdsetup_path.clone(),
         proc_path: args.drbd_proc_path.clone(),
         timeout,
     });
-    let settings = decision_settings(&args);
-    let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone())).with_timeout(timeout);
-    let guard = FailOverGuard::new(
-        &client,
-        &args.lease_namespace,
-        &args.node_selector,
-        args.max_tainted_fraction,
-        timeout,
-    );
-    let mut executor = Executor::new(
-        client.clone(),
-        drbd.clone(),
-        events,
-        metrics.clone(),
-        executor_settings(&args),
-        Some(guard),
-    );
     let freshness = Freshness::new(*args.drbd_status_interval, timeout);
     probes.set_liveness_check({
         let freshness = freshness.clone();
         move || freshness.check()
     });
-    metrics.zero(&Action::KINDS);
-    metrics.dry_run.set(i64::from(args.dry_run));
     let heartbeat = Heartbeat::new(
         client.clone(),
         &args.lease_namespace,
@@ -88,6 +68,28 @@ pub async fn run(
         .as_deref()
         .filter(|namespace| !namespace.is_empty())
         .unwrap_or(&args.lease_namespace);
+    log_start(&args, satellite_namespace);
+
+    let (cache, mut kube_changes) = Cache::start(
+        &client,
+        &args.node_name,
+        (satellite_namespace, &args.satellite_pod_label),
+        &args.lease_namespace,
+        &metrics.watch_events,
+    );
+    let drbd_changes = drbd.changes();
+    if !synced(&cache, &mut kube_changes, &shutdown).await {
+        return Ok(());
+    }
+    tracing::info!("Kubernetes caches synced");
+    let rounds = Rounds::new(&args, client, drbd, heartbeat, metrics, probes, freshness);
+    rounds.run(&cache, kube_changes, drbd_changes, &shutdown).await;
+    let _ = heartbeat_task.await;
+    tracing::info!(node = %args.node_name, "agent stopped");
+    Ok(())
+}
+
+fn log_start(args: &AgentArgs, satellite_namespace: &str) {
     tracing::info!(
         node = %args.node_name,
         satellite_namespace,
@@ -100,109 +102,175 @@ pub async fn run(
         grace_period_seconds = args.grace_period_seconds,
         "agent starting"
     );
+}
 
-    let (cache, mut kube_changes) = Cache::start(
-        &client,
-        &args.node_name,
-        (satellite_namespace, &args.satellite_pod_label),
-        &args.lease_namespace,
-        &metrics.watch_events,
-    );
-    let mut drbd_changes = drbd.changes();
-    if !synced(&cache, &mut kube_changes, &shutdown).await {
-        return Ok(());
-    }
-    tracing::info!("Kubernetes caches synced");
+/// The loop's parts and what it carries from one round to the next.
+struct Rounds {
+    node: String,
+    node_ip: Option<std::net::IpAddr>,
+    client: Client,
+    drbd: Arc<dyn DrbdSource>,
+    heartbeat: Heartbeat,
+    executor: Executor,
+    metrics: AgentMetrics,
+    probes: Probes,
+    freshness: Freshness,
+    settings: DecisionSettings,
+    status_interval: Duration,
+    reconcile_interval: Duration,
+    resync_interval: Duration,
+    timeout: Duration,
+    timers: Timers,
+    /// The last DRBD state read, and when; none after a failed read.
+    drbd_state: Option<(DrbdState, Instant)>,
+    /// What this node last stated on its report Lease.
+    reported: Option<Report>,
+    drbd_due: bool,
+    /// Scheduled from the last attempt, not the last success: a failing drbdsetup is retried at
+    /// the status interval, not in a tight loop.
+    next_read: Instant,
+    next_resync: Instant,
+}
 
-    let node_ip = args.node_ip;
-    let usable_for = *args.drbd_status_interval + timeout;
-    let mut timers = Timers::new();
-    let mut drbd_state: Option<(DrbdState, Instant)> = None;
-    let mut reported: Option<Report> = None;
-    let mut drbd_due = true;
-    // Scheduled from the last attempt, not the last success: a failing drbdsetup is retried at
-    // the status interval, not in a tight loop.
-    let mut next_read = Instant::now();
-    let mut next_resync = Instant::now() + *args.resync_interval;
-    loop {
-        if drbd_due || Instant::now() >= next_read {
-            next_read = Instant::now() + *args.drbd_status_interval;
-            let read = {
-                let _timer = metrics.drbd_read.start_timer();
-                drbd.read().await
-            };
-            match read {
-                Ok(state) => {
-                    record_resources(&metrics, &state);
-                    freshness.mark_read();
-                    set_to_now(&metrics.drbd_last_read);
-                    drbd_state = Some((state, Instant::now()));
-                }
-                Err(err) => {
-                    // A failed read leaves no state to act on: what was read before may be
-                    // exactly what changed.
-                    metrics.drbd_read_errors.inc();
-                    drbd_state = None;
-                    tracing::warn!(error = %err, "cannot read DRBD state; no action until a read succeeds");
-                }
-            }
-            drbd_due = false;
+impl Rounds {
+    fn new(
+        args: &AgentArgs,
+        client: Client,
+        drbd: Arc<dyn DrbdSource>,
+        heartbeat: Heartbeat,
+        metrics: AgentMetrics,
+        probes: Probes,
+        freshness: Freshness,
+    ) -> Self {
+        let timeout = *args.operations_timeout;
+        let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone())).with_timeout(timeout);
+        let guard = FailOverGuard::new(
+            &client,
+            &args.lease_namespace,
+            &args.node_selector,
+            args.max_tainted_fraction,
+            timeout,
+        );
+        let executor = Executor::new(
+            client.clone(),
+            drbd.clone(),
+            events,
+            metrics.clone(),
+            executor_settings(args),
+            Some(guard),
+        );
+        Self {
+            node: args.node_name.clone(),
+            node_ip: args.node_ip,
+            client,
+            drbd,
+            heartbeat,
+            executor,
+            metrics,
+            probes,
+            freshness,
+            settings: decision_settings(args),
+            status_interval: *args.drbd_status_interval,
+            reconcile_interval: *args.reconcile_interval,
+            resync_interval: *args.resync_interval,
+            timeout,
+            timers: Timers::new(),
+            drbd_state: None,
+            reported: None,
+            drbd_due: true,
+            next_read: Instant::now(),
+            next_resync: Instant::now() + *args.resync_interval,
         }
-        let fresh = drbd_state
+    }
+
+    async fn run(
+        mut self,
+        cache: &Cache,
+        mut kube_changes: BoxStream<'static, ()>,
+        mut drbd_changes: BoxStream<'static, ()>,
+        shutdown: &Shutdown,
+    ) {
+        loop {
+            if self.drbd_due || Instant::now() >= self.next_read {
+                self.read_drbd().await;
+            }
+            self.round(cache).await;
+            let wake = next_wake(self.next_read, &self.timers, &self.settings, self.reconcile_interval);
+            tokio::select! {
+                _ = shutdown.cancelled() => break,
+                Some(()) = drbd_changes.next() => self.drbd_due = true,
+                // A burst of Kubernetes changes makes one round, not one each; a DRBD change does
+                // not wait for the burst to end.
+                Some(()) = kube_changes.next() => tokio::select! {
+                    Some(()) = drbd_changes.next() => self.drbd_due = true,
+                    _ = tokio::time::sleep(KUBE_DEBOUNCE) => {}
+                },
+                _ = tokio::time::sleep_until(wake.into()) => {}
+            }
+            // Take every change that is already waiting in this one round.
+            while let Some(Some(())) = drbd_changes.next().now_or_never() {
+                self.drbd_due = true;
+            }
+            while let Some(Some(())) = kube_changes.next().now_or_never() {}
+        }
+    }
+
+    async fn read_drbd(&mut self) {
+        self.next_read = Instant::now() + self.status_interval;
+        self.drbd_due = false;
+        let read = {
+            let _timer = self.metrics.drbd_read.start_timer();
+            self.drbd.read().await
+        };
+        match read {
+            Ok(state) => {
+                record_resources(&self.metrics, &state);
+                self.freshness.mark_read();
+                set_to_now(&self.metrics.drbd_last_read);
+                self.drbd_state = Some((state, Instant::now()));
+            }
+            Err(err) => {
+                // A failed read leaves no state to act on: what was read before may be exactly
+                // what changed.
+                self.metrics.drbd_read_errors.inc();
+                self.drbd_state = None;
+                tracing::warn!(error = %err, "cannot read DRBD state; no action until a read succeeds");
+            }
+        }
+    }
+
+    /// One round over a DRBD state fresh enough to act on: observe, decide, act, report.
+    async fn round(&mut self, cache: &Cache) {
+        let usable_for = self.status_interval + self.timeout;
+        let fresh = self
+            .drbd_state
             .as_ref()
             .filter(|(_, read_at)| read_at.elapsed() <= usable_for);
-        probes.set_ready(fresh.is_some());
-        if let Some((state, read_at)) = fresh {
-            let mut snapshot = cache.snapshot();
-            let suspects = suspected_peers(&args.node_name, state, &snapshot);
-            let unreadable = read_peer_pods(&client, &suspects, &mut snapshot, timeout).await;
-            let mut observed = observe(&args.node_name, node_ip, state.clone(), &snapshot);
-            if !suspects.is_empty() {
-                add_uncached_peers(&client, &mut observed, &suspects, timeout).await;
-                confirm_alive(&heartbeat.leases, &mut observed, &suspects, timeout).await;
-                for node in unreadable {
-                    observed.nodes.remove(&node);
-                }
-            }
-            let now = Instant::now();
-            let mut actions = decide::decide(&observed, &settings, &mut timers, now);
-            if now >= next_resync {
-                actions.extend(decide::republish(&observed, &settings));
-                next_resync = now + *args.resync_interval;
-            }
-            if !actions.is_empty() {
-                tracing::debug!(?actions, "decided");
-            }
-            // The report (evidence for the peers) and the actions do not wait for each other.
-            let storage_nodes = observed.storage_nodes();
-            let (stated, ()) = tokio::join!(
-                report(&heartbeat, state, reported.take()),
-                executor.run(actions, *read_at, &storage_nodes)
-            );
-            reported = stated;
+        self.probes.set_ready(fresh.is_some());
+        let Some((state, read_at)) = fresh else { return };
+        let reads = PeerReads {
+            client: &self.client,
+            leases: &self.heartbeat.leases,
+            timeout: self.timeout,
+        };
+        let observed = reads.observe(&self.node, self.node_ip, state, cache.snapshot()).await;
+        let now = Instant::now();
+        let mut actions = decide::decide(&observed, &self.settings, &mut self.timers, now);
+        if now >= self.next_resync {
+            actions.extend(decide::republish(&observed, &self.settings));
+            self.next_resync = now + self.resync_interval;
         }
-
-        let wake = next_wake(next_read, &timers, &settings, *args.reconcile_interval);
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            Some(()) = drbd_changes.next() => drbd_due = true,
-            // A burst of Kubernetes changes makes one round, not one each; a DRBD change does
-            // not wait for the burst to end.
-            Some(()) = kube_changes.next() => tokio::select! {
-                Some(()) = drbd_changes.next() => drbd_due = true,
-                _ = tokio::time::sleep(KUBE_DEBOUNCE) => {}
-            },
-            _ = tokio::time::sleep_until(wake.into()) => {}
+        if !actions.is_empty() {
+            tracing::debug!(?actions, "decided");
         }
-        // Take every change that is already waiting in this one round.
-        while let Some(Some(())) = drbd_changes.next().now_or_never() {
-            drbd_due = true;
-        }
-        while let Some(Some(())) = kube_changes.next().now_or_never() {}
+        // The report (evidence for the peers) and the actions do not wait for each other.
+        let storage_nodes = observed.storage_nodes();
+        let (stated, ()) = tokio::join!(
+            report(&self.heartbeat, state, self.reported.take()),
+            self.executor.run(actions, *read_at, &storage_nodes)
+        );
+        self.reported = stated;
     }
-    let _ = heartbeat_task.await;
-    tracing::info!(node = %args.node_name, "agent stopped");
-    Ok(())
 }
 
 /// States this node's DRBD view on its heartbeat Lease when it changed; returns what is stated
@@ -218,89 +286,6 @@ async fn report(heartbeat: &Heartbeat, state: &DrbdState, reported: Option<Repor
         Err(err) => {
             tracing::warn!(error = %err, "cannot state this node's DRBD view on its heartbeat Lease");
             reported
-        }
-    }
-}
-
-/// Reads fresh the pods on suspected peers' nodes (the cache holds this node's only) into the
-/// snapshot. Returns the nodes whose pods could not be read: without knowing what runs there,
-/// nothing may be done to them this round.
-async fn read_peer_pods(
-    client: &Client,
-    suspects: &BTreeSet<String>,
-    snapshot: &mut Snapshot,
-    timeout: Duration,
-) -> BTreeSet<String> {
-    let pods: Api<Pod> = Api::all(client.clone());
-    let mut unreadable = BTreeSet::new();
-    for node in suspects {
-        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        match tokio::time::timeout(timeout, pods.list(&on_node)).await {
-            Ok(Ok(list)) => snapshot.pods.extend(list.items.into_iter().map(|mut pod| {
-                trim_pod(&mut pod);
-                Arc::new(pod)
-            })),
-            Ok(Err(err)) => {
-                tracing::warn!(node = %node, error = %err, "cannot read the pods of a suspected peer's node");
-                unreadable.insert(node.clone());
-            }
-            Err(_) => {
-                tracing::warn!(node = %node, "cannot read the pods of a suspected peer's node: timed out");
-                unreadable.insert(node.clone());
-            }
-        }
-    }
-    unreadable
-}
-
-/// Reads fresh the heartbeats of the agents whose reports may weigh on a suspected peer (the
-/// suspects' own, and those of the nodes that report on the same resources) and counts their
-/// reports only while they renew. Heartbeats are not watched: renewed all the time by every
-/// agent, they would make each agent's watch traffic grow with the square of the cluster.
-async fn confirm_alive(leases: &Api<Lease>, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
-    let resources: BTreeSet<&str> = observed
-        .drbd
-        .resources
-        .iter()
-        .filter(|r| r.connections.iter().any(|c| !c.is_connected()))
-        .map(|r| r.name.as_str())
-        .collect();
-    let relevant: Vec<String> = observed
-        .reports
-        .iter()
-        .filter(|(node, _)| **node != observed.node)
-        .filter(|(node, r)| {
-            suspects.contains(*node) || r.report.resources.keys().any(|k| resources.contains(k.as_str()))
-        })
-        .map(|(node, _)| node.clone())
-        .collect();
-    let now = Timestamp::now();
-    let checks = relevant.iter().map(|node| renewing(leases, node, now, timeout));
-    let renewing = futures::future::join_all(checks).await;
-    for (node, alive) in relevant.iter().zip(renewing) {
-        if let (Some(report), Some(alive)) = (observed.reports.get_mut(node), alive) {
-            report.alive = alive;
-        }
-    }
-}
-
-/// Reads fresh the Nodes of suspected peers (the cache holds this node's only): each is judged
-/// by what it is now, never taken for NotReady for want of a look. A node that does not exist
-/// stays unknown, and nothing is done to it.
-async fn add_uncached_peers(client: &Client, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
-    let missing: Vec<&String> = suspects
-        .iter()
-        .filter(|node| !observed.nodes.contains_key(*node))
-        .collect();
-    let nodes: Api<Node> = Api::all(client.clone());
-    for name in missing {
-        match tokio::time::timeout(timeout, nodes.get_opt(name)).await {
-            Ok(Ok(Some(node))) => {
-                observed.nodes.insert(name.clone(), node_view(&node));
-            }
-            Ok(Ok(None)) => tracing::debug!(node = %name, "DRBD peer has no Node: nothing to fail over"),
-            Ok(Err(err)) => tracing::warn!(node = %name, error = %err, "cannot read the node of a DRBD peer"),
-            Err(_) => tracing::warn!(node = %name, "cannot read the node of a DRBD peer: timed out"),
         }
     }
 }

@@ -1,0 +1,135 @@
+//! Fresh reads about suspected peers, the one place a round goes to the API instead of the cache:
+//! the cache holds only this node's pods and Node, and heartbeats are not watched. What a
+//! destructive step depends on is read here, every round that has a suspect.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::ListParams;
+use kube::{Api, Client};
+
+use super::drbd::DrbdState;
+use super::heartbeat::renewing;
+use super::observe::{Snapshot, node_view, observe, suspected_peers, trim_pod};
+use super::view::Observed;
+use crate::deadline::within;
+
+/// Where a round's fresh reads go, and how long each may take.
+pub(crate) struct PeerReads<'a> {
+    pub client: &'a Client,
+    pub leases: &'a Api<Lease>,
+    pub timeout: Duration,
+}
+
+impl PeerReads<'_> {
+    /// This round's view of `node`: the cached `snapshot`, plus what is read fresh about the peers
+    /// `state` gives reason to suspect. A suspect whose pods cannot be read is left out of the
+    /// view: nothing may be done to a node without knowing what runs there.
+    pub async fn observe(
+        &self,
+        node: &str,
+        node_ip: Option<IpAddr>,
+        state: &DrbdState,
+        mut snapshot: Snapshot,
+    ) -> Observed {
+        let suspects = suspected_peers(node, state, &snapshot);
+        let unreadable = read_peer_pods(self.client, &suspects, &mut snapshot, self.timeout).await;
+        let mut observed = observe(node, node_ip, state.clone(), &snapshot);
+        if !suspects.is_empty() {
+            add_uncached_peers(self.client, &mut observed, &suspects, self.timeout).await;
+            confirm_alive(self.leases, &mut observed, &suspects, self.timeout).await;
+            for node in unreadable {
+                observed.nodes.remove(&node);
+            }
+        }
+        observed
+    }
+}
+
+/// Reads fresh the pods on suspected peers' nodes (the cache holds this node's only) into the
+/// snapshot. Returns the nodes whose pods could not be read: without knowing what runs there,
+/// nothing may be done to them this round.
+async fn read_peer_pods(
+    client: &Client,
+    suspects: &BTreeSet<String>,
+    snapshot: &mut Snapshot,
+    timeout: Duration,
+) -> BTreeSet<String> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let mut unreadable = BTreeSet::new();
+    for node in suspects {
+        let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+        match within(timeout, pods.list(&on_node)).await {
+            Ok(Ok(list)) => snapshot.pods.extend(list.items.into_iter().map(|mut pod| {
+                trim_pod(&mut pod);
+                Arc::new(pod)
+            })),
+            Ok(Err(err)) => {
+                tracing::warn!(node = %node, error = %err, "cannot read the pods of a suspected peer's node");
+                unreadable.insert(node.clone());
+            }
+            Err(timed_out) => {
+                tracing::warn!(node = %node, "cannot read the pods of a suspected peer's node: {timed_out}");
+                unreadable.insert(node.clone());
+            }
+        }
+    }
+    unreadable
+}
+
+/// Reads fresh the heartbeats of the agents whose reports may weigh on a suspected peer (the
+/// suspects' own, and those of the nodes that report on the same resources) and counts their
+/// reports only while they renew. Heartbeats are not watched: renewed all the time by every
+/// agent, they would make each agent's watch traffic grow with the square of the cluster.
+async fn confirm_alive(leases: &Api<Lease>, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
+    let resources: BTreeSet<&str> = observed
+        .drbd
+        .resources
+        .iter()
+        .filter(|r| r.connections.iter().any(|c| !c.is_connected()))
+        .map(|r| r.name.as_str())
+        .collect();
+    let relevant: Vec<String> = observed
+        .reports
+        .iter()
+        .filter(|(node, _)| **node != observed.node)
+        .filter(|(node, r)| {
+            suspects.contains(*node) || r.report.resources.keys().any(|k| resources.contains(k.as_str()))
+        })
+        .map(|(node, _)| node.clone())
+        .collect();
+    let now = Timestamp::now();
+    let checks = relevant.iter().map(|node| renewing(leases, node, now, timeout));
+    let renewing = futures::future::join_all(checks).await;
+    for (node, alive) in relevant.iter().zip(renewing) {
+        if let (Some(report), Some(alive)) = (observed.reports.get_mut(node), alive) {
+            report.alive = alive;
+        }
+    }
+}
+
+/// Reads fresh the Nodes of suspected peers (the cache holds this node's only): each is judged
+/// by what it is now, never taken for NotReady for want of a look. A node that does not exist
+/// stays unknown, and nothing is done to it.
+async fn add_uncached_peers(client: &Client, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
+    let missing: Vec<&String> = suspects
+        .iter()
+        .filter(|node| !observed.nodes.contains_key(*node))
+        .collect();
+    let nodes: Api<Node> = Api::all(client.clone());
+    for name in missing {
+        match within(timeout, nodes.get_opt(name)).await {
+            Ok(Ok(Some(node))) => {
+                observed.nodes.insert(name.clone(), node_view(&node));
+            }
+            Ok(Ok(None)) => tracing::debug!(node = %name, "DRBD peer has no Node: nothing to fail over"),
+            Ok(Err(err)) => tracing::warn!(node = %name, error = %err, "cannot read the node of a DRBD peer"),
+            Err(timed_out) => tracing::warn!(node = %name, "cannot read the node of a DRBD peer: {timed_out}"),
+        }
+    }
+}
