@@ -1,0 +1,541 @@
+//! Fail-over: a peer whose link to this node is down, with consumers of a volume on its node, is
+//! failed over once the timeout ran out, and only when the evidence says it lost the volume (one
+//! dropped link is a suspicion, not evidence). The blast-radius guard refuses whole fail-overs
+//! past the limit.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::Instant;
+
+use super::{DecisionSettings, is_movable, volumes_with_quorum};
+use crate::agent::action::{Action, Cause};
+use crate::agent::drbd::Resource;
+use crate::agent::view::{NodeView, Observed, PodView, Timers, VolumeView};
+use crate::names::{LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER};
+use crate::volume::NfsEndpoint;
+
+/// What the evidence says about a peer whose link to this node is down.
+#[derive(Clone, Debug, PartialEq)]
+enum Evidence {
+    /// It lost the volume: fail it over. Why, in words.
+    Lost(String),
+    /// It is alive and serving: hold. Why, in words.
+    Alive(String),
+}
+
+/// Holds for peers the evidence says are alive, then the fail-overs of lost ones (each node's
+/// steps taint first) past the guard. Starts and keeps the timers of disconnected peers with
+/// consumers; the others reset.
+pub(super) fn fail_overs(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    timers: &mut Timers,
+    now: Instant,
+) -> Vec<Action> {
+    let mut holds = Vec::new();
+    let mut by_node: BTreeMap<String, Vec<Action>> = BTreeMap::new();
+    let mut live_timers = Vec::new();
+    for (resource, volume) in volumes_with_quorum(observed).filter(|(r, _)| r.may_promote()) {
+        for peer in resource.connections.iter().filter(|c| !c.is_connected()) {
+            let node = observed.kube_node(&peer.name);
+            if !has_consumers(volume, node) {
+                continue;
+            }
+            let key = (resource.name.clone(), peer.name.clone());
+            let started = *timers.fail_over.entry(key.clone()).or_insert(now);
+            live_timers.push(key);
+            if now.duration_since(started) < settings.fail_over_timeout {
+                continue;
+            }
+            // A node we know nothing of (neither cached nor found when read fresh) does not
+            // exist: there is nothing to fail over, and it is never taken for NotReady.
+            let Some(node) = observed.nodes.get(node) else { continue };
+            match evidence(observed, resource, node) {
+                Evidence::Alive(evidence) => holds.push(Action::HoldFailOver {
+                    node: node.name.clone(),
+                    resource: resource.name.clone(),
+                    pv: volume.pv.clone(),
+                    evidence,
+                }),
+                Evidence::Lost(evidence) => {
+                    let note = format!(
+                        "node {} lost DRBD resource {} ({evidence}; link down for over {:?})",
+                        node.name, resource.name, settings.fail_over_timeout
+                    );
+                    let steps = fail_over_steps(settings, volume, node, &note);
+                    by_node.entry(node.name.clone()).or_default().extend(steps);
+                }
+            }
+        }
+    }
+    // Timers of peers that reconnected, lost their consumers, or whose resource went away reset.
+    timers.fail_over.retain(|key, _| live_timers.contains(key));
+    holds.extend(guard_fail_overs(observed, settings, by_node));
+    holds
+}
+
+/// Whether the peer's node has something of the volume to fail over: a running pod or an
+/// attachment.
+fn has_consumers(volume: &VolumeView, node: &str) -> bool {
+    volume.pods.iter().any(|p| p.node == node && p.running) || volume.attachments.iter().any(|a| a.node == node)
+}
+
+/// Weighs what else is known about a peer whose link to this node is down. One link is a
+/// suspicion; the peer is failed over only when nothing says it still holds the volume.
+fn evidence(observed: &Observed, resource: &Resource, node: &NodeView) -> Evidence {
+    if !node.ready {
+        return Evidence::Lost(format!("node {} is not Ready", node.name));
+    }
+    let alive_report = |name: &str| {
+        observed
+            .reports
+            .get(name)
+            .filter(|r| r.alive)
+            .and_then(|r| r.report.resources.get(&resource.name))
+    };
+    if let Some(own) = alive_report(&node.name) {
+        if !own.quorum {
+            return Evidence::Lost("its agent reports the resource without quorum".into());
+        }
+        // It saw the link to us drop, and still states quorum: that was said after the drop.
+        if own.disconnected.iter().any(|p| observed.is_this_node(p)) {
+            let role = if own.primary { "Primary" } else { "Secondary" };
+            return Evidence::Alive(format!(
+                "its agent stated it is {role} with quorum after losing the link to {}",
+                observed.node
+            ));
+        }
+    }
+    let mut third_peers: Vec<&String> = observed.reports.keys().collect();
+    third_peers.sort();
+    for other in third_peers {
+        if *other == node.name || *other == observed.node {
+            continue;
+        }
+        if let Some(view) = alive_report(other)
+            && view.connected.iter().any(|p| observed.kube_node(p) == node.name)
+        {
+            return Evidence::Alive(format!("node {other} is still connected to it"));
+        }
+    }
+    Evidence::Lost("its agent has stated nothing since the link dropped".into())
+}
+
+/// Whether the volume's NFS server listens on `node` (its service endpoint is one of the node's
+/// addresses).
+fn serves(volume: &VolumeView, node: &NodeView) -> bool {
+    let Some(endpoint) = volume
+        .service_endpoint
+        .as_deref()
+        .and_then(|e| e.parse::<NfsEndpoint>().ok())
+    else {
+        return false;
+    };
+    node.addresses.iter().any(|a| a.parse().ok() == Some(endpoint.ip))
+}
+
+/// The steps that move the volume off a lost peer's node, taint first.
+fn fail_over_steps(settings: &DecisionSettings, volume: &VolumeView, node: &NodeView, note: &str) -> Vec<Action> {
+    // Clients of a shared volume reach it over the ClusterIP, not DRBD: on a Ready node only
+    // the side that holds DRBD open, the NFS server, is failed over.
+    if volume.shared_claim.is_some() && node.ready && !serves(volume, node) {
+        return Vec::new();
+    }
+    let mut steps = Vec::new();
+    if !settings.disable_node_taints && !node.has_taint(LOST_QUORUM_TAINT) {
+        steps.push(Action::Taint {
+            node: node.name.clone(),
+            key: LOST_QUORUM_TAINT,
+            value: TAINT_BY_FAIL_OVER,
+            cause: Cause::FailOver,
+            note: note.to_owned(),
+        });
+    }
+    let holders: Vec<&PodView> = volume
+        .pods
+        .iter()
+        .filter(|p| p.node == node.name && !p.finished)
+        .collect();
+    let (movable, left_alone): (Vec<&PodView>, Vec<&PodView>) =
+        holders.into_iter().partition(|p| is_movable(p, settings));
+    if node.ready {
+        for pod in movable.iter().filter(|p| !p.terminating) {
+            steps.push(Action::Evict {
+                pod: (*pod).into(),
+                cause: Cause::FailOver,
+                note: note.to_owned(),
+            });
+        }
+    } else {
+        // Without a kubelet to finish them, terminating pods would hold the volume forever.
+        for pod in &movable {
+            steps.push(Action::ForceDelete {
+                pod: (*pod).into(),
+                note: note.to_owned(),
+            });
+        }
+    }
+    // The attachment goes only once nothing on the node holds the volume: no pod we left alone,
+    // and on a Ready node no eviction still under way (or held back by a PodDisruptionBudget).
+    let still_held = !left_alone.is_empty() || (node.ready && !movable.is_empty());
+    if !still_held {
+        for attachment in volume.attachments.iter().filter(|a| a.node == node.name) {
+            steps.push(Action::DeleteAttachment {
+                attachment: attachment.clone(),
+                note: note.to_owned(),
+            });
+        }
+    }
+    steps
+}
+
+/// The blast-radius guard over whole fail-overs: a node whose taint would leave more than the
+/// allowed share of storage nodes tainted is not failed over at all (one Refused instead). This
+/// counts the taints it can see (this node and the suspected peers); before a taint is written
+/// the executor counts again from fresh reads of every storage node (`super::guard`).
+fn guard_fail_overs(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    fail_overs: BTreeMap<String, Vec<Action>>,
+) -> Vec<Action> {
+    let storage = observed.storage_nodes();
+    let mut tainted: BTreeSet<String> = storage
+        .iter()
+        .filter(|n| observed.has_taint(n, LOST_QUORUM_TAINT))
+        .cloned()
+        .collect();
+    let mut actions = Vec::new();
+    for (node, mut steps) in fail_overs {
+        let mut seen = HashSet::new();
+        steps.retain(|step| seen.insert(step.key()));
+        let taints = steps.iter().position(|s| matches!(s, Action::Taint { .. }));
+        match taints {
+            Some(at) => match guard_allows(&tainted, &node, storage.len(), settings.max_tainted_fraction) {
+                Ok(()) => {
+                    tainted.insert(node);
+                    actions.extend(steps);
+                }
+                Err(why) => actions.push(Action::Refused {
+                    action: Box::new(steps.swap_remove(at)),
+                    why,
+                }),
+            },
+            None => actions.extend(steps),
+        }
+    }
+    actions
+}
+
+/// Whether tainting `node` keeps the share of tainted storage nodes within the limit.
+pub fn guard_allows(
+    tainted: &BTreeSet<String>,
+    node: &str,
+    storage_nodes: usize,
+    max_fraction: f64,
+) -> Result<(), String> {
+    let after = tainted.len() + usize::from(!tainted.contains(node));
+    let total = storage_nodes.max(after).max(1);
+    if after as f64 / total as f64 > max_fraction {
+        return Err(format!(
+            "failing over {node} would leave {after} of {total} storage nodes tainted {LOST_QUORUM_TAINT}, over the limit of {max_fraction}; nothing is done to it"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::super::*;
+    use super::*;
+
+    #[test]
+    fn fails_over_a_lost_peer_only_after_the_timeout() {
+        let t0 = Instant::now();
+        let mut timers = Timers::new();
+        let observed = primary_lost();
+        assert!(decide(&observed, &settings(), &mut timers, t0).is_empty());
+        assert!(decide(&observed, &settings(), &mut timers, t0 + Duration::from_secs(4)).is_empty());
+        let actions = decide(&observed, &settings(), &mut timers, t0 + Duration::from_secs(5));
+        assert_eq!(
+            kinds(&actions),
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "force-delete app",
+                "delete-attachment csi-att-1"
+            ]
+        );
+        let Action::Taint { value, .. } = &actions[0] else {
+            unreachable!()
+        };
+        assert_eq!(*value, TAINT_BY_FAIL_OVER);
+    }
+
+    #[test]
+    fn the_timer_resets_when_the_peer_reconnects() {
+        let t0 = Instant::now();
+        let mut timers = Timers::new();
+        let lost = primary_lost();
+        decide(&lost, &settings(), &mut timers, t0);
+        let mut back = lost.clone();
+        back.drbd.resources[0].connections[0].connection_state = "Connected".into();
+        back.drbd.resources[0].connections[0].peer_role = "Primary".into();
+        assert!(decide(&back, &settings(), &mut timers, t0 + Duration::from_secs(3)).is_empty());
+        assert!(timers.fail_over.is_empty());
+        // Lost again: a fresh timeout, not the remainder of the old one.
+        assert!(decide(&lost, &settings(), &mut timers, t0 + Duration::from_secs(6)).is_empty());
+        assert!(!decide(&lost, &settings(), &mut timers, t0 + Duration::from_secs(11)).is_empty());
+    }
+
+    #[test]
+    fn one_dropped_link_is_not_evidence_enough() {
+        let fail_over = vec![
+            "taint node-a drbd.linbit.com/lost-quorum".to_string(),
+            "evict app".to_string(),
+        ];
+        let hold = vec!["hold node-a".to_string()];
+        type Case = (&'static str, Vec<(&'static str, PeerReport)>, Vec<String>);
+        let cases: Vec<Case> = vec![
+            ("a's agent silent (no report)", vec![], fail_over.clone()),
+            (
+                "a re-asserts Primary with quorum after losing b",
+                vec![("node-a", report(true, true, &["node-c"], &["node-b"], true))],
+                hold.clone(),
+            ),
+            (
+                "a's last report is from before the drop",
+                vec![("node-a", report(true, true, &["node-b", "node-c"], &[], true))],
+                fail_over.clone(),
+            ),
+            (
+                "a reports its quorum lost",
+                vec![("node-a", report(true, false, &[], &["node-b", "node-c"], true))],
+                fail_over.clone(),
+            ),
+            (
+                "a's Lease expired: its report no longer counts",
+                vec![("node-a", report(true, true, &["node-c"], &["node-b"], false))],
+                fail_over.clone(),
+            ),
+            (
+                "node c still sees a connected",
+                vec![("node-c", report(false, true, &["node-a", "node-b"], &[], true))],
+                hold.clone(),
+            ),
+            (
+                "node c lost a too",
+                vec![("node-c", report(false, true, &["node-b"], &["node-a"], true))],
+                fail_over.clone(),
+            ),
+        ];
+        for (case, reports, expected) in cases {
+            let mut observed = link_lost();
+            observed.reports = reports.into_iter().map(|(n, r)| (n.to_string(), r)).collect();
+            assert_eq!(after_timeout(&observed, &settings()), expected, "{case}");
+        }
+        let mut not_ready = primary_lost();
+        not_ready.reports = [("node-a".to_string(), report(true, true, &["node-c"], &["node-b"], true))].into();
+        assert_eq!(
+            after_timeout(&not_ready, &settings())[0],
+            "taint node-a drbd.linbit.com/lost-quorum",
+            "a NotReady node is lost whatever it said"
+        );
+    }
+
+    #[test]
+    fn ready_nodes_get_evictions_and_protected_pods_keep_the_attachment() {
+        let mut observed = link_lost();
+        let pods = &mut observed.volumes.get_mut("pvc-1").unwrap().pods;
+        pods.push(PodView {
+            ignore_fail_over: true,
+            ..pod("ignored", "node-a")
+        });
+        pods.push(PodView {
+            has_owner: false,
+            ..pod("bare", "node-a")
+        });
+        pods.push(PodView {
+            unsafe_volumes: true,
+            ..pod("hostpath", "node-a")
+        });
+        pods.push(PodView {
+            read_only: true,
+            ..pod("reader", "node-a")
+        });
+        assert_eq!(
+            after_timeout(&observed, &settings()),
+            ["taint node-a drbd.linbit.com/lost-quorum", "evict app"]
+        );
+        let unsafe_ok = DecisionSettings {
+            fail_over_unsafe_pods: true,
+            ..settings()
+        };
+        assert!(after_timeout(&observed, &unsafe_ok).contains(&"evict hostpath".to_string()));
+    }
+
+    #[test]
+    fn the_attachment_goes_only_once_nothing_holds_the_volume() {
+        // Ready node: evictions first; the attachment once the evicted pods are gone.
+        let mut evicting = link_lost();
+        assert!(
+            !after_timeout(&evicting, &settings())
+                .iter()
+                .any(|a| a.starts_with("delete-attachment"))
+        );
+        evicting.volumes.get_mut("pvc-1").unwrap().pods[0].terminating = true;
+        assert!(
+            !after_timeout(&evicting, &settings())
+                .iter()
+                .any(|a| a.starts_with("delete-attachment"))
+        );
+        evicting.volumes.get_mut("pvc-1").unwrap().pods.clear();
+        assert_eq!(
+            after_timeout(&evicting, &settings()),
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "delete-attachment csi-att-1"
+            ]
+        );
+        // NotReady node: an ignored pod keeps it, finished pods do not.
+        let mut ignored = primary_lost();
+        ignored.volumes.get_mut("pvc-1").unwrap().pods.push(PodView {
+            ignore_fail_over: true,
+            ..pod("ignored", "node-a")
+        });
+        assert_eq!(
+            after_timeout(&ignored, &settings()),
+            ["taint node-a drbd.linbit.com/lost-quorum", "force-delete app"]
+        );
+        let mut finished = primary_lost();
+        finished.volumes.get_mut("pvc-1").unwrap().pods[0] = PodView {
+            running: false,
+            finished: true,
+            ..pod("job", "node-a")
+        };
+        assert_eq!(
+            after_timeout(&finished, &settings()),
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "delete-attachment csi-att-1"
+            ]
+        );
+    }
+
+    #[test]
+    fn nfs_clients_on_a_ready_node_are_left_alone() {
+        // Node a runs clients of the shared volume, whose NFS server is node c.
+        let mut clients = link_lost();
+        clients.volumes.get_mut("pvc-1").unwrap().service_endpoint = Some("10.0.0.3:2049".into());
+        assert!(after_timeout(&clients, &settings()).is_empty());
+        // On a NotReady node they are force-deleted as before.
+        clients.nodes.insert("node-a".into(), node("node-a", false, &[]).1);
+        assert_eq!(
+            after_timeout(&clients, &settings()),
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "force-delete app",
+                "delete-attachment csi-att-1"
+            ]
+        );
+        // A volume that is not shared is held by its consumers: they are moved.
+        let mut rwo = link_lost();
+        let volume = rwo.volumes.get_mut("pvc-1").unwrap();
+        volume.shared_claim = None;
+        volume.service_endpoint = None;
+        assert_eq!(
+            after_timeout(&rwo, &settings()),
+            ["taint node-a drbd.linbit.com/lost-quorum", "evict app"]
+        );
+    }
+
+    #[test]
+    fn a_node_nobody_knows_is_not_failed_over() {
+        let mut observed = primary_lost();
+        observed.nodes.remove("node-a");
+        assert!(after_timeout(&observed, &settings()).is_empty());
+    }
+
+    #[test]
+    fn no_fail_over_without_quorum_or_consumers_or_pv() {
+        let mut no_quorum = primary_lost();
+        no_quorum.drbd.resources[0].devices[0].quorum = false;
+        let mut no_devices = primary_lost();
+        no_devices.drbd.resources[0].devices.clear();
+        let mut no_consumers = primary_lost();
+        let volume = no_consumers.volumes.get_mut("pvc-1").unwrap();
+        volume.pods.clear();
+        volume.attachments.clear();
+        let mut no_pv = primary_lost();
+        no_pv.volumes.clear();
+        let mut not_quorum_enabled = primary_lost();
+        not_quorum_enabled.drbd.quorum_enabled.clear();
+        for (case, observed, expected) in [
+            ("no quorum", no_quorum, vec!["taint node-b drbd.linbit.com/lost-quorum"]),
+            (
+                "no devices",
+                no_devices,
+                vec!["taint node-b drbd.linbit.com/lost-quorum"],
+            ),
+            ("no consumers", no_consumers, vec![]),
+            ("no PV", no_pv, vec![]),
+            ("quorum not enabled", not_quorum_enabled, vec![]),
+        ] {
+            assert_eq!(after_timeout(&observed, &settings()), expected, "{case}");
+        }
+    }
+
+    #[test]
+    fn satellite_pods_map_drbd_names_to_nodes() {
+        let mut observed = primary_lost();
+        observed.drbd.resources[0].connections[0].name = "linstor-a".into();
+        observed.satellite_nodes.insert("linstor-a".into(), "node-a".into());
+        assert_eq!(
+            after_timeout(&observed, &settings())[0],
+            "taint node-a drbd.linbit.com/lost-quorum"
+        );
+    }
+
+    #[test]
+    fn the_guard_refuses_the_whole_fail_over_past_the_fraction() {
+        let mut observed = primary_lost();
+        observed
+            .nodes
+            .insert("node-c".into(), node("node-c", true, &[LOST_QUORUM_TAINT]).1);
+        assert_eq!(
+            after_timeout(&observed, &settings()),
+            ["refused taint node-a drbd.linbit.com/lost-quorum"],
+            "no force-delete and no attachment deletion either"
+        );
+        // Nodes outside the storage nodes (no agent, no DRBD peer) do not dilute the fraction.
+        for extra in ["node-d", "node-e", "node-f"] {
+            observed.nodes.insert(extra.into(), node(extra, true, &[]).1);
+        }
+        assert_eq!(after_timeout(&observed, &settings()).len(), 1);
+        observed.agent_nodes = ["node-d", "node-e", "node-f"].map(String::from).into();
+        assert_eq!(
+            after_timeout(&observed, &settings())[0],
+            "taint node-a drbd.linbit.com/lost-quorum",
+            "2 of 6 storage nodes"
+        );
+    }
+
+    #[test]
+    fn the_guard_counts_tainted_and_reserved_nodes() {
+        let set = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<BTreeSet<_>>();
+        assert!(guard_allows(&set(&[]), "a", 6, 0.5).is_ok());
+        assert!(guard_allows(&set(&["b", "c"]), "a", 6, 0.5).is_ok());
+        assert!(guard_allows(&set(&["b", "c", "d"]), "a", 6, 0.5).is_err());
+        assert!(
+            guard_allows(&set(&["a", "b", "c"]), "a", 6, 0.5).is_ok(),
+            "already counted"
+        );
+        assert!(guard_allows(&set(&[]), "a", 1, 0.5).is_err());
+        assert!(guard_allows(&set(&[]), "a", 0, 1.0).is_ok());
+    }
+
+    #[test]
+    fn terminating_pods_on_a_dead_node_are_force_deleted() {
+        let mut observed = primary_lost();
+        observed.volumes.get_mut("pvc-1").unwrap().pods[0].terminating = true;
+        assert!(after_timeout(&observed, &settings()).contains(&"force-delete app".to_string()));
+    }
+}

@@ -1,0 +1,183 @@
+//! What the rules' tables are built from: a resource, pods, nodes, attachments, and the
+//! fail-over scenarios most rules start from.
+
+use std::time::Instant;
+
+use super::*;
+use crate::agent::action::Action;
+use crate::agent::drbd::{Connection, Device, DrbdState};
+use crate::agent::report::{Report, ResourceReport};
+pub(crate) use crate::agent::view::{AttachmentView, NodeView, PeerReport, PodView, Timers, VolumeView};
+use crate::names::TAINT_BY_OWN_AGENT;
+use crate::volume::ClaimKey;
+
+pub(crate) fn settings() -> DecisionSettings {
+    DecisionSettings::for_tests()
+}
+
+pub(crate) fn resource(role: &str, quorum: bool, peers: &[(&str, &str, &str)]) -> Resource {
+    Resource {
+        name: "pvc-1".into(),
+        role: role.into(),
+        devices: vec![Device { quorum }],
+        connections: peers
+            .iter()
+            .map(|(name, state, role)| Connection {
+                name: name.to_string(),
+                connection_state: state.to_string(),
+                peer_role: role.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub(crate) fn pod(name: &str, node: &str) -> PodView {
+    PodView {
+        namespace: "apps".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node: node.into(),
+        running: true,
+        has_owner: true,
+        ..Default::default()
+    }
+}
+
+/// Node `node-x` has address `10.0.0.<n>` (a = 1, b = 2, …); taints carry the own-agent value.
+pub(crate) fn node(name: &str, ready: bool, taints: &[&str]) -> (String, NodeView) {
+    node_with(
+        name,
+        ready,
+        &taints.iter().map(|t| (*t, TAINT_BY_OWN_AGENT)).collect::<Vec<_>>(),
+    )
+}
+
+pub(crate) fn node_with(name: &str, ready: bool, taints: &[(&str, &str)]) -> (String, NodeView) {
+    let n = name.bytes().last().unwrap() - b'a' + 1;
+    let view = NodeView {
+        name: name.into(),
+        ready,
+        taints: taints.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        addresses: vec![format!("10.0.0.{n}")],
+        ..Default::default()
+    };
+    (name.to_string(), view)
+}
+
+pub(crate) fn attachment(name: &str, node: &str) -> AttachmentView {
+    AttachmentView {
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node: node.into(),
+    }
+}
+
+/// Node b sees node a (the old primary and NFS server, with a consumer pod and the
+/// attachment) disconnected; node a is not Ready.
+pub(crate) fn primary_lost() -> Observed {
+    let volume = VolumeView {
+        pv: "pvc-1".into(),
+        pv_version: "1".into(),
+        pods: vec![pod("app", "node-a")],
+        attachments: vec![attachment("csi-att-1", "node-a")],
+        shared_claim: Some(ClaimKey {
+            namespace: "default".into(),
+            name: "data".into(),
+        }),
+        service_endpoint: Some("10.0.0.1:2049".into()),
+    };
+    Observed {
+        node: "node-b".into(),
+        node_ip: Some("10.0.0.2".into()),
+        drbd: DrbdState {
+            resources: vec![resource(
+                "Secondary",
+                true,
+                &[
+                    ("node-a", "Connecting", "Unknown"),
+                    ("node-c", "Connected", "Secondary"),
+                ],
+            )],
+            quorum_enabled: ["pvc-1".to_string()].into(),
+        },
+        volumes: [("pvc-1".to_string(), volume)].into(),
+        nodes: [
+            node("node-a", false, &[]),
+            node("node-b", true, &[]),
+            node("node-c", true, &[]),
+        ]
+        .into(),
+        ..Default::default()
+    }
+}
+
+/// [`primary_lost`] with node a Ready: only a report or its silence tells what happened.
+pub(crate) fn link_lost() -> Observed {
+    let mut observed = primary_lost();
+    observed.nodes.insert("node-a".into(), node("node-a", true, &[]).1);
+    observed
+}
+
+pub(crate) fn report(
+    primary: bool,
+    quorum: bool,
+    connected: &[&str],
+    disconnected: &[&str],
+    alive: bool,
+) -> PeerReport {
+    let strings = |list: &[&str]| list.iter().map(|s| s.to_string()).collect();
+    let resource = ResourceReport {
+        primary,
+        quorum,
+        connected: strings(connected),
+        disconnected: strings(disconnected),
+    };
+    PeerReport {
+        report: Report {
+            at: String::new(),
+            resources: [("pvc-1".to_string(), resource)].into(),
+        },
+        alive,
+    }
+}
+
+pub(crate) fn kinds(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .map(|a| match a {
+            Action::Taint { node, key, .. } => format!("taint {node} {key}"),
+            Action::Untaint { node, key, .. } => format!("untaint {node} {key}"),
+            Action::Evict { pod, .. } => format!("evict {}", pod.name),
+            Action::ForceDelete { pod, .. } => format!("force-delete {}", pod.name),
+            Action::DeleteAttachment { attachment, .. } => format!("delete-attachment {}", attachment.name),
+            Action::ForceSecondary { resource, .. } => format!("secondary --force {resource}"),
+            Action::PublishServiceEndpoint { pv, endpoint, .. } => format!("publish {pv} {endpoint}"),
+            Action::HoldFailOver { node, .. } => format!("hold {node}"),
+            Action::Refused { action, .. } => format!("refused {}", kinds(&[(**action).clone()])[0]),
+        })
+        .collect()
+}
+
+/// The actions decided once the fail-over timer ran out.
+pub(crate) fn after_timeout(observed: &Observed, settings: &DecisionSettings) -> Vec<String> {
+    let t0 = Instant::now();
+    let mut timers = Timers::new();
+    decide(observed, settings, &mut timers, t0);
+    kinds(&decide(
+        observed,
+        settings,
+        &mut timers,
+        t0 + settings.fail_over_timeout,
+    ))
+}
+
+/// This node in `role` of pvc-1, attached nowhere, its endpoint published at this node.
+pub(crate) fn served_from_here(role: &str) -> Observed {
+    let mut observed = primary_lost();
+    observed.drbd.resources[0] = resource(role, true, &[]);
+    let volume = observed.volumes.get_mut("pvc-1").unwrap();
+    volume.attachments.clear();
+    volume.service_endpoint = Some("10.0.0.2:2049".into());
+    observed
+}

@@ -1,0 +1,146 @@
+//! This node's own taints: `lost-quorum` while a local resource lacks quorum, `force-io-error`
+//! while one forces IO errors; each removed by this node's agent when the cause is gone.
+
+use crate::agent::action::{Action, Cause};
+use crate::agent::view::Observed;
+use crate::names::{FORCE_IO_ERROR_TAINT, LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER, TAINT_BY_OWN_AGENT};
+
+/// The lost-quorum taint on this node: added while a local resource lacks quorum; removed when
+/// none does if this agent put it, or, if a peer put it in a fail-over, once the node is back
+/// with every resource reconnected.
+pub(super) fn lost_quorum(observed: &Observed) -> Option<Action> {
+    let quorum_enabled = || {
+        observed
+            .drbd
+            .resources
+            .iter()
+            .filter(|r| observed.drbd.quorum_enabled.contains(&r.name))
+    };
+    let lost: Vec<&str> = quorum_enabled()
+        .filter(|r| !r.has_quorum())
+        .map(|r| r.name.as_str())
+        .collect();
+    let fully_reconnected = quorum_enabled().all(|r| r.has_quorum() && r.fully_connected());
+    let node = observed.node.clone();
+    let own = observed.nodes.get(&node);
+    let value = own.and_then(|n| n.taint_value(LOST_QUORUM_TAINT));
+    if !lost.is_empty() {
+        return value.is_none().then(|| Action::Taint {
+            node,
+            key: LOST_QUORUM_TAINT,
+            value: TAINT_BY_OWN_AGENT,
+            cause: Cause::LostQuorum,
+            note: format!("DRBD resource(s) {} lost quorum on this node", lost.join(", ")),
+        });
+    }
+    let note = match value {
+        // A taint without a value was put by an earlier version, which did not say who.
+        Some(TAINT_BY_OWN_AGENT | "") => "no DRBD resource on this node is without quorum any more",
+        Some(TAINT_BY_FAIL_OVER) if fully_reconnected && own.is_some_and(|n| n.ready) => {
+            "the node is back and every DRBD resource on it reconnected"
+        }
+        _ => return None,
+    };
+    Some(Action::Untaint {
+        node,
+        key: LOST_QUORUM_TAINT,
+        cause: Cause::LostQuorum,
+        note: note.into(),
+    })
+}
+
+/// The force-io-error taint on this node, while a local resource forces IO errors.
+pub(super) fn force_io_error(observed: &Observed) -> Option<Action> {
+    let forcing: Vec<&str> = observed
+        .drbd
+        .resources
+        .iter()
+        .filter(|r| r.force_io_failures)
+        .map(|r| r.name.as_str())
+        .collect();
+    let node = observed.node.clone();
+    let tainted = observed.has_taint(&node, FORCE_IO_ERROR_TAINT);
+    if !forcing.is_empty() && !tainted {
+        Some(Action::Taint {
+            node,
+            key: FORCE_IO_ERROR_TAINT,
+            value: TAINT_BY_OWN_AGENT,
+            cause: Cause::ForceIoErrors,
+            note: format!("DRBD resource(s) {} force IO errors on this node", forcing.join(", ")),
+        })
+    } else if forcing.is_empty() && tainted {
+        Some(Action::Untaint {
+            node,
+            key: FORCE_IO_ERROR_TAINT,
+            cause: Cause::ForceIoErrors,
+            note: "no DRBD resource on this node forces IO errors any more".into(),
+        })
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fixtures::*;
+    use super::super::*;
+    use super::*;
+
+    #[test]
+    fn own_taints_come_and_go() {
+        let mut observed = primary_lost();
+        observed.drbd.resources[0].connections.clear();
+        observed.drbd.resources[0].devices[0].quorum = false;
+        observed.drbd.resources[0].force_io_failures = true;
+        observed.volumes.get_mut("pvc-1").unwrap().pods = vec![pod("local", "node-b")];
+        let actions = decide(&observed, &settings(), &mut Timers::new(), Instant::now());
+        assert_eq!(
+            kinds(&actions),
+            [
+                "evict local",
+                "taint node-b drbd.linbit.com/lost-quorum",
+                "taint node-b drbd.linbit.com/force-io-error"
+            ]
+        );
+        let mut healed = primary_lost();
+        healed.drbd.resources[0].connections.clear();
+        healed.nodes.insert(
+            "node-b".into(),
+            node("node-b", true, &[LOST_QUORUM_TAINT, FORCE_IO_ERROR_TAINT]).1,
+        );
+        let actions = decide(&healed, &settings(), &mut Timers::new(), Instant::now());
+        assert_eq!(
+            kinds(&actions),
+            [
+                "untaint node-b drbd.linbit.com/lost-quorum",
+                "untaint node-b drbd.linbit.com/force-io-error"
+            ]
+        );
+        let quiet = DecisionSettings {
+            disable_node_taints: true,
+            ..settings()
+        };
+        assert!(decide(&healed, &quiet, &mut Timers::new(), Instant::now()).is_empty());
+    }
+
+    #[test]
+    fn a_fail_over_taint_stays_until_the_node_is_back_and_reconnected() {
+        // Node b was failed over by a peer; it has quorum again, but its link to a is down.
+        let mut observed = primary_lost();
+        observed.drbd.resources[0].devices[0].quorum = true;
+        observed.volumes.clear();
+        let failed_over = node_with("node-b", true, &[(LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER)]).1;
+        observed.nodes.insert("node-b".into(), failed_over);
+        assert!(decide(&observed, &settings(), &mut Timers::new(), Instant::now()).is_empty());
+        // Every link back: the node's own agent removes it.
+        observed.drbd.resources[0].connections[0].connection_state = "Connected".into();
+        assert_eq!(
+            kinds(&decide(&observed, &settings(), &mut Timers::new(), Instant::now())),
+            ["untaint node-b drbd.linbit.com/lost-quorum"]
+        );
+        // A taint some operator put with another value is not ours to remove.
+        let foreign = node_with("node-b", true, &[(LOST_QUORUM_TAINT, "maintenance")]).1;
+        observed.nodes.insert("node-b".into(), foreign);
+        assert!(decide(&observed, &settings(), &mut Timers::new(), Instant::now()).is_empty());
+    }
+}
