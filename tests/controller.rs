@@ -446,7 +446,11 @@ async fn skipped_claims_leave_the_reconcile_histogram_alone() {
         .metric("storageos_shared_volume_reconciles_total{result=\"shared\"}")
         .await;
     assert!(
-        observed <= shared + controller.metric("storageos_shared_volume_reconciles_total{result=\"error\"}").await,
+        observed
+            <= shared
+                + controller
+                    .metric("storageos_shared_volume_reconciles_total{result=\"error\"}")
+                    .await,
         "one observation per served reconcile ({observed} observations, {shared} shared)"
     );
     controller.stop().await;

@@ -153,7 +153,10 @@ impl Action {
                 key,
                 value,
             },
-            Self::Untaint { node, key, .. } => ActionKey::Untaint { node: node.clone(), key },
+            Self::Untaint { node, key, .. } => ActionKey::Untaint {
+                node: node.clone(),
+                key,
+            },
             Self::Evict { pod, .. } => ActionKey::Evict(object(&pod.namespace, &pod.name)),
             Self::ForceDelete { pod, .. } => ActionKey::ForceDelete(object(&pod.namespace, &pod.name)),
             Self::DeleteAttachment { attachment, .. } => ActionKey::DeleteAttachment(attachment.name.clone()),
@@ -344,7 +347,10 @@ mod tests {
 
     #[test]
     fn events_name_the_cause_and_the_object() {
-        assert_eq!(evict(Cause::FailOver).event(), (EventType::Warning, "VolumeWithoutQuorum"));
+        assert_eq!(
+            evict(Cause::FailOver).event(),
+            (EventType::Warning, "VolumeWithoutQuorum")
+        );
         assert_eq!(
             evict(Cause::ForceIoErrors).event(),
             (EventType::Warning, "VolumeForcingIoErrors")

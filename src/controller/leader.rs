@@ -13,8 +13,8 @@ use kube_lease_manager::LeaseManagerBuilder;
 
 use super::Health;
 use super::cache::WatchBackoff;
-use super::fence::{self, Fence};
 use super::context::Context;
+use super::fence::{self, Fence};
 use super::run_controller;
 use crate::cli::ControllerArgs;
 use crate::metrics::ControllerMetrics;

@@ -33,9 +33,9 @@ use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
 use crate::volume::{self, ClaimKey};
 use cache::{Caches, WatchBackoff};
+use context::{Context, ReconcileSettings};
 use fence::{Fence, FenceLayer};
 use hyper::header::HeaderValue;
-use context::{Context, ReconcileSettings};
 use watchdog::{PROBE_NAME, Watchdog};
 
 pub async fn run(

@@ -193,9 +193,13 @@ async fn read_current(ctx: &Context, shared: &SharedVolume) -> Result<Current, k
     }
     let client = &ctx.client;
     Ok(Current {
-        service: Api::<Service>::namespaced(client.clone(), namespace).get_opt(name).await?,
+        service: Api::<Service>::namespaced(client.clone(), namespace)
+            .get_opt(name)
+            .await?,
         endpoints: Api::namespaced(client.clone(), namespace).get_opt(name).await?,
-        slice: Api::<EndpointSlice>::namespaced(client.clone(), namespace).get_opt(name).await?,
+        slice: Api::<EndpointSlice>::namespaced(client.clone(), namespace)
+            .get_opt(name)
+            .await?,
     })
 }
 
@@ -315,7 +319,12 @@ fn skipped(ctx: &Context, claim: &PersistentVolumeClaim, skip: Skip) -> Outcome 
 async fn report_invalid(ctx: &Context, claim: &PersistentVolumeClaim, invalid: Invalid) -> Outcome {
     ctx.metrics.reconcile_errors.with_label_values(&[invalid.reason]).inc();
     ctx.events
-        .warning_once(&claim.object_ref(&()), invalid.reason, "ReconcileSharedVolume", invalid.message)
+        .warning_once(
+            &claim.object_ref(&()),
+            invalid.reason,
+            "ReconcileSharedVolume",
+            invalid.message,
+        )
         .await;
     Outcome::Invalid(invalid.reason)
 }
@@ -329,7 +338,12 @@ async fn read_pv(ctx: &Context, name: &str) -> Result<Option<PersistentVolume>, 
     Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await
 }
 
-async fn ensure_endpoints(ctx: &Context, shared: &SharedVolume, plan: &Plan, current: &Current) -> Result<(), ReconcileError> {
+async fn ensure_endpoints(
+    ctx: &Context,
+    shared: &SharedVolume,
+    plan: &Plan,
+    current: &Current,
+) -> Result<(), ReconcileError> {
     let written = write_endpoints_over(
         &ctx.client,
         CONTROLLER_FIELD_MANAGER,
@@ -583,7 +597,10 @@ mod tests {
         let seen = seen.lock().unwrap();
         assert_eq!(seen.requests, expected);
         for asked in [&seen.bodies[4], &seen.bodies[5]] {
-            assert_eq!(asked["spec"]["clusterIP"], "10.96.0.10", "both creates ask for the published address");
+            assert_eq!(
+                asked["spec"]["clusterIP"], "10.96.0.10",
+                "both creates ask for the published address"
+            );
         }
         assert_eq!(event_reason(seen.bodies.last().unwrap()), "ServiceRestored");
     }
@@ -597,7 +614,10 @@ mod tests {
         let expected = request_lines(&script);
         let (client, seen) = stub_api(script);
         let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
-        assert!(matches!(outcome, Outcome::Shared { published: false, .. }), "{outcome:?}");
+        assert!(
+            matches!(outcome, Outcome::Shared { published: false, .. }),
+            "{outcome:?}"
+        );
         let seen = seen.lock().unwrap();
         assert_eq!(seen.requests, expected, "the Service is neither deleted nor rewritten");
         let warning = seen.bodies.last().unwrap();

@@ -132,4 +132,3 @@ async fn wait_for_cluster_ip(ctx: &Context, services: &Api<Service>, name: &str)
         tokio::time::sleep(ctx.settings.create_poll_interval).await;
     }
 }
-

@@ -279,8 +279,7 @@ mod tests {
         };
         assert_eq!(invalid.reason, "InvalidServiceEndpoint");
         assert!(invalid.message.contains("nfs.local:2049"), "{}", invalid.message);
-        let volume = shared_volume(&claim, &pv, &info(Some("10.0.0.5:2049")))
-            .unwrap();
+        let volume = shared_volume(&claim, &pv, &info(Some("10.0.0.5:2049"))).unwrap();
         assert_eq!(volume.service_name, "pvc-1");
         assert_eq!(volume.namespace, "apps");
         assert_eq!(volume.owner.uid, "uid-1");
