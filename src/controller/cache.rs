@@ -10,7 +10,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::ExponentialBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 
@@ -114,45 +114,31 @@ where
 {
     let (store, writer) = reflector::store();
     let stream = watcher(api, config)
-        .backoff(WatchBackoff::default())
+        .backoff(watch_backoff())
         .modify(trim)
         .reflect(writer)
         .touched_objects();
     (store, stream.boxed())
 }
 
-/// Retries of a broken watch: 0.5 s doubling to 5 s. The default climbs to 30 s, which after an
-/// API server restart of 15 s left new claims unserved for half a minute after the API was back.
-/// One controller's few watches can afford it; the agents (one per node) keep the default, which
-/// spares a recovering API server.
-pub struct WatchBackoff {
-    next: Duration,
+/// Retries of a broken watch: 0.5 s doubling up to 2.5 s, each with up to as much again of
+/// jitter (kube's exponential back-off), so at most 5 s. kube's default climbs to 30 s, which
+/// after an API server restart of 15 s left new claims unserved for half a minute after the API
+/// was back. One controller's few watches can afford it; the agents (one per node) keep the
+/// default, which spares a recovering API server. The jitter keeps the replicas' and the
+/// watches' retries from landing together.
+pub fn watch_backoff() -> ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(FIRST_RETRY)
+        .with_max_delay(MAX_RETRY)
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times()
+        .into()
 }
 
 const FIRST_RETRY: Duration = Duration::from_millis(500);
-const MAX_RETRY: Duration = Duration::from_secs(5);
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        Self { next: FIRST_RETRY }
-    }
-}
-
-impl Iterator for WatchBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        let now = self.next;
-        self.next = (now * 2).min(MAX_RETRY);
-        Some(now)
-    }
-}
-
-impl Backoff for WatchBackoff {
-    fn reset(&mut self) {
-        self.next = FIRST_RETRY;
-    }
-}
+const MAX_RETRY: Duration = Duration::from_millis(2500);
 
 /// An Api over one namespace, or over all of them.
 pub fn scoped<K>(client: &Client, namespace: Option<&str>) -> Api<K>
@@ -171,11 +157,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn watch_retries_double_up_to_five_seconds_and_start_over_after_a_reset() {
-        let mut backoff = WatchBackoff::default();
-        let waits: Vec<u64> = backoff.by_ref().take(6).map(|d| d.as_millis() as u64).collect();
-        assert_eq!(waits, [500, 1000, 2000, 4000, 5000, 5000]);
+    fn watch_retries_double_up_to_five_seconds_with_jitter_and_start_over_after_a_reset() {
+        use kube::runtime::utils::Backoff;
+        let mut backoff = watch_backoff();
+        let bases = [500, 1000, 2000, 2500, 2500, 2500];
+        for base in bases {
+            let wait = backoff.next().unwrap().as_millis() as u64;
+            assert!((base..2 * base).contains(&wait), "{wait} ms, base {base} ms");
+        }
         backoff.reset();
-        assert_eq!(backoff.next(), Some(Duration::from_millis(500)));
+        let first = backoff.next().unwrap().as_millis() as u64;
+        assert!((500..1000).contains(&first), "{first} ms after a reset");
     }
 }

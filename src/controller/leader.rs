@@ -12,7 +12,7 @@ use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 
 use super::Health;
-use super::cache::WatchBackoff;
+use super::cache::watch_backoff;
 use super::context::Context;
 use super::fence::{self, Fence};
 use super::run_controller;
@@ -114,7 +114,7 @@ const FENCE_POLL: Duration = Duration::from_millis(100);
 /// baseline: when it was written is not known, so it proves nothing about now.
 async fn observe_renewals(leases: Api<Lease>, name: String, identity: String, valid_for: Duration, fence: Fence) {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let events = watcher(leases, config).backoff(WatchBackoff::default());
+    let events = watcher(leases, config).backoff(watch_backoff());
     futures::pin_mut!(events);
     let mut last_renewal = None;
     while let Some(event) = events.next().await {

@@ -32,7 +32,7 @@ use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
 use crate::volume::{self, ClaimKey};
-use cache::{Caches, WatchBackoff};
+use cache::{Caches, watch_backoff};
 use context::{Context, ReconcileSettings};
 use fence::{Fence, FenceLayer};
 use hyper::header::HeaderValue;
@@ -146,7 +146,7 @@ pub(crate) async fn run_controller(
         .with_config(controller::Config::default().concurrency(concurrency))
         // Errors of every watch also pass through the controller's own back-off: keep it as
         // short as the watches' own, or a restarted API server is waited out for half a minute.
-        .trigger_backoff(WatchBackoff::default())
+        .trigger_backoff(watch_backoff())
         .graceful_shutdown_on({
             let stop = stop.clone();
             async move { stop.cancelled().await }
