@@ -73,6 +73,28 @@ fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registr
     Ok(metric)
 }
 
+/// Registers a histogram over [`RECONCILE_BUCKETS`] (1 ms to 30 s).
+fn histogram(registry: &Registry, name: &str, help: &str) -> Result<Histogram> {
+    let opts = HistogramOpts::new(name, help).buckets(RECONCILE_BUCKETS.to_vec());
+    register(registry, Histogram::with_opts(opts)?)
+}
+
+fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
+    register(registry, IntCounterVec::new(Opts::new(name, help), labels)?)
+}
+
+fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter> {
+    register(registry, IntCounter::new(name, help)?)
+}
+
+fn int_gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge> {
+    register(registry, IntGauge::new(name, help)?)
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> Result<Gauge> {
+    register(registry, Gauge::new(name, help)?)
+}
+
 /// Metrics of the shared-volume loop.
 #[derive(Clone)]
 pub struct ControllerMetrics {
@@ -100,67 +122,49 @@ pub struct ControllerMetrics {
 impl ControllerMetrics {
     pub fn register(registry: &Registry) -> Result<Self> {
         Ok(Self {
-            reconcile_duration: register(
+            reconcile_duration: histogram(
                 registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(RECONCILE_DURATION, "Time to reconcile one claim the controller serves or tries to serve (shared, invalid, deferred or failed); skipped claims are counted in storageos_shared_volume_reconciles_total only.")
-                        .buckets(RECONCILE_BUCKETS.to_vec()),
-                )?,
+                RECONCILE_DURATION,
+                "Time to reconcile one claim the controller serves or tries to serve (shared, invalid, deferred or failed); skipped claims are counted in storageos_shared_volume_reconciles_total only.",
             )?,
-            reconciles: register(
+            reconciles: counter_vec(registry, RECONCILES, "Shared-volume reconciles by result.", &["result"])?,
+            reconcile_errors: counter_vec(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(RECONCILES, "Shared-volume reconciles by result."),
-                    &["result"],
-                )?,
+                RECONCILE_ERRORS,
+                "Failed shared-volume reconciles by reason.",
+                &["reason"],
             )?,
-            reconcile_errors: register(
+            shared_volumes: int_gauge(registry, SHARED_VOLUMES, "Shared volumes managed now.")?,
+            claims_pending: int_gauge(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(RECONCILE_ERRORS, "Failed shared-volume reconciles by reason."),
-                    &["reason"],
-                )?,
+                CLAIMS_PENDING,
+                "Claims with an NFS server but no published mount endpoint, because reconciling them failed.",
             )?,
-            shared_volumes: register(registry, IntGauge::new(SHARED_VOLUMES, "Shared volumes managed now.")?)?,
-            claims_pending: register(
+            claims_pending_since: gauge(
                 registry,
-                IntGauge::new(
-                    CLAIMS_PENDING,
-                    "Claims with an NFS server but no published mount endpoint, because reconciling them failed.",
-                )?,
+                CLAIMS_PENDING_SINCE,
+                "Unix time at which the longest-waiting pending claim started waiting; 0 when none.",
             )?,
-            claims_pending_since: register(
+            publishes: counter(
                 registry,
-                Gauge::new(
-                    CLAIMS_PENDING_SINCE,
-                    "Unix time at which the longest-waiting pending claim started waiting; 0 when none.",
-                )?,
+                MOUNT_ENDPOINT_PUBLISHES,
+                "Mount endpoints published to volumes.",
             )?,
-            publishes: register(
+            leader: int_gauge(registry, CONTROLLER_LEADER, "1 while this replica is the leader.")?,
+            repairs: counter(
                 registry,
-                IntCounter::new(MOUNT_ENDPOINT_PUBLISHES, "Mount endpoints published to volumes.")?,
+                REPAIRS,
+                "Writes that put back objects something else had changed.",
             )?,
-            leader: register(
+            repairs_deferred: counter(
                 registry,
-                IntGauge::new(CONTROLLER_LEADER, "1 while this replica is the leader.")?,
+                REPAIRS_DEFERRED,
+                "Repairs held back because something keeps changing the same objects.",
             )?,
-            repairs: register(
+            loop_turned: gauge(
                 registry,
-                IntCounter::new(REPAIRS, "Writes that put back objects something else had changed.")?,
-            )?,
-            repairs_deferred: register(
-                registry,
-                IntCounter::new(
-                    REPAIRS_DEFERRED,
-                    "Repairs held back because something keeps changing the same objects.",
-                )?,
-            )?,
-            loop_turned: register(
-                registry,
-                Gauge::new(
-                    LOOP_TURNED,
-                    "Unix time at which the reconcile loop last processed its liveness probe (every 10 s while leading).",
-                )?,
+                LOOP_TURNED,
+                "Unix time at which the reconcile loop last processed its liveness probe (every 10 s while leading).",
             )?,
         })
     }
@@ -206,88 +210,56 @@ impl AgentMetrics {
                     &["role", "quorum"],
                 )?,
             )?,
-            actions: register(
+            actions: counter_vec(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        AGENT_ACTIONS,
-                        "Fail-over and node actions carried out, by kind and result.",
-                    ),
-                    &["action", "result"],
-                )?,
+                AGENT_ACTIONS,
+                "Fail-over and node actions carried out, by kind and result.",
+                &["action", "result"],
             )?,
-            refused_actions: register(
+            refused_actions: counter_vec(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        AGENT_REFUSED_ACTIONS,
-                        "Actions decided but not carried out, by kind and why (guard, dry_run).",
-                    ),
-                    &["action", "why"],
-                )?,
+                AGENT_REFUSED_ACTIONS,
+                "Actions decided but not carried out, by kind and why (guard, dry_run).",
+                &["action", "why"],
             )?,
-            endpoint_rewrite: register(
+            endpoint_rewrite: histogram(
                 registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        AGENT_ENDPOINT_REWRITE,
-                        "Time from reading this node's Primary role to the rewritten endpoints.",
-                    )
-                    .buckets(RECONCILE_BUCKETS.to_vec()),
-                )?,
+                AGENT_ENDPOINT_REWRITE,
+                "Time from reading this node's Primary role to the rewritten endpoints.",
             )?,
-            drbd_read: register(
+            drbd_read: histogram(
                 registry,
-                Histogram::with_opts(
-                    HistogramOpts::new(
-                        AGENT_DRBD_READ_DURATION,
-                        "Time to read the DRBD state (drbdsetup status and show), failed reads included.",
-                    )
-                    .buckets(RECONCILE_BUCKETS.to_vec()),
-                )?,
+                AGENT_DRBD_READ_DURATION,
+                "Time to read the DRBD state (drbdsetup status and show), failed reads included.",
             )?,
-            fail_overs: register(
+            fail_overs: counter_vec(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(AGENT_FAIL_OVERS, "Peers' nodes this agent failed over, by peer node."),
-                    &["peer_node"],
-                )?,
+                AGENT_FAIL_OVERS,
+                "Peers' nodes this agent failed over, by peer node.",
+                &["peer_node"],
             )?,
-            drbd_last_read: register(
+            drbd_last_read: gauge(
                 registry,
-                Gauge::new(
-                    AGENT_DRBD_LAST_READ,
-                    "Unix time of the last successful read of the DRBD state.",
-                )?,
+                AGENT_DRBD_LAST_READ,
+                "Unix time of the last successful read of the DRBD state.",
             )?,
-            heartbeat_renewed: register(
+            heartbeat_renewed: gauge(
                 registry,
-                Gauge::new(
-                    AGENT_HEARTBEAT_RENEWED,
-                    "Unix time of the last renewal of this node's heartbeat Lease.",
-                )?,
+                AGENT_HEARTBEAT_RENEWED,
+                "Unix time of the last renewal of this node's heartbeat Lease.",
             )?,
-            dry_run: register(registry, IntGauge::new(AGENT_DRY_RUN, "1 while --dry-run is on.")?)?,
-            drbd_read_errors: register(
+            dry_run: int_gauge(registry, AGENT_DRY_RUN, "1 while --dry-run is on.")?,
+            drbd_read_errors: counter(registry, AGENT_DRBD_READ_ERRORS, "Failed reads of the DRBD state.")?,
+            watch_events: counter_vec(
                 registry,
-                IntCounter::new(AGENT_DRBD_READ_ERRORS, "Failed reads of the DRBD state.")?,
+                AGENT_WATCH_EVENTS,
+                "Objects received from the agent's watches, by watch.",
+                &["watch"],
             )?,
-            watch_events: register(
+            held_fail_overs: counter(
                 registry,
-                IntCounterVec::new(
-                    Opts::new(
-                        AGENT_WATCH_EVENTS,
-                        "Objects received from the agent's watches, by watch.",
-                    ),
-                    &["watch"],
-                )?,
-            )?,
-            held_fail_overs: register(
-                registry,
-                IntCounter::new(
-                    AGENT_HELD_FAIL_OVERS,
-                    "Fail-overs held because a peer whose link dropped is shown alive and serving.",
-                )?,
+                AGENT_HELD_FAIL_OVERS,
+                "Fail-overs held because a peer whose link dropped is shown alive and serving.",
             )?,
         })
     }
