@@ -94,6 +94,12 @@ pub(super) async fn lead_and_run(
     }
     observer.abort();
     drop(leading);
+    release(lease_task).await;
+    Ok(())
+}
+
+/// Ends leader election, handing the Lease back so the next leader need not wait it out.
+async fn release(lease_task: LeaseTask) {
     match lease_task.await {
         Ok(Ok(manager)) => {
             if let Err(err) = manager.release().await {
@@ -103,8 +109,9 @@ pub(super) async fn lead_and_run(
         Ok(Err(err)) => tracing::warn!(error = %err, "leader election ended with an error"),
         Err(err) => tracing::warn!(error = %err, "leader election task failed"),
     }
-    Ok(())
 }
+
+type LeaseTask = tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>;
 
 /// How often a replica that the lease manager calls leader checks whether its renewal was seen.
 const FENCE_POLL: Duration = Duration::from_millis(100);

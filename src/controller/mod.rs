@@ -20,7 +20,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Client;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use prometheus::Registry;
 
@@ -36,6 +36,7 @@ use cache::{Caches, watch_backoff};
 use context::{Context, ReconcileSettings};
 use fence::{Fence, FenceLayer};
 use hyper::header::HeaderValue;
+use reconcile::ReconcileError;
 use watchdog::{PROBE_NAME, Watchdog};
 
 pub async fn run(
@@ -155,45 +156,12 @@ pub(crate) async fn run_controller(
         controller = controller.reconcile_on(changes.map(|claim| ObjectRef::new(&claim.name).within(&claim.namespace)));
     }
     controller = controller.reconcile_on(liveness_probes(watchdog.clone()));
-    let store = controller.store();
-    let readiness = {
-        let probes = probes.clone();
-        tokio::spawn(async move {
-            // The store's readiness signal wakes only its most recent waiter, and the controller
-            // itself waits on it too: poll again now and then instead of waiting once.
-            loop {
-                match tokio::time::timeout(Duration::from_millis(250), store.wait_until_ready()).await {
-                    Ok(Ok(())) => break,
-                    Ok(Err(_)) => return,
-                    Err(_) => continue,
-                }
-            }
-            tracing::info!("claim cache synced; reconciling");
-            probes.set_ready(true);
-        })
-    };
+    let readiness = tokio::spawn(ready_once_claims_are_cached(controller.store(), probes.clone()));
     let running = controller
         .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
         .for_each(|result| {
             let (ctx, watchdog) = (ctx.clone(), watchdog.clone());
-            async move {
-                match result {
-                    Err(controller::Error::ObjectNotFound(probe)) if probe.name == PROBE_NAME => {
-                        watchdog.answered();
-                        set_to_now(&ctx.metrics.loop_turned);
-                    }
-                    // A claim deleted without a finalizer is never reconciled as deleting.
-                    Err(controller::Error::ObjectNotFound(claim)) => {
-                        let key = ClaimKey {
-                            namespace: claim.namespace.unwrap_or_default(),
-                            name: claim.name,
-                        };
-                        ctx.book(|book| book.forget(&key));
-                    }
-                    Err(err) => tracing::debug!(error = %err, "controller event"),
-                    Ok(_) => {}
-                }
-            }
+            async move { after_reconcile(result, &ctx, &watchdog) }
         });
     tokio::select! {
         () = running => {}
@@ -206,6 +174,47 @@ pub(crate) async fn run_controller(
     // Stopped (lost leadership, or shutting down): this replica no longer speaks for any claim,
     // so its gauges must not add to the new leader's.
     ctx.book(|book| book.clear());
+}
+
+/// Marks the replica ready once the claim store has listed.
+async fn ready_once_claims_are_cached(store: Store<PersistentVolumeClaim>, probes: Probes) {
+    // The store's readiness signal wakes only its most recent waiter, and the controller itself
+    // waits on it too: poll again now and then instead of waiting once.
+    loop {
+        match tokio::time::timeout(Duration::from_millis(250), store.wait_until_ready()).await {
+            Ok(Ok(())) => break,
+            Ok(Err(_)) => return,
+            Err(_) => continue,
+        }
+    }
+    tracing::info!("claim cache synced; reconciling");
+    probes.set_ready(true);
+}
+
+type ReconcileResult = Result<
+    (ObjectRef<PersistentVolumeClaim>, kube::runtime::controller::Action),
+    controller::Error<ReconcileError, watcher::Error>,
+>;
+
+/// What the loop does with each finished reconcile besides requeueing it: a liveness probe that
+/// came through is answered, a claim deleted without a finalizer is forgotten.
+fn after_reconcile(result: ReconcileResult, ctx: &Context, watchdog: &Watchdog) {
+    match result {
+        Err(controller::Error::ObjectNotFound(probe)) if probe.name == PROBE_NAME => {
+            watchdog.answered();
+            set_to_now(&ctx.metrics.loop_turned);
+        }
+        // A claim deleted without a finalizer is never reconciled as deleting.
+        Err(controller::Error::ObjectNotFound(claim)) => {
+            let key = ClaimKey {
+                namespace: claim.namespace.unwrap_or_default(),
+                name: claim.name,
+            };
+            ctx.book(|book| book.forget(&key));
+        }
+        Err(err) => tracing::debug!(error = %err, "controller event"),
+        Ok(_) => {}
+    }
 }
 
 /// What a replica tells about itself: whether it is ready, and whether its loop turns.
