@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use serde_json::json;
-use shared_volume_controller::agent::decide::{DecisionSettings, decide};
-use shared_volume_controller::agent::drbd::{Connection, Device, DrbdState, Resource};
-use shared_volume_controller::agent::observe::{Snapshot, observe};
-use shared_volume_controller::agent::view::Timers;
+use shared_volume_controller::{
+    Connection, DecisionSettings, Device, DrbdState, Resource, Snapshot, Timers, decide, observe,
+};
 
 const LOCAL_RESOURCES: usize = 100;
 const NODES: usize = 50;

@@ -23,8 +23,7 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use serde_json::{Value, json};
-use shared_volume_controller::sharedvolume::claim::bound_claim;
-use shared_volume_controller::sharedvolume::desired::{self, SharedVolume};
+use shared_volume_controller::{SharedVolume, bound_claim, claim_owner, desired};
 
 const CONCURRENCY: usize = 8;
 const FAIL_OVER_TIMEOUT: Duration = Duration::from_secs(1);
@@ -181,7 +180,7 @@ async fn bare_publish(env: &TestEnv, pv_name: &str, endpoint: &str) {
         namespace: env.ns.clone(),
         service_name: desired::service_name(pv_name),
         volume_id: pv_name.to_owned(),
-        owner: shared_volume_controller::sharedvolume::classify::claim_owner(&claim),
+        owner: claim_owner(&claim),
         server: endpoint.parse().unwrap(),
     };
     let post = PostParams::default();

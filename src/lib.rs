@@ -2,27 +2,50 @@
 //!
 //! Two loops share this crate: the shared-volume controller (`controller` subcommand) and the
 //! per-node DRBD HA agent (`agent` subcommand). See `README.md` for how they fit together.
+//!
+//! Every module is private; the crate's public surface is the list of re-exports below: what the
+//! binary needs ([`Cli`], [`run`], the StorageOS flag mapping, logging), and the pure pieces the
+//! property tests and benchmarks drive directly (the DRBD parsers, [`decide`] over [`observe`],
+//! the shared-volume builders in [`desired`], [`NfsEndpoint`]).
 
-pub mod admin;
-pub mod agent;
-pub mod apply;
-pub mod cli;
-pub mod compat;
-pub mod controller;
-pub mod deadline;
-pub mod events;
-pub mod feed;
-pub mod kube_client;
-pub mod metrics;
-pub mod names;
-pub mod sharedvolume;
-pub mod shutdown;
-pub mod telemetry;
-pub mod volume;
+mod admin;
+mod agent;
+mod apply;
+mod cli;
+mod compat;
+mod controller;
+mod deadline;
+mod events;
+mod feed;
+mod kube_client;
+mod metrics;
+mod names;
+mod sharedvolume;
+mod shutdown;
+mod telemetry;
+mod volume;
+
+// The public surface. Every module is private, so `pub` inside one means crate-wide; what leaves
+// the crate is listed here.
+//
+// For the binary (src/main.rs): the command line, the StorageOS flag mapping, logging.
+pub use cli::Cli;
+pub use compat::{apply as apply_legacy_flags, normalize as normalize_legacy_flags};
+pub use telemetry::init as init_logging;
+// For the property tests and the benchmarks: the DRBD parsers, the agent's pure core, the
+// shared-volume model and the endpoint parser.
+pub use agent::decide::{DecisionSettings, decide};
+pub use agent::drbd::{Connection, Device, DrbdState, Resource, parse_quorum_enabled, parse_status};
+pub use agent::observe::{Snapshot, observe};
+pub use agent::view::Timers;
+pub use sharedvolume::claim::bound_claim;
+pub use sharedvolume::classify::claim_owner;
+pub use sharedvolume::desired::{self, SharedVolume, is_dns1035_label, service_name};
+pub use volume::NfsEndpoint;
 
 use anyhow::Result;
 
-use crate::cli::{Cli, Command};
+use crate::cli::Command;
 
 /// Runs the chosen subcommand until it fails or a termination signal arrives.
 pub async fn run(cli: Cli) -> Result<()> {

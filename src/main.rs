@@ -1,20 +1,20 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use shared_volume_controller::{cli::Cli, compat, run, telemetry};
+use shared_volume_controller::{Cli, apply_legacy_flags, init_logging, normalize_legacy_flags, run};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let (args, mut warnings) = compat::normalize(std::env::args_os());
+    let (args, mut warnings) = normalize_legacy_flags(std::env::args_os());
     let mut cli = Cli::parse_from(args);
-    match compat::apply(&mut cli) {
+    match apply_legacy_flags(&mut cli) {
         Ok(mapped) => warnings.extend(mapped),
         Err(err) => {
             eprintln!("invalid flag: {err}");
             return ExitCode::from(2);
         }
     }
-    if let Err(err) = telemetry::init(&cli.common.log_format, &cli.common.log_level) {
+    if let Err(err) = init_logging(&cli.common.log_format, &cli.common.log_level) {
         eprintln!("invalid logging settings: {err:#}");
         return ExitCode::from(2);
     }

@@ -7,9 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use proptest::prelude::*;
-use shared_volume_controller::agent::drbd::{parse_quorum_enabled, parse_status};
-use shared_volume_controller::sharedvolume::desired::{is_dns1035_label, service_name};
-use shared_volume_controller::volume::NfsEndpoint;
+use shared_volume_controller::{NfsEndpoint, is_dns1035_label, parse_quorum_enabled, parse_status, service_name};
 
 const CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/corpus");
 
@@ -59,12 +57,12 @@ fn drbd_outputs_in_the_corpus_parse_or_are_refused_as_named() {
 fn what_the_corpus_outputs_mean() {
     let read = |name: &str| std::fs::read_to_string(Path::new(CORPUS).join("drbd").join(name)).unwrap();
     let huge = parse_status(&read("status-huge-counters.json")).unwrap();
-    assert!(huge[0].is_primary() && huge[0].has_quorum() && huge[0].peer("node-b").unwrap().is_connected());
+    assert!(huge[0].is_primary() && huge[0].has_quorum() && huge[0].connections[0].is_connected());
     // Unknown roles and connection states are neither Primary nor Connected: never a reason to
     // promote on their account, and a peer in an unknown state is not counted as connected.
     let unknown = parse_status(&read("status-unknown-fields-roles-states.json")).unwrap();
     assert!(!unknown[0].is_primary() && unknown[0].has_quorum() && unknown[0].may_promote());
-    assert!(!unknown[0].peer("node-b").unwrap().is_connected() && !unknown[0].fully_connected());
+    assert!(!unknown[0].connections[0].is_connected() && !unknown[0].fully_connected());
     let minimal = parse_status(&read("status-minimal.json")).unwrap();
     assert!(
         !minimal[0].has_quorum() && !minimal[0].may_promote(),
@@ -130,7 +128,7 @@ proptest! {
         let resources = parse_status(&json).unwrap();
         prop_assert_eq!(resources[0].has_quorum(), quorum);
         prop_assert_eq!(resources[0].is_primary(), role == "Primary");
-        prop_assert_eq!(resources[0].peer("peer").unwrap().is_connected(), state == "Connected");
+        prop_assert_eq!(resources[0].connections[0].is_connected(), state == "Connected");
     }
 
     #[test]

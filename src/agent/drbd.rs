@@ -68,10 +68,6 @@ impl Resource {
     pub fn may_promote(&self) -> bool {
         self.has_quorum() && !self.connections.iter().any(|c| c.peer_role == PRIMARY)
     }
-
-    pub fn peer(&self, name: &str) -> Option<&Connection> {
-        self.connections.iter().find(|c| c.name == name)
-    }
 }
 
 impl Connection {
@@ -162,8 +158,12 @@ mod tests {
         assert_eq!(resources.len(), 2);
         let first = &resources[0];
         assert!(first.is_primary() && first.has_quorum() && first.may_promote());
-        assert!(first.peer("node-b").unwrap().is_connected());
-        assert!(!first.peer("node-c").unwrap().is_connected());
+        let connected: Vec<(&str, bool)> = first
+            .connections
+            .iter()
+            .map(|c| (c.name.as_str(), c.is_connected()))
+            .collect();
+        assert_eq!(connected, [("node-b", true), ("node-c", false)]);
         let second = &resources[1];
         assert!(second.suspended && second.force_io_failures);
         assert!(!second.has_quorum() && !second.may_promote());

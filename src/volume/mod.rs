@@ -12,7 +12,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
 
-pub use endpoint::{EndpointError, NfsEndpoint};
+pub use endpoint::NfsEndpoint;
 pub use factory::backend;
 
 /// What a backend knows of one volume.
