@@ -50,7 +50,7 @@ enum Outcome {
 
 /// What the executor remembers of an action it carried out or reported.
 #[derive(Debug, PartialEq, Eq)]
-enum Settled {
+enum Remembered {
     /// Not repeated within the cooldown while it stays decided.
     ForCooldown,
     /// Not repeated for as long as it stays decided (reports such as a held fail-over).
@@ -127,7 +127,7 @@ pub struct Executor {
     settings: ExecutorSettings,
     guard: Option<FailOverGuard>,
     /// When an action was last done or reported, and for how long that holds.
-    recent: HashMap<ActionKey, (Instant, Settled)>,
+    recent: HashMap<ActionKey, (Instant, Remembered)>,
     /// When a failed action may be tried again.
     backoff: HashMap<ActionKey, Backoff>,
     /// UIDs of the VolumeAttachments deleted: none is deleted twice.
@@ -165,17 +165,17 @@ impl Executor {
         // An action no longer decided has taken effect (or its cause went away): when it is
         // needed again, it is carried out at once.
         let cooldown = self.settings.cooldown;
-        self.recent.retain(|key, (at, settled)| {
-            decided.contains(key) && (*settled == Settled::WhileDecided || now.duration_since(*at) < cooldown)
+        self.recent.retain(|key, (at, remembered)| {
+            decided.contains(key) && (*remembered == Remembered::WhileDecided || now.duration_since(*at) < cooldown)
         });
         self.backoff.retain(|key, _| decided.contains(key));
-        // A refusal holds for the cooldown, like any settled action: until then none of that
+        // A refusal holds for the cooldown, like any remembered action: until then none of that
         // node's fail-over steps run, whichever round decides them.
         let mut refused_nodes: HashSet<String> = self
             .recent
             .values()
-            .filter_map(|(_, settled)| match settled {
-                Settled::Refused(node) => Some(node.clone()),
+            .filter_map(|(_, remembered)| match remembered {
+                Remembered::Refused(node) => Some(node.clone()),
                 _ => None,
             })
             .collect();
@@ -187,7 +187,7 @@ impl Executor {
                 continue;
             }
             match self.carry_out(action, drbd_read_at, storage_nodes).await {
-                Settled::Retry => {
+                Remembered::Retry => {
                     let delay = self
                         .backoff
                         .get(&key)
@@ -196,21 +196,26 @@ impl Executor {
                     let retry_at = Instant::now() + delay;
                     self.backoff.insert(key, Backoff { retry_at, delay });
                 }
-                settled => {
-                    if let Settled::Refused(node) = &settled {
+                remembered => {
+                    if let Remembered::Refused(node) = &remembered {
                         refused_nodes.insert(node.clone());
                     }
                     self.backoff.remove(&key);
-                    self.recent.insert(key, (Instant::now(), settled));
+                    self.recent.insert(key, (Instant::now(), remembered));
                 }
             }
         }
     }
 
-    /// Settles one action, then posts the one event that tells how.
-    async fn carry_out(&mut self, action: &Action, drbd_read_at: Instant, storage_nodes: &BTreeSet<String>) -> Settled {
+    /// Attempts one action, then posts the one event that tells how it went.
+    async fn carry_out(
+        &mut self,
+        action: &Action,
+        drbd_read_at: Instant,
+        storage_nodes: &BTreeSet<String>,
+    ) -> Remembered {
         let about = About::of(action);
-        let (settled, told) = self.settle(action, &about, drbd_read_at, storage_nodes).await;
+        let (remembered, told) = self.attempt(action, &about, drbd_read_at, storage_nodes).await;
         if let Some(told) = told {
             let Told {
                 type_,
@@ -225,16 +230,17 @@ impl Executor {
                 self.events.tell(&about.target, type_, reason, action, note).await;
             }
         }
-        settled
+        remembered
     }
 
-    async fn settle(
+    /// Carries the action out (or reports it), and says what to remember of it and what to tell.
+    async fn attempt(
         &mut self,
         action: &Action,
         about: &About,
         drbd_read_at: Instant,
         storage_nodes: &BTreeSet<String>,
-    ) -> (Settled, Option<Told>) {
+    ) -> (Remembered, Option<Told>) {
         match action {
             Action::Refused { action: refused, why } => return self.refusal(about, refused.failing_over(), why),
             // A report, not a write: told once while the same evidence holds.
@@ -242,7 +248,7 @@ impl Executor {
                 self.metrics.held_fail_overs.inc();
                 let note = format!("{} ({})", about.description, action.note());
                 let told = Told::new(EventType::Normal, "FailOverHeld", "HoldFailOver", note);
-                return (Settled::WhileDecided, Some(told));
+                return (Remembered::WhileDecided, Some(told));
             }
             _ if self.settings.dry_run => {
                 self.metrics
@@ -251,7 +257,7 @@ impl Executor {
                     .inc();
                 let note = format!("dry run: would {} ({})", about.description, action.note());
                 return (
-                    Settled::ForCooldown,
+                    Remembered::ForCooldown,
                     Some(Told::new(EventType::Normal, "DryRun", "DryRun", note)),
                 );
             }
@@ -280,7 +286,7 @@ impl Executor {
         action: &Action,
         about: &About,
         storage_nodes: &BTreeSet<String>,
-    ) -> Option<(Settled, Option<Told>)> {
+    ) -> Option<(Remembered, Option<Told>)> {
         let (
             Action::Taint {
                 node,
@@ -299,25 +305,25 @@ impl Executor {
                 self.metrics.actions.with_label_values(&[about.kind, "failed"]).inc();
                 let note = format!("cannot {}: the blast-radius guard: {err}; retrying", about.description);
                 let told = Told::warning_once("FailOverActionFailed", about.kind, note);
-                Some((Settled::Refused(node.clone()), Some(told)))
+                Some((Remembered::Refused(node.clone()), Some(told)))
             }
         }
     }
 
     /// A step the blast-radius guard refused; the rest of that node's fail-over (`failing_over`)
     /// is skipped this round.
-    fn refusal(&self, about: &About, failing_over: Option<&str>, why: &str) -> (Settled, Option<Told>) {
+    fn refusal(&self, about: &About, failing_over: Option<&str>, why: &str) -> (Remembered, Option<Told>) {
         self.metrics
             .refused_actions
             .with_label_values(&[about.kind, "guard"])
             .inc();
         let note = format!("refused to {}: {why}", about.description);
-        let settled = match failing_over {
-            Some(node) => Settled::Refused(node.to_owned()),
-            None => Settled::ForCooldown,
+        let remembered = match failing_over {
+            Some(node) => Remembered::Refused(node.to_owned()),
+            None => Remembered::ForCooldown,
         };
         let told = Told::new(EventType::Warning, "FailOverRefused", "Refuse", note);
-        (settled, Some(told))
+        (remembered, Some(told))
     }
 
     fn outcome(
@@ -326,7 +332,7 @@ impl Executor {
         about: &About,
         result: Result<Outcome, AgentError>,
         drbd_read_at: Instant,
-    ) -> (Settled, Option<Told>) {
+    ) -> (Remembered, Option<Told>) {
         match result {
             Ok(Outcome::Done(caveat)) => {
                 self.record_done(action, caveat.is_none(), drbd_read_at);
@@ -335,11 +341,14 @@ impl Executor {
                 if let Some(caveat) = caveat {
                     note.push_str(&format!("; {caveat}"));
                 }
-                (Settled::ForCooldown, Some(Told::new(type_, reason, about.kind, note)))
+                (
+                    Remembered::ForCooldown,
+                    Some(Told::new(type_, reason, about.kind, note)),
+                )
             }
             Ok(Outcome::Skipped(why)) => {
                 tracing::info!(action = %about.description, "skipped: {why}");
-                (Settled::ForCooldown, None)
+                (Remembered::ForCooldown, None)
             }
             Ok(Outcome::Blocked) => {
                 let note = format!(
@@ -347,12 +356,12 @@ impl Executor {
                     about.description
                 );
                 let told = Told::warning_once("EvictionBlocked", about.kind, note);
-                (Settled::Retry, Some(told))
+                (Remembered::Retry, Some(told))
             }
             Err(err) => {
                 let note = format!("cannot {}: {err}; retrying", about.description);
                 let told = Told::warning_once("FailOverActionFailed", about.kind, note);
-                (Settled::Retry, Some(told))
+                (Remembered::Retry, Some(told))
             }
         }
     }

@@ -93,8 +93,8 @@ impl FailOverGuard {
             let mut reservations = current.as_ref().map(reservations).unwrap_or_default();
             reservations.retain(|_, expiry| *expiry > now);
             counted.extend(reservations.keys().cloned());
-            if let Err(why) = guard_allows(&counted, node, storage.len(), self.max_fraction) {
-                return Ok(Reservation::Refused(why));
+            if let Err(over) = guard_allows(&counted, node, storage.len(), self.max_fraction) {
+                return Ok(Reservation::Refused(over.to_string()));
             }
             let expiry = now.checked_add(RESERVATION_TTL)?;
             reservations.insert(node.to_owned(), expiry);

@@ -49,7 +49,7 @@ pub async fn run(
     let freshness = Freshness::new(*args.drbd_status_interval, timeout);
     probes.set_liveness_check({
         let freshness = freshness.clone();
-        move || freshness.check()
+        move || freshness.check().map_err(|stale| stale.to_string())
     });
     let heartbeat = Heartbeat::new(
         client.clone(),
@@ -387,16 +387,21 @@ impl Freshness {
         self.last_read.lock().expect("freshness poisoned").elapsed()
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), StaleDrbdState> {
         let age = self.age();
         if age > self.limit {
-            return Err(format!(
-                "DRBD state was last read {age:?} ago (limit {:?}); is drbdsetup hanging?",
-                self.limit
-            ));
+            return Err(StaleDrbdState { age, limit: self.limit });
         }
         Ok(())
     }
+}
+
+/// The liveness failure of an agent whose DRBD reads stopped.
+#[derive(Debug, thiserror::Error)]
+#[error("DRBD state was last read {age:?} ago (limit {limit:?}); is drbdsetup hanging?")]
+struct StaleDrbdState {
+    age: Duration,
+    limit: Duration,
 }
 
 #[cfg(test)]
@@ -424,7 +429,7 @@ mod tests {
         let freshness = Freshness::new(Duration::from_millis(10), Duration::from_millis(5));
         assert!(freshness.check().is_ok());
         std::thread::sleep(Duration::from_millis(50));
-        let err = freshness.check().unwrap_err();
+        let err = freshness.check().unwrap_err().to_string();
         assert!(err.contains("DRBD state was last read"), "{err}");
         freshness.mark_read();
         assert!(freshness.check().is_ok());

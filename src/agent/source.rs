@@ -12,7 +12,7 @@ use tokio::process::Command;
 
 use super::drbd::{self, DrbdState};
 use crate::deadline::within;
-use crate::feed;
+use crate::producer;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DrbdError {
@@ -97,7 +97,7 @@ impl DrbdSource for DrbdSetup {
 
     fn changes(&self) -> BoxStream<'static, ()> {
         let binary = self.binary.clone();
-        feed::spawn(16, |sender| async move {
+        producer::spawn(16, |sender| async move {
             let mut backoff = Duration::from_millis(500);
             loop {
                 let spawned = Command::new(&binary)
@@ -122,7 +122,7 @@ impl DrbdSource for DrbdSetup {
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot run drbdsetup events2; retrying in {backoff:?}"),
                 }
-                if !feed::pause(&sender, backoff).await {
+                if !producer::pause(&sender, backoff).await {
                     return;
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(30));

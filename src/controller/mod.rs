@@ -25,13 +25,14 @@ use kube::runtime::watcher;
 use prometheus::Registry;
 
 use crate::admin::Probes;
-use crate::cli::ControllerArgs;
+use crate::cli::{ControllerArgs, VolumeBackendKind};
 use crate::events::EventSink;
 use crate::metrics::{ControllerMetrics, set_to_now};
 use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::sharedvolume::{claim::bound_claim, classify};
 use crate::shutdown::Shutdown;
-use crate::volume::{self, ClaimKey};
+use crate::volume::storageos::api::HttpSettings;
+use crate::volume::{self, BackendSettings, ClaimKey};
 use cache::{Caches, watch_backoff};
 use context::{Context, ReconcileSettings};
 use fence::{Fence, FenceLayer};
@@ -67,7 +68,7 @@ pub async fn run(
     let fence = args.leader_elect.then(Fence::default);
     let election_client = Client::try_from(config.clone()).context("cannot build a Kubernetes client")?;
     let client = fenced_client(config, fence.clone(), &args.identity)?;
-    let backend = volume::backend(&args, &client)?;
+    let backend = volume::backend(backend_settings(&args), &client)?;
     let settings = ReconcileSettings {
         filters: classify::Filters {
             storage_classes: args.storage_class.clone(),
@@ -105,6 +106,22 @@ pub async fn run(
     };
     let health = Health { probes, watchdog };
     leader::lead_and_run(election_client, fence, &args, ctx, metrics, health, shutdown).await
+}
+
+/// The volume backend `--volume-backend` names, configured from its flags.
+fn backend_settings(args: &ControllerArgs) -> BackendSettings {
+    match args.volume_backend {
+        VolumeBackendKind::Kubernetes => BackendSettings::Kubernetes,
+        VolumeBackendKind::Storageos => BackendSettings::Storageos {
+            http: HttpSettings {
+                endpoint: args.api_endpoint.clone(),
+                secret_path: args.api_secret_path.clone(),
+                refresh_interval: *args.api_refresh_interval,
+                timeout: *args.api_timeout,
+            },
+            poll_interval: *args.volume_poll_interval,
+        },
+    }
 }
 
 /// The controller's client: the replica named in its User-Agent, writes refused while `fence`

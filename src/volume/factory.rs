@@ -1,6 +1,7 @@
-//! Builds the volume backend the command line asks for.
+//! Builds the volume backend from its own settings (the controller maps its flags onto them).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Result;
 use kube::Client;
@@ -9,20 +10,25 @@ use super::VolumeBackend;
 use super::kubernetes::PvAnnotations;
 use super::storageos::StorageOs;
 use super::storageos::api::{HttpApi, HttpSettings};
-use crate::cli::{ControllerArgs, VolumeBackendKind};
 
-/// The backend named by `--volume-backend`, configured from its flags.
-pub fn backend(args: &ControllerArgs, client: &Client) -> Result<Arc<dyn VolumeBackend>> {
-    Ok(match args.volume_backend {
-        VolumeBackendKind::Kubernetes => Arc::new(PvAnnotations::new(client.clone())),
-        VolumeBackendKind::Storageos => {
-            let api = HttpApi::new(HttpSettings {
-                endpoint: args.api_endpoint.clone(),
-                secret_path: args.api_secret_path.clone(),
-                refresh_interval: *args.api_refresh_interval,
-                timeout: *args.api_timeout,
-            })?;
-            Arc::new(StorageOs::new(Arc::new(api), *args.volume_poll_interval))
+/// Which backend, with what it needs.
+#[derive(Clone, Debug)]
+pub enum BackendSettings {
+    /// The PV's annotations hold both endpoints.
+    Kubernetes,
+    /// The StorageOS v2 API, polled every `poll_interval`.
+    Storageos {
+        http: HttpSettings,
+        poll_interval: Duration,
+    },
+}
+
+pub fn backend(settings: BackendSettings, client: &Client) -> Result<Arc<dyn VolumeBackend>> {
+    Ok(match settings {
+        BackendSettings::Kubernetes => Arc::new(PvAnnotations::new(client.clone())),
+        BackendSettings::Storageos { http, poll_interval } => {
+            let api = HttpApi::new(http)?;
+            Arc::new(StorageOs::new(Arc::new(api), poll_interval))
         }
     })
 }

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
 
 pub use endpoint::NfsEndpoint;
-pub use factory::backend;
+pub use factory::{BackendSettings, backend};
 
 /// What a backend knows of one volume.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -214,9 +214,9 @@ fn guard_fail_overs(
                     tainted.insert(node);
                     actions.extend(steps);
                 }
-                Err(why) => actions.push(Action::Refused {
+                Err(over) => actions.push(Action::Refused {
                     action: Box::new(steps.swap_remove(at)),
-                    why,
+                    why: over.to_string(),
                 }),
             },
             None => actions.extend(steps),
@@ -225,19 +225,35 @@ fn guard_fail_overs(
     actions
 }
 
+/// A fail-over the blast-radius guard refuses: tainting `node` would leave `after` of `total`
+/// storage nodes tainted, over `max_fraction`.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error(
+    "failing over {node} would leave {after} of {total} storage nodes tainted {LOST_QUORUM_TAINT}, over the limit of {max_fraction}; nothing is done to it"
+)]
+pub struct OverLimit {
+    node: String,
+    after: usize,
+    total: usize,
+    max_fraction: f64,
+}
+
 /// Whether tainting `node` keeps the share of tainted storage nodes within the limit.
 pub fn guard_allows(
     tainted: &BTreeSet<String>,
     node: &str,
     storage_nodes: usize,
     max_fraction: f64,
-) -> Result<(), String> {
+) -> Result<(), OverLimit> {
     let after = tainted.len() + usize::from(!tainted.contains(node));
     let total = storage_nodes.max(after).max(1);
     if after as f64 / total as f64 > max_fraction {
-        return Err(format!(
-            "failing over {node} would leave {after} of {total} storage nodes tainted {LOST_QUORUM_TAINT}, over the limit of {max_fraction}; nothing is done to it"
-        ));
+        return Err(OverLimit {
+            node: node.to_owned(),
+            after,
+            total,
+            max_fraction,
+        });
     }
     Ok(())
 }

@@ -17,8 +17,8 @@ use tokio::sync::{Mutex, RwLock};
 
 use self::api::{ApiError, StorageOsApi, Volume};
 use super::{ClaimKey, VolumeBackend, VolumeError, VolumeInfo, csi_resource_name};
-use crate::feed;
 use crate::names::STORAGEOS_MOUNT_ENDPOINT_LABEL;
+use crate::producer;
 
 /// Labels the CSI provisioner puts on every volume it creates.
 pub const PV_NAME_LABEL: &str = "csi.storage.k8s.io/pv/name";
@@ -307,7 +307,7 @@ impl VolumeBackend for StorageOs {
         let api = self.api.clone();
         let listing = self.listing.clone();
         let interval = self.poll_interval;
-        Some(feed::spawn(256, |sender| async move {
+        Some(producer::spawn(256, |sender| async move {
             let mut seen = Catalog::default();
             loop {
                 match listing.refresh(api.as_ref(), listing.generation()).await {
@@ -321,7 +321,7 @@ impl VolumeBackend for StorageOs {
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot poll StorageOS volumes; retrying"),
                 }
-                if !feed::pause(&sender, interval).await {
+                if !producer::pause(&sender, interval).await {
                     return;
                 }
             }
