@@ -11,6 +11,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use crate::kube_client::api_status;
+
 /// True when every field set in `desired` has the same value in `current`. Maps may carry extra
 /// keys (other writers' labels, defaulted fields); lists must match element by element.
 pub fn is_subset(desired: &Value, current: &Value) -> bool {
@@ -71,7 +73,7 @@ where
     };
     match api.create(&params, desired).await {
         Ok(created) => Ok(Some(created)),
-        Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+        Err(err) if api_status(&err) == Some(409) => Ok(None),
         Err(err) => Err(err),
     }
 }

@@ -13,6 +13,7 @@ use super::book::Standing;
 use super::context::Context;
 use super::plan::{Current, Drift, Plan};
 use super::service::{EnsuredService, ensure_service};
+use crate::deadline::{TimedOut, within};
 use crate::names::CONTROLLER_FIELD_MANAGER;
 use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
@@ -29,8 +30,8 @@ pub enum ReconcileError {
     NoClusterIp(String, Duration),
     #[error("Service {0} was there when created and gone when read; retrying")]
     Gone(String),
-    #[error("the reconcile took longer than {0:?} and was dropped")]
-    Timeout(Duration),
+    #[error("the reconcile was dropped: {0}")]
+    Timeout(#[from] TimedOut),
 }
 
 impl ReconcileError {
@@ -61,9 +62,9 @@ pub enum Outcome {
 pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     let timeout = ctx.settings.reconcile_timeout;
-    let result = tokio::time::timeout(timeout, reconcile_claim(&claim, &ctx))
+    let result = within(timeout, reconcile_claim(&claim, &ctx))
         .await
-        .unwrap_or(Err(ReconcileError::Timeout(timeout)));
+        .unwrap_or_else(|timed_out| Err(timed_out.into()));
     // The histogram users watch describes work on shared volumes: a skip (RWO, unbound,
     // filtered) takes microseconds and would drown the reconciles that matter.
     if !matches!(result, Ok(Outcome::Skipped(_))) {
