@@ -534,20 +534,31 @@ mod tests {
         script.iter().map(|exchange| exchange.request.clone()).collect()
     }
 
+    /// Runs one reconcile of the claim against `script`, checks that it made exactly the
+    /// scripted requests, and returns how it ended and what the stub saw.
+    async fn reconcile_against(script: Vec<Exchange>) -> (Outcome, Seen) {
+        let expected = request_lines(&script);
+        let (client, seen) = stub_api(script);
+        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
+        let seen = std::mem::take(&mut *seen.lock().unwrap());
+        assert_eq!(seen.requests, expected, "the requests made");
+        (outcome, seen)
+    }
+
+    fn served_at_published_address() -> Outcome {
+        Outcome::Shared {
+            mount_endpoint: "10.96.0.10:2049".into(),
+            published: false,
+        }
+    }
+
     #[tokio::test]
     async fn a_converged_claim_costs_reads_and_no_write() {
         let pv = pv("192.0.2.1:2049", Some("10.96.0.10:2049"));
         let service = service_at(&shared_of(&pv), "10.96.0.10", CLAIM_UID);
         let script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
-        let expected = request_lines(&script);
-        let (client, seen) = stub_api(script);
-        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
-        let expected_outcome = Outcome::Shared {
-            mount_endpoint: "10.96.0.10:2049".into(),
-            published: false,
-        };
-        assert_eq!(outcome, expected_outcome);
-        assert_eq!(seen.lock().unwrap().requests, expected);
+        let (outcome, _) = reconcile_against(script).await;
+        assert_eq!(outcome, served_at_published_address());
     }
 
     #[tokio::test]
@@ -556,12 +567,12 @@ mod tests {
         let service = service_at(&shared_of(&pv), "10.96.0.10", "uid-someone-else");
         let mut script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
         script.push(answer(&format!("POST {EVENTS}"), 201, json!({})));
-        let expected = request_lines(&script);
-        let (client, seen) = stub_api(script);
-        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
-        assert_eq!(outcome, Outcome::Invalid("ServiceNameTaken"));
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.requests, expected, "nothing but the Warning is written");
+        let (outcome, seen) = reconcile_against(script).await;
+        assert_eq!(
+            outcome,
+            Outcome::Invalid("ServiceNameTaken"),
+            "nothing but the Warning is written"
+        );
         assert_eq!(event_reason(seen.bodies.last().unwrap()), "ServiceNameTaken");
     }
 
@@ -587,16 +598,12 @@ mod tests {
             answer(&format!("POST {SLICES}"), 201, slice),
             answer(&format!("POST {EVENTS}"), 201, json!({})),
         ];
-        let expected = request_lines(&script);
-        let (client, seen) = stub_api(script);
-        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
-        let expected_outcome = Outcome::Shared {
-            mount_endpoint: "10.96.0.10:2049".into(),
-            published: false,
-        };
-        assert_eq!(outcome, expected_outcome, "clients keep the address they mount");
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.requests, expected);
+        let (outcome, seen) = reconcile_against(script).await;
+        assert_eq!(
+            outcome,
+            served_at_published_address(),
+            "clients keep the address they mount"
+        );
         for asked in [&seen.bodies[4], &seen.bodies[5]] {
             assert_eq!(
                 asked["spec"]["clusterIP"], "10.96.0.10",
@@ -612,15 +619,12 @@ mod tests {
         let service = service_at(&shared_of(&pv), "10.96.0.10", CLAIM_UID);
         let mut script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
         script.push(answer(&format!("POST {EVENTS}"), 201, json!({})));
-        let expected = request_lines(&script);
-        let (client, seen) = stub_api(script);
-        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
-        assert!(
-            matches!(outcome, Outcome::Shared { published: false, .. }),
-            "{outcome:?}"
+        let (outcome, seen) = reconcile_against(script).await;
+        assert_eq!(
+            outcome,
+            served_at_published_address(),
+            "the Service is neither deleted nor rewritten"
         );
-        let seen = seen.lock().unwrap();
-        assert_eq!(seen.requests, expected, "the Service is neither deleted nor rewritten");
         let warning = seen.bodies.last().unwrap();
         assert_eq!(event_reason(warning), "ServiceFamilyMismatch");
         assert_eq!(warning["type"], "Warning");
