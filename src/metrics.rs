@@ -15,6 +15,7 @@ pub const CLAIMS_PENDING_SINCE: &str = "storageos_shared_volume_claims_pending_s
 pub const BUILD_INFO: &str = "storageos_shared_volume_build_info";
 pub const REPAIRS: &str = "storageos_shared_volume_repairs_total";
 pub const REPAIRS_DEFERRED: &str = "storageos_shared_volume_repairs_deferred_total";
+pub const MOVES_HELD: &str = "storageos_shared_volume_moves_held_total";
 pub const LOOP_TURNED: &str = "storageos_shared_volume_loop_last_turn_timestamp_seconds";
 
 pub const AGENT_DRBD_RESOURCES: &str = "storageos_drbd_agent_resources";
@@ -117,6 +118,8 @@ pub struct ControllerMetrics {
     pub repairs: IntCounter,
     /// Repairs held back because something keeps changing the same objects.
     pub repairs_deferred: IntCounter,
+    /// Agent moves seen in flight (endpoints ahead of the PV) and held instead of repaired.
+    pub moves_held: IntCounter,
 }
 
 impl ControllerMetrics {
@@ -160,6 +163,11 @@ impl ControllerMetrics {
                 registry,
                 REPAIRS_DEFERRED,
                 "Repairs held back because something keeps changing the same objects.",
+            )?,
+            moves_held: counter(
+                registry,
+                MOVES_HELD,
+                "Agent moves of endpoints seen in flight (the endpoints written, the PV not yet) and held instead of repaired.",
             )?,
             loop_turned: gauge(
                 registry,

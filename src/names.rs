@@ -8,6 +8,10 @@
 pub const SERVICE_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs-service-endpoint";
 /// PV annotation where the controller publishes the address clients mount.
 pub const MOUNT_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs-mount-endpoint";
+/// The stamp of an agent's move, on the PV, Endpoints and EndpointSlice it writes: where the
+/// endpoints move to and the PV resourceVersion the move was decided over (JSON). The controller
+/// tells a move in flight from drift by it.
+pub const MOVE_STAMP_ANNOTATION: &str = "storageos.com/nfs-endpoint-move";
 /// StorageOS volume label holding the published mount endpoint (StorageOS labels allow the `/`).
 pub const STORAGEOS_MOUNT_ENDPOINT_LABEL: &str = "storageos.com/nfs/mount-endpoint";
 /// Label on every object we create, naming the volume it serves.

@@ -5,6 +5,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::ClaimKey;
 
 /// How a claim's last reconcile ended, as far as the gauges care.
@@ -31,6 +32,8 @@ pub struct ClaimBook {
     converged: HashMap<ClaimKey, u64>,
     /// Repairs of drift after convergence, by claim.
     repairs: HashMap<ClaimKey, Repairs>,
+    /// The agent's move each claim was last held for, and until when: a move is held once.
+    held: HashMap<ClaimKey, (MoveStamp, Instant)>,
 }
 
 /// Repairs of one claim's objects that something else keeps changing back.
@@ -88,6 +91,7 @@ impl ClaimBook {
         self.failures.remove(claim);
         self.converged.remove(claim);
         self.repairs.remove(claim);
+        self.held.remove(claim);
     }
 
     /// `claim`'s objects match the desired state with this `fingerprint`.
@@ -106,6 +110,21 @@ impl ClaimBook {
         let repairs = self.repairs.get(claim)?;
         let due = repairs.last + wait_after(repairs.count);
         (due > now).then(|| due - now)
+    }
+
+    /// The agent's move `claim` was last held for, and until when.
+    pub fn held(&self, claim: &ClaimKey) -> Option<(&MoveStamp, Instant)> {
+        self.held.get(claim).map(|(stamp, until)| (stamp, *until))
+    }
+
+    /// Holds `claim` for `stamp` until `until`, or keeps the hold it has for that very stamp:
+    /// a move is held once. Returns how long the hold still runs.
+    pub fn hold(&mut self, claim: &ClaimKey, stamp: MoveStamp, until: Instant, now: Instant) -> Duration {
+        let held = self.held.entry(claim.clone()).or_insert((stamp.clone(), until));
+        if held.0 != stamp {
+            *held = (stamp, until);
+        }
+        held.1.saturating_duration_since(now)
     }
 
     pub fn repaired(&mut self, claim: &ClaimKey, now: Instant) {

@@ -7,6 +7,8 @@ pub mod cache;
 mod context;
 mod fence;
 mod leader;
+#[cfg(test)]
+mod move_model;
 mod plan;
 pub mod reconcile;
 mod service;

@@ -1,5 +1,6 @@
-//! The pure middle of a reconcile: what a shared volume's objects should be, built once, and
-//! whether what was read of them drifted from what this replica converged them to.
+//! The pure middle of a reconcile: what a shared volume's objects should be, built once; whether
+//! endpoints that differ from the PV are an agent's move in flight ([`move_step`]); and whether
+//! what was read drifted from what this replica converged it to ([`Plan::drift`]).
 
 use std::time::Duration;
 
@@ -8,6 +9,8 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use crate::apply::is_converged;
 use crate::sharedvolume::desired::{self, EndpointObjects, SharedVolume};
+use crate::sharedvolume::stamp::MoveStamp;
+use crate::volume::NfsEndpoint;
 
 /// The objects one shared volume wants, built once per reconcile: the drift check and every
 /// write work from these.
@@ -67,10 +70,145 @@ impl Plan {
     }
 }
 
+impl Current {
+    /// Where the Endpoints and the EndpointSlice point, and the stamps they carry.
+    pub fn pointing(&self) -> [Pointing; 2] {
+        let endpoints = self.endpoints.as_ref().map(|endpoints| {
+            let subset = endpoints.subsets.as_ref().and_then(|s| s.first());
+            let ip = subset
+                .and_then(|s| s.addresses.as_ref()?.first())
+                .map(|a| a.ip.as_str());
+            let port = subset.and_then(|s| s.ports.as_ref()?.first()).map(|p| p.port);
+            Pointing::at(ip, port, endpoints.metadata.annotations.as_ref())
+        });
+        let slice = self.slice.as_ref().map(|slice| {
+            let ip = slice
+                .endpoints
+                .first()
+                .and_then(|e| e.addresses.first())
+                .map(String::as_str);
+            let port = slice.ports.as_ref().and_then(|p| p.first()?.port);
+            Pointing::at(ip, port, slice.metadata.annotations.as_ref())
+        });
+        [endpoints.unwrap_or_default(), slice.unwrap_or_default()]
+    }
+}
+
+/// Where one of a volume's endpoint objects points, and the stamp of the agent's move on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Pointing {
+    pub server: Option<NfsEndpoint>,
+    pub stamp: Option<MoveStamp>,
+}
+
+impl Pointing {
+    fn at(
+        ip: Option<&str>,
+        port: Option<i32>,
+        annotations: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Self {
+        let server = match (
+            ip.and_then(|ip| ip.parse().ok()),
+            port.and_then(|p| u16::try_from(p).ok()),
+        ) {
+            (Some(ip), Some(port)) => Some(NfsEndpoint::new(ip, port)),
+            _ => None,
+        };
+        Self {
+            server,
+            stamp: MoveStamp::read(annotations),
+        }
+    }
+
+    /// The stamp of the move that put this object where it points, if an agent's move did.
+    fn own_move(&self) -> Option<&MoveStamp> {
+        self.stamp
+            .as_ref()
+            .filter(|stamp| stamp.endpoint.parse::<NfsEndpoint>().ok() == self.server)
+    }
+}
+
+/// The PV as one reconcile read it (from the cache, or fresh from the API).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PvSight {
+    pub version: String,
+    /// Where it says the NFS server listens.
+    pub server: NfsEndpoint,
+    /// The stamp of the last agent move written on it.
+    pub stamp: Option<MoveStamp>,
+    /// Read from the API in this reconcile, not from the cache.
+    pub fresh: bool,
+}
+
+/// What a reconcile does next about endpoints that differ from the PV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum MoveStep {
+    /// Plan from the PV as read and write what is out of line (a repair, if it was drift).
+    Proceed,
+    /// The endpoints carry an agent's move the cached PV does not show: the PV may just lag in
+    /// the cache (its watch is another stream), so read it fresh and decide again.
+    ReadPv,
+    /// The PV shows an agent's move the cached endpoints do not: the agent writes them in the
+    /// same round trip, so read them fresh before writing them a second time.
+    ReadEndpoints,
+    /// The fresh PV is still at exactly the version the move was decided over: the agent's PV
+    /// write is in flight. Hold this stamp (once: a writer that died is repaired after the hold).
+    Hold(MoveStamp),
+}
+
+/// A move this claim was held for, and whether the hold has run out.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held<'a> {
+    pub stamp: &'a MoveStamp,
+    pub expired: bool,
+}
+
+/// The rule that keeps the controller from pointing the endpoints back at a node the agent just
+/// moved them off, and from writing a move the agent already wrote. Where existing endpoints
+/// differ from the PV, the controller reads the PV fresh before it writes; where an agent's move
+/// is involved (a stamp on the endpoints naming where they point, or one on the PV naming what it
+/// says), it reads the endpoints fresh too. The PV stays the only source of truth: a stamp is a reason to
+/// look again or to wait, never a reason to write what the PV does not say. While the fresh PV is
+/// at exactly the version a move was decided over, its PV write is in flight: held, for a bounded
+/// time. A hand edit (no stamp), a stale stamp (the PV moved past its version) or a hold run out
+/// is drift, repaired at once.
+pub(crate) fn move_step(pv: &PvSight, objects: &[Pointing], objects_fresh: bool, held: Option<Held>) -> MoveStep {
+    // Objects still to be created are not a move.
+    let elsewhere: Vec<&Pointing> = objects
+        .iter()
+        .filter(|o| o.server.is_some_and(|server| server != pv.server))
+        .collect();
+    if elsewhere.is_empty() {
+        return MoveStep::Proceed;
+    }
+    // Nothing is written from a cached PV that disagrees with the endpoints: the cache may be
+    // the one behind (the controller's own earlier writes included).
+    if !pv.fresh {
+        return MoveStep::ReadPv;
+    }
+    let in_flight = elsewhere.iter().find_map(|o| o.own_move());
+    let moved_by_agent = pv
+        .stamp
+        .as_ref()
+        .is_some_and(|stamp| stamp.endpoint.parse::<NfsEndpoint>().ok() == Some(pv.server));
+    let agent_involved = in_flight.is_some() || moved_by_agent;
+    if let Some(stamp) = in_flight {
+        let ran_out = held.is_some_and(|held| held.stamp == stamp && held.expired);
+        if pv.version == stamp.over_pv_version && !ran_out {
+            return MoveStep::Hold(stamp.clone());
+        }
+    }
+    if agent_involved && !objects_fresh {
+        return MoveStep::ReadEndpoints;
+    }
+    MoveStep::Proceed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::sharedvolume::desired::tests::shared_volume;
+    use crate::sharedvolume::stamp::MoveStamp;
 
     fn current_of(plan: &Plan) -> Current {
         Current {
@@ -102,6 +240,140 @@ mod tests {
                 expected,
                 "{converged_before} {repair_wait:?}"
             );
+        }
+    }
+
+    fn at(last: u8, stamp: Option<(u8, &str)>) -> Pointing {
+        Pointing {
+            server: Some(NfsEndpoint::new([10, 0, 0, last].into(), 2049)),
+            stamp: stamp.map(|(to, over)| MoveStamp {
+                endpoint: format!("10.0.0.{to}:2049"),
+                over_pv_version: over.into(),
+            }),
+        }
+    }
+
+    fn pv_at(last: u8, version: &str, fresh: bool) -> PvSight {
+        PvSight {
+            version: version.into(),
+            server: NfsEndpoint::new([10, 0, 0, last].into(), 2049),
+            stamp: None,
+            fresh,
+        }
+    }
+
+    #[test]
+    fn moves_in_flight_are_held_and_drift_is_repaired_from_a_fresh_pv() {
+        let in_flight = at(2, Some((2, "7")));
+        let held = |expired| Held {
+            stamp: in_flight.stamp.as_ref().unwrap(),
+            expired,
+        };
+        let hold = MoveStep::Hold(in_flight.stamp.clone().unwrap());
+        let moved = PvSight {
+            stamp: in_flight.stamp.clone(),
+            ..pv_at(2, "8", true)
+        };
+        let cases = [
+            (
+                "in line",
+                pv_at(1, "7", false),
+                [at(1, None), at(1, None)],
+                false,
+                None,
+                MoveStep::Proceed,
+            ),
+            (
+                "not created yet",
+                pv_at(1, "7", false),
+                [Pointing::default(), Pointing::default()],
+                false,
+                None,
+                MoveStep::Proceed,
+            ),
+            (
+                "hand edit, cached PV",
+                pv_at(1, "7", false),
+                [at(9, None), at(1, None)],
+                false,
+                None,
+                MoveStep::ReadPv,
+            ),
+            (
+                "hand edit, fresh PV: repaired",
+                pv_at(1, "7", true),
+                [at(9, None), at(1, None)],
+                false,
+                None,
+                MoveStep::Proceed,
+            ),
+            (
+                "a move, cached PV",
+                pv_at(1, "7", false),
+                [in_flight.clone(), at(1, None)],
+                false,
+                None,
+                MoveStep::ReadPv,
+            ),
+            (
+                "a move, PV at its version: held",
+                pv_at(1, "7", true),
+                [in_flight.clone(), at(1, None)],
+                false,
+                None,
+                hold.clone(),
+            ),
+            (
+                "still held",
+                pv_at(1, "7", true),
+                [in_flight.clone(), at(1, None)],
+                false,
+                Some(held(false)),
+                hold,
+            ),
+            (
+                "hold run out",
+                pv_at(1, "7", true),
+                [in_flight.clone(), at(1, None)],
+                false,
+                Some(held(true)),
+                MoveStep::ReadEndpoints,
+            ),
+            (
+                "hold run out, read fresh: repaired",
+                pv_at(1, "7", true),
+                [in_flight.clone(), at(1, None)],
+                true,
+                Some(held(true)),
+                MoveStep::Proceed,
+            ),
+            (
+                "a stale stamp: the PV moved on",
+                pv_at(1, "9", true),
+                [in_flight.clone(), at(1, None)],
+                false,
+                None,
+                MoveStep::ReadEndpoints,
+            ),
+            (
+                "the fresh PV shows the move",
+                moved.clone(),
+                [in_flight.clone(), at(1, None)],
+                false,
+                None,
+                MoveStep::ReadEndpoints,
+            ),
+            (
+                "the fresh endpoints show it too",
+                moved,
+                [in_flight.clone(), in_flight.clone()],
+                true,
+                None,
+                MoveStep::Proceed,
+            ),
+        ];
+        for (name, pv, objects, objects_fresh, held, expected) in cases {
+            assert_eq!(move_step(&pv, &objects, objects_fresh, held), expected, "{name}");
         }
     }
 }

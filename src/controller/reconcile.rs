@@ -11,13 +11,14 @@ use kube::{Api, Resource};
 
 use super::book::Standing;
 use super::context::Context;
-use super::plan::{Current, Drift, Plan};
+use super::plan::{Current, Drift, Held, MoveStep, Plan, PvSight, move_step};
 use super::service::{EnsuredService, ensure_service};
 use crate::deadline::{TimedOut, within};
 use crate::names::CONTROLLER_FIELD_MANAGER;
 use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
 use crate::sharedvolume::endpoints::write_endpoints_over;
+use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, VolumeError, VolumeInfo};
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +58,8 @@ pub enum Outcome {
     },
     /// Served, but something keeps changing its objects: the repair waits this long.
     RepairDeferred(Duration),
+    /// Served, and an agent's move of its endpoints is in flight: looked at again after this.
+    MoveHeld(Duration),
 }
 
 pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
@@ -75,13 +78,14 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
         Ok(Outcome::Invalid(_)) => ("invalid", Standing::Invalid),
         Ok(Outcome::Shared { .. }) => ("shared", Standing::Shared),
         Ok(Outcome::RepairDeferred(_)) => ("deferred", Standing::Shared),
+        Ok(Outcome::MoveHeld(_)) => ("held", Standing::Shared),
         Err(_) => ("error", Standing::Failed),
     };
     ctx.metrics.reconciles.with_label_values(&[label]).inc();
     ctx.book(|book| book.record(&ClaimKey::of(&claim), standing, SystemTime::now()));
     tracing::debug!(claim = %ClaimKey::of(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
     result.map(|outcome| match outcome {
-        Outcome::RepairDeferred(wait) => Action::requeue(wait),
+        Outcome::RepairDeferred(wait) | Outcome::MoveHeld(wait) => Action::requeue(wait),
         _ => Action::requeue(ctx.settings.resync_interval),
     })
 }
@@ -100,16 +104,37 @@ struct Found {
     pv: PersistentVolume,
     volume: VolumeInfo,
     shared: SharedVolume,
+    /// The PV was read from the API in this reconcile.
+    fresh: bool,
+}
+
+impl Found {
+    fn sight(&self) -> PvSight {
+        PvSight {
+            version: self.pv.metadata.resource_version.clone().unwrap_or_default(),
+            server: self.shared.server,
+            stamp: MoveStamp::read(self.pv.metadata.annotations.as_ref()),
+            fresh: self.fresh,
+        }
+    }
 }
 
 async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ReconcileError> {
-    let Found { pv, volume, shared } = match find_shared_volume(claim, ctx).await? {
+    let (pv, pv_fresh) = match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
+        Some(name) => read_pv(ctx, name).await?,
+        None => (None, true),
+    };
+    let found = match find_shared_volume(claim, ctx, pv, pv_fresh).await? {
         Ok(found) => found,
         Err(why) => return Ok(not_managed(ctx, claim, why).await),
     };
     let key = ClaimKey::of(claim);
+    let (found, current) = match follow_moves(claim, ctx, &key, found).await? {
+        Ok(read) => read,
+        Err(outcome) => return Ok(outcome),
+    };
+    let Found { pv, volume, shared, .. } = found;
     let plan = Plan::of(&shared);
-    let current = read_current(ctx, &shared).await?;
     let drift = ctx.read_book(|book| {
         let converged_before = book.converged_before(&key, plan.fingerprint);
         plan.drift(&current, converged_before, book.repair_wait(&key, Instant::now()))
@@ -144,16 +169,62 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
     publish_mount_endpoint(ctx, claim, &pv, &volume, &shared, ensured).await
 }
 
-/// The claim's PV and volume, if the claim is a shared volume of ours; else why not. A volume
-/// the backend does not know, or holds something unusable, is bad input.
+/// Reads the claim's objects, and where they differ from the PV because an agent is moving
+/// them, reads again what [`move_step`] asks for: the PV (it may lag in the cache) or the
+/// endpoints (the agent may have written them already). Ends with what to plan from, or with
+/// how the reconcile ended (the move held, or the fresh PV no longer served).
+async fn follow_moves(
+    claim: &PersistentVolumeClaim,
+    ctx: &Context,
+    key: &ClaimKey,
+    mut found: Found,
+) -> Result<Result<(Found, Current), Outcome>, ReconcileError> {
+    let (mut current, mut objects_fresh) = read_current(ctx, &found.shared).await?;
+    let held = ctx.read_book(|book| book.held(key).map(|(stamp, until)| (stamp.clone(), until)));
+    loop {
+        let held = held.as_ref().map(|(stamp, until)| Held {
+            stamp,
+            expired: Instant::now() >= *until,
+        });
+        match move_step(&found.sight(), &current.pointing(), objects_fresh, held) {
+            MoveStep::Proceed => return Ok(Ok((found, current))),
+            MoveStep::ReadPv => {
+                let name = found.pv.metadata.name.clone().unwrap_or_default();
+                let pv = Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(&name).await?;
+                found = match find_shared_volume(claim, ctx, pv, true).await? {
+                    Ok(found) => found,
+                    Err(why) => return Ok(Err(not_managed(ctx, claim, why).await)),
+                };
+            }
+            MoveStep::ReadEndpoints => {
+                current = read_from_api(ctx, &found.shared).await?;
+                objects_fresh = true;
+            }
+            MoveStep::Hold(stamp) => {
+                tracing::debug!(claim = %key, move_to = %stamp.endpoint, "an agent's move is in flight; holding");
+                ctx.metrics.moves_held.inc();
+                let now = Instant::now();
+                let mut wait = MOVE_HOLD;
+                ctx.book(|book| wait = book.hold(key, stamp, now + MOVE_HOLD, now));
+                return Ok(Err(Outcome::MoveHeld(wait)));
+            }
+        }
+    }
+}
+
+/// How long a move in flight is held before the endpoints are put back to what the PV says: the
+/// agent's three writes go out together, so its PV write lands within a round trip or not at all.
+const MOVE_HOLD: Duration = Duration::from_secs(2);
+
+/// The claim's volume, given its PV (`fresh`: read from the API in this reconcile), if the claim
+/// is a shared volume of ours; else why not. A volume the backend does not know, or holds
+/// something unusable, is bad input.
 async fn find_shared_volume(
     claim: &PersistentVolumeClaim,
     ctx: &Context,
+    pv: Option<PersistentVolume>,
+    fresh: bool,
 ) -> Result<Result<Found, NotManaged>, ReconcileError> {
-    let pv = match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
-        Some(name) => read_pv(ctx, name).await?,
-        None => None,
-    };
     let pv = match classify::candidate_volume(claim, pv.as_ref(), &ctx.settings.filters) {
         Ok(pv) => pv,
         Err(why) => return Ok(Err(why)),
@@ -176,6 +247,7 @@ async fn find_shared_volume(
         pv: pv.clone(),
         volume,
         shared,
+        fresh,
     }))
 }
 
@@ -183,15 +255,22 @@ async fn find_shared_volume(
 /// listed, as the API has them. Reconciles do not wait for the caches: a watch that cannot list
 /// (an API server restarting, a permission missing) would hold every claim unserved, where the
 /// API still answers.
-async fn read_current(ctx: &Context, shared: &SharedVolume) -> Result<Current, kube::Error> {
+/// Whether they came from the API is the second value.
+async fn read_current(ctx: &Context, shared: &SharedVolume) -> Result<(Current, bool), kube::Error> {
     let (namespace, name) = (&shared.namespace, &shared.service_name);
     if let Some(caches) = ctx.caches() {
-        return Ok(Current {
+        let cached = Current {
             service: caches.service(namespace, name).map(|s| (*s).clone()),
             endpoints: caches.endpoints(namespace, name).map(|e| (*e).clone()),
             slice: caches.slice(namespace, name).map(|s| (*s).clone()),
-        });
+        };
+        return Ok((cached, false));
     }
+    Ok((read_from_api(ctx, shared).await?, true))
+}
+
+async fn read_from_api(ctx: &Context, shared: &SharedVolume) -> Result<Current, kube::Error> {
+    let (namespace, name) = (&shared.namespace, &shared.service_name);
     let client = &ctx.client;
     Ok(Current {
         service: Api::<Service>::namespaced(client.clone(), namespace)
@@ -332,11 +411,13 @@ async fn report_invalid(ctx: &Context, claim: &PersistentVolumeClaim, invalid: I
 
 /// The PV, from the cache when it holds it (what triggered the reconcile is always there), else
 /// from the API.
-async fn read_pv(ctx: &Context, name: &str) -> Result<Option<PersistentVolume>, kube::Error> {
+/// Whether it came from the API is the second value.
+async fn read_pv(ctx: &Context, name: &str) -> Result<(Option<PersistentVolume>, bool), kube::Error> {
     if let Some(pv) = ctx.caches().and_then(|c| c.pv(name)) {
-        return Ok(Some((*pv).clone()));
+        return Ok((Some((*pv).clone()), false));
     }
-    Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await
+    let pv = Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await?;
+    Ok((pv, true))
 }
 
 async fn ensure_endpoints(
