@@ -100,19 +100,22 @@ where
     apply_if_changed(api, field_manager, desired, current.as_ref()).await
 }
 
-/// Server-side apply of just one annotation of a PV under `field_manager`: the storage system's
-/// annotations and every other field stay theirs. Returns the PV as stored.
-pub async fn apply_annotation(
+/// Server-side apply of just these annotations of a PV under `field_manager`: the storage
+/// system's annotations and every other field stay theirs. Returns the PV as stored.
+pub async fn apply_annotations(
     pvs: &Api<PersistentVolume>,
     field_manager: &str,
     pv_name: &str,
-    key: &str,
-    value: &str,
+    annotations: &[(&str, &str)],
 ) -> Result<PersistentVolume, kube::Error> {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(key, value)| (key.to_string(), Value::from(*value)))
+        .collect();
     let patch = json!({
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": pv_name, "annotations": {key: value}},
+        "metadata": {"name": pv_name, "annotations": annotations},
     });
     let params = PatchParams::apply(field_manager).force();
     pvs.patch(pv_name, &params, &Patch::Apply(&patch)).await

@@ -230,6 +230,10 @@ pub struct AgentArgs {
     /// Never add a lost-quorum taint that would leave more than this share of nodes tainted.
     #[arg(long, env = "MAX_TAINTED_FRACTION", default_value_t = 0.5, value_parser = fraction)]
     pub max_tainted_fraction: f64,
+    /// How many volumes a fail-over publishes at once when this node becomes the primary of many
+    /// (each is three writes in one round trip).
+    #[arg(long, env = "MAX_CONCURRENT_PUBLICATIONS", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_publications: u16,
     /// What to do when this node is cordoned or carries the evacuate taint.
     #[arg(long, env = "NODE_DRAIN_POLICY", value_enum, default_value = "ignore")]
     pub node_drain_policy: DrainPolicy,

@@ -3,9 +3,10 @@
 //! bounded by `--operations-timeout`; failed actions back off exponentially.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams, Preconditions};
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::action::{Action, ActionKey, Cause, PodRef};
 use super::error::AgentError;
-use super::follow::{Followed, publish_and_follow};
+use super::follow::{Followed, Move, publish_and_follow};
 use super::guard::{FailOverGuard, Reservation};
 use super::source::DrbdSource;
 use crate::deadline::within;
@@ -32,6 +33,8 @@ pub struct ExecutorSettings {
     /// An action done (or reported) is not repeated within this time while it stays decided
     /// (the cache may not show its effect yet).
     pub cooldown: Duration,
+    /// How many publications run at once.
+    pub max_concurrent_publications: usize,
     /// First retry delay of a failed action; it doubles up to [`ExecutorSettings::max_backoff`].
     pub min_backoff: Duration,
     pub max_backoff: Duration,
@@ -131,7 +134,24 @@ pub struct Executor {
     /// When a failed action may be tried again.
     backoff: HashMap<ActionKey, Backoff>,
     /// UIDs of the VolumeAttachments deleted: none is deleted twice.
-    deleted_attachments: HashSet<String>,
+    deleted_attachments: Mutex<HashSet<String>>,
+}
+
+/// Which of a round's actions one [`Executor::run`] carries out: the publications go first, on
+/// their own, while the round reads what the other steps need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Publications,
+    Steps,
+}
+
+impl Scope {
+    fn of(key: &ActionKey) -> Self {
+        match key {
+            ActionKey::Publish { .. } => Self::Publications,
+            _ => Self::Steps,
+        }
+    }
 }
 
 impl Executor {
@@ -152,23 +172,35 @@ impl Executor {
             guard,
             recent: HashMap::new(),
             backoff: HashMap::new(),
-            deleted_attachments: HashSet::new(),
+            deleted_attachments: Mutex::default(),
         }
     }
 
-    /// Carries out `actions` in order. `drbd_read_at` is when the DRBD state they were decided
-    /// on was read: the start of the endpoint-rewrite latency. `storage_nodes` are the nodes the
+    /// Carries out the `actions` of one `scope` that this round decided: publications all at
+    /// once (bounded by `--max-concurrent-publications`), their events after every write; the
+    /// other steps in order. `drbd_read_at` is when the DRBD state they were decided on was
+    /// read: the start of the endpoint-rewrite latency. `storage_nodes` are the nodes the
     /// blast-radius guard counts, as this round saw them.
-    pub async fn run(&mut self, actions: Vec<Action>, drbd_read_at: Instant, storage_nodes: &BTreeSet<String>) {
+    pub async fn run(
+        &mut self,
+        scope: Scope,
+        actions: Vec<Action>,
+        drbd_read_at: Instant,
+        storage_nodes: &BTreeSet<String>,
+    ) {
         let now = Instant::now();
-        let decided: Vec<ActionKey> = actions.iter().map(Action::key).collect();
-        // An action no longer decided has taken effect (or its cause went away): when it is
-        // needed again, it is carried out at once.
+        let decided: HashSet<ActionKey> = actions.iter().map(Action::key).collect();
+        // An action of this scope no longer decided has taken effect (or its cause went away):
+        // when it is needed again, it is carried out at once.
         let cooldown = self.settings.cooldown;
+        let undecided = |key: &ActionKey| Scope::of(key) == scope && !decided.contains(key);
         self.recent.retain(|key, (at, remembered)| {
-            decided.contains(key) && (*remembered == Remembered::WhileDecided || now.duration_since(*at) < cooldown)
+            !undecided(key) && (*remembered == Remembered::WhileDecided || now.duration_since(*at) < cooldown)
         });
-        self.backoff.retain(|key, _| decided.contains(key));
+        self.backoff.retain(|key, _| !undecided(key));
+        if scope == Scope::Publications {
+            return self.publish_all(actions, drbd_read_at, now).await;
+        }
         // A refusal holds for the cooldown, like any remembered action: until then none of that
         // node's fail-over steps run, whichever round decides them.
         let mut refused_nodes: HashSet<String> = self
@@ -179,63 +211,101 @@ impl Executor {
                 _ => None,
             })
             .collect();
-        for (action, key) in actions.iter().zip(decided) {
-            if action.failing_over().is_some_and(|node| refused_nodes.contains(node)) {
+        for action in &actions {
+            let key = action.key();
+            if action.failing_over().is_some_and(|node| refused_nodes.contains(node)) || !self.due(&key, now) {
                 continue;
             }
-            if self.recent.contains_key(&key) || self.backoff.get(&key).is_some_and(|b| b.retry_at > now) {
-                continue;
+            let about = About::of(action);
+            let (remembered, told) = self.attempt(action, &about, drbd_read_at, storage_nodes).await;
+            if let Remembered::Refused(node) = &remembered {
+                refused_nodes.insert(node.clone());
             }
-            match self.carry_out(action, drbd_read_at, storage_nodes).await {
-                Remembered::Retry => {
-                    let delay = self
-                        .backoff
-                        .get(&key)
-                        .map_or(self.settings.min_backoff, |b| b.delay * 2)
-                        .min(self.settings.max_backoff);
-                    let retry_at = Instant::now() + delay;
-                    self.backoff.insert(key, Backoff { retry_at, delay });
-                }
-                remembered => {
-                    if let Remembered::Refused(node) = &remembered {
-                        refused_nodes.insert(node.clone());
-                    }
-                    self.backoff.remove(&key);
-                    self.recent.insert(key, (Instant::now(), remembered));
-                }
-            }
+            self.remember(key, remembered);
+            self.tell(&about, told).await;
         }
     }
 
-    /// Attempts one action, then posts the one event that tells how it went.
-    async fn carry_out(
-        &mut self,
-        action: &Action,
-        drbd_read_at: Instant,
-        storage_nodes: &BTreeSet<String>,
-    ) -> Remembered {
-        let about = About::of(action);
-        let (remembered, told) = self.attempt(action, &about, drbd_read_at, storage_nodes).await;
-        if let Some(told) = told {
-            let Told {
-                type_,
-                reason,
-                action,
-                note,
-                once,
-            } = told;
-            if once {
-                self.events.warning_once(&about.target, reason, action, note).await;
-            } else {
-                self.events.tell(&about.target, type_, reason, action, note).await;
-            }
+    /// A mass fail-over moves many volumes: each publication waits only for its own writes, and
+    /// no write waits for another's event.
+    async fn publish_all(&mut self, actions: Vec<Action>, drbd_read_at: Instant, now: Instant) {
+        let due: Vec<(ActionKey, &Action)> = actions
+            .iter()
+            .map(|action| (action.key(), action))
+            .filter(|(key, _)| self.due(key, now))
+            .collect();
+        let no_nodes = BTreeSet::new();
+        let concurrency = self.settings.max_concurrent_publications.max(1);
+        let this = &*self;
+        let settled: Vec<(ActionKey, About, Remembered, Option<Told>)> = futures::stream::iter(due)
+            .map(|(key, action)| {
+                let no_nodes = &no_nodes;
+                async move {
+                    let about = About::of(action);
+                    let (remembered, told) = this.attempt(action, &about, drbd_read_at, no_nodes).await;
+                    (key, about, remembered, told)
+                }
+            })
+            .buffer_unordered(concurrency)
+            .collect()
+            .await;
+        let mut tellings = Vec::new();
+        for (key, about, remembered, told) in settled {
+            self.remember(key, remembered);
+            tellings.push((about, told));
         }
-        remembered
+        let this = &*self;
+        futures::stream::iter(tellings)
+            .for_each_concurrent(
+                concurrency,
+                |(about, told)| async move { this.tell(&about, told).await },
+            )
+            .await;
+    }
+
+    /// Whether the action of `key` may be carried out now: not settled within its cooldown, not
+    /// backing off after a failure.
+    fn due(&self, key: &ActionKey, now: Instant) -> bool {
+        !self.recent.contains_key(key) && self.backoff.get(key).is_none_or(|b| b.retry_at <= now)
+    }
+
+    fn remember(&mut self, key: ActionKey, remembered: Remembered) {
+        if remembered == Remembered::Retry {
+            let delay = self
+                .backoff
+                .get(&key)
+                .map_or(self.settings.min_backoff, |b| b.delay * 2)
+                .min(self.settings.max_backoff);
+            let retry_at = Instant::now() + delay;
+            self.backoff.insert(key, Backoff { retry_at, delay });
+        } else {
+            self.backoff.remove(&key);
+            self.recent.insert(key, (Instant::now(), remembered));
+        }
+    }
+
+    /// Posts the event that tells how an action went.
+    async fn tell(&self, about: &About, told: Option<Told>) {
+        let Some(Told {
+            type_,
+            reason,
+            action,
+            note,
+            once,
+        }) = told
+        else {
+            return;
+        };
+        if once {
+            self.events.warning_once(&about.target, reason, action, note).await;
+        } else {
+            self.events.tell(&about.target, type_, reason, action, note).await;
+        }
     }
 
     /// Carries the action out (or reports it), and says what to remember of it and what to tell.
     async fn attempt(
-        &mut self,
+        &self,
         action: &Action,
         about: &About,
         drbd_read_at: Instant,
@@ -327,7 +397,7 @@ impl Executor {
     }
 
     fn outcome(
-        &mut self,
+        &self,
         action: &Action,
         about: &About,
         result: Result<Outcome, AgentError>,
@@ -368,10 +438,13 @@ impl Executor {
 
     /// What a done action leaves behind: the attachments not to delete again, the fail-over
     /// count, the endpoint-rewrite latency (only when the endpoints were rewritten).
-    fn record_done(&mut self, action: &Action, followed: bool, drbd_read_at: Instant) {
+    fn record_done(&self, action: &Action, followed: bool, drbd_read_at: Instant) {
         match action {
             Action::DeleteAttachment { attachment, .. } => {
-                self.deleted_attachments.insert(attachment.uid.clone());
+                self.deleted_attachments
+                    .lock()
+                    .expect("deleted attachments poisoned")
+                    .insert(attachment.uid.clone());
             }
             // The taint is the step that starts a peer's fail-over: count each once.
             Action::Taint {
@@ -410,8 +483,21 @@ impl Executor {
                 Outcome::Done(None)
             }
             Action::PublishServiceEndpoint {
-                pv, claim, endpoint, ..
-            } => match publish_and_follow(client, pv, claim, endpoint).await? {
+                pv,
+                claim,
+                endpoint,
+                over_version,
+            } => match publish_and_follow(
+                client,
+                Move {
+                    pv,
+                    claim,
+                    endpoint,
+                    over_version,
+                },
+            )
+            .await?
+            {
                 Followed::Rewritten => Outcome::Done(None),
                 Followed::Skipped(why) => Outcome::Done(Some(format!(
                     "only the service endpoint was published, the endpoints are left to the controller: {why}"
@@ -423,7 +509,12 @@ impl Executor {
     }
 
     async fn delete_attachment(&self, attachment: &super::view::AttachmentView) -> Result<Outcome, kube::Error> {
-        if self.deleted_attachments.contains(&attachment.uid) {
+        let deleted_before = self
+            .deleted_attachments
+            .lock()
+            .expect("deleted attachments poisoned")
+            .contains(&attachment.uid);
+        if deleted_before {
             return Ok(Outcome::Skipped("this attachment was deleted already".into()));
         }
         let attachments: Api<VolumeAttachment> = Api::all(self.client.clone());
@@ -536,6 +627,7 @@ mod tests {
             grace_period_seconds: 10,
             operations_timeout: Duration::from_secs(5),
             cooldown: Duration::from_secs(60),
+            max_concurrent_publications: 8,
             min_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_millis(400),
         };
@@ -565,10 +657,10 @@ mod tests {
             .returning(|_| Ok(()));
         let (mut executor, metrics) = stub_executor(drbd, false);
         let now = Instant::now();
-        executor.run(vec![demote()], now, &no_nodes()).await;
-        executor.run(vec![demote()], now, &no_nodes()).await; // still decided: the cache lags, not repeated
-        executor.run(vec![], now, &no_nodes()).await; // no longer decided: forgotten
-        executor.run(vec![demote()], now, &no_nodes()).await; // needed again: done at once
+        executor.run(Scope::Steps, vec![demote()], now, &no_nodes()).await;
+        executor.run(Scope::Steps, vec![demote()], now, &no_nodes()).await; // still decided: the cache lags, not repeated
+        executor.run(Scope::Steps, vec![], now, &no_nodes()).await; // no longer decided: forgotten
+        executor.run(Scope::Steps, vec![demote()], now, &no_nodes()).await; // needed again: done at once
         let done = metrics.actions.with_label_values(&["force_secondary", "ok"]).get();
         assert_eq!(done, 2);
     }
@@ -586,12 +678,18 @@ mod tests {
             over_version: over_version.into(),
         };
         let now = Instant::now();
-        executor.run(vec![publish("7")], now, &no_nodes()).await;
+        executor
+            .run(Scope::Publications, vec![publish("7")], now, &no_nodes())
+            .await;
         // Decided again over the same PV: the cache has not seen the write yet.
-        executor.run(vec![publish("7")], now, &no_nodes()).await;
+        executor
+            .run(Scope::Publications, vec![publish("7")], now, &no_nodes())
+            .await;
         // Over a newer PV: another node published in between (this one was primary, then not,
         // then again, faster than its rounds), so it publishes again.
-        executor.run(vec![publish("9")], now, &no_nodes()).await;
+        executor
+            .run(Scope::Publications, vec![publish("9")], now, &no_nodes())
+            .await;
         let done = metrics.actions.with_label_values(&["publish", "ok"]).get();
         assert_eq!(done, 2);
     }
@@ -608,20 +706,28 @@ mod tests {
         });
         let (mut executor, metrics) = stub_executor(drbd, false);
         let failed = || metrics.actions.with_label_values(&["force_secondary", "failed"]).get();
-        executor.run(vec![demote()], Instant::now(), &no_nodes()).await;
-        executor.run(vec![demote()], Instant::now(), &no_nodes()).await; // backing off: not tried
+        executor
+            .run(Scope::Steps, vec![demote()], Instant::now(), &no_nodes())
+            .await;
+        executor
+            .run(Scope::Steps, vec![demote()], Instant::now(), &no_nodes())
+            .await; // backing off: not tried
         assert_eq!(failed(), 1);
         tokio::time::sleep(Duration::from_millis(60)).await;
-        executor.run(vec![demote()], Instant::now(), &no_nodes()).await; // after 50 ms: tried again
+        executor
+            .run(Scope::Steps, vec![demote()], Instant::now(), &no_nodes())
+            .await; // after 50 ms: tried again
         assert_eq!(failed(), 2);
         tokio::time::sleep(Duration::from_millis(60)).await;
-        executor.run(vec![demote()], Instant::now(), &no_nodes()).await; // the delay doubled: not yet
+        executor
+            .run(Scope::Steps, vec![demote()], Instant::now(), &no_nodes())
+            .await; // the delay doubled: not yet
         assert_eq!(failed(), 2);
 
         let mut untouched = MockDrbdSource::new();
         untouched.expect_force_secondary().never();
         let (mut dry, metrics) = stub_executor(untouched, true);
-        dry.run(vec![demote()], Instant::now(), &no_nodes()).await;
+        dry.run(Scope::Steps, vec![demote()], Instant::now(), &no_nodes()).await;
         let reported = metrics
             .refused_actions
             .with_label_values(&["force_secondary", "dry_run"])
@@ -662,13 +768,15 @@ mod tests {
         let (mut executor, metrics) = stub_executor(drbd, false);
         let mut actions = fail_over_of("node-a");
         actions.push(demote());
-        executor.run(actions, Instant::now(), &no_nodes()).await;
+        executor.run(Scope::Steps, actions, Instant::now(), &no_nodes()).await;
         let refused = metrics.refused_actions.with_label_values(&["taint", "guard"]).get();
         let deleted = metrics.actions.with_label_values(&["force_delete", "ok"]).get();
         let demoted = metrics.actions.with_label_values(&["force_secondary", "ok"]).get();
         assert_eq!((refused, deleted, demoted), (1, 0, 1));
         // The next round decides the same again: the refusal is not repeated, and still holds.
-        executor.run(fail_over_of("node-a"), Instant::now(), &no_nodes()).await;
+        executor
+            .run(Scope::Steps, fail_over_of("node-a"), Instant::now(), &no_nodes())
+            .await;
         let refused = metrics.refused_actions.with_label_values(&["taint", "guard"]).get();
         let deleted = metrics.actions.with_label_values(&["force_delete", "ok"]).get();
         assert_eq!((refused, deleted), (1, 0));
@@ -684,11 +792,13 @@ mod tests {
             evidence: evidence.into(),
         };
         for _ in 0..3 {
-            executor.run(vec![hold("alive")], Instant::now(), &no_nodes()).await;
+            executor
+                .run(Scope::Steps, vec![hold("alive")], Instant::now(), &no_nodes())
+                .await;
         }
         assert_eq!(metrics.held_fail_overs.get(), 1);
         executor
-            .run(vec![hold("connected to c")], Instant::now(), &no_nodes())
+            .run(Scope::Steps, vec![hold("connected to c")], Instant::now(), &no_nodes())
             .await;
         assert_eq!(metrics.held_fail_overs.get(), 2, "new evidence is reported again");
     }

@@ -21,8 +21,10 @@ use serde::de::DeserializeOwned;
 use super::observe::{Snapshot, trim_attachment, trim_node, trim_pod};
 use crate::kube_client::drop_managed_fields;
 use crate::names::AGENT_REPORT_LABEL;
+use crate::producer;
 use crate::sharedvolume::claim::trim_pv;
 use prometheus::{IntCounter, IntCounterVec};
+use tokio::sync::mpsc::error::TrySendError;
 
 pub struct Cache {
     pvs: Store<PersistentVolume>,
@@ -34,8 +36,9 @@ pub struct Cache {
 }
 
 impl Cache {
-    /// Starts the reflectors. They run while the returned stream is polled; it yields once per
-    /// change of any watched object.
+    /// Starts the reflectors, on a task of their own: the stores stay current while the loop is
+    /// busy (a mass fail-over acting on hundreds of volumes). The returned stream yields when
+    /// something changed since it last yielded; the reflectors stop when it is dropped.
     pub fn start(
         client: &Client,
         node: &str,
@@ -68,15 +71,22 @@ impl Cache {
             drop_managed_fields,
             counter("leases"),
         );
-        let changes = stream::select_all([
+        let mut reflected = stream::select_all([
             pv_changes,
             pod_changes,
             attachment_changes,
             node_changes,
             satellite_changes,
             lease_changes,
-        ])
-        .boxed();
+        ]);
+        // One change waiting says it all: the loop reads the stores, not the changes.
+        let changes = producer::spawn(1, |sender| async move {
+            while reflected.next().await.is_some() {
+                if let Err(TrySendError::Closed(())) = sender.try_send(()) {
+                    return;
+                }
+            }
+        });
         let cache = Self {
             pvs,
             pods,

@@ -2,6 +2,7 @@
 //! expires, or the periodic safety-net intervals; read, decide, act. [`run`] wires the parts,
 //! [`Rounds`] turns the loop.
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,13 +13,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use prometheus::Registry;
 
-use super::act::{Executor, ExecutorSettings};
+use super::act::{Executor, ExecutorSettings, Scope};
 use super::action::Action;
 use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
 use super::drbd::DrbdState;
 use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
+use super::observe::observe;
 use super::peers::PeerReads;
 use super::report::Report;
 use super::source::{DrbdSetup, DrbdSource};
@@ -248,18 +250,30 @@ impl Rounds {
             .filter(|(_, read_at)| read_at.elapsed() <= usable_for);
         self.probes.set_ready(fresh.is_some());
         let Some((state, read_at)) = fresh else { return };
+        let snapshot = cache.snapshot();
+        // Publications first, from the cache alone: they wait for nothing about the peers.
+        let cached = observe(&self.node, self.node_ip, state.clone(), &snapshot);
+        let mut publications = decide::publications(&cached, &self.settings, &mut self.timers);
+        let now = Instant::now();
+        if now >= self.next_resync {
+            publications.extend(decide::republish(&cached, &self.settings));
+            self.next_resync = now + self.resync_interval;
+        }
+        if !publications.is_empty() {
+            tracing::debug!(?publications, "decided");
+        }
         let reads = PeerReads {
             client: &self.client,
             leases: &self.heartbeat.leases,
             timeout: self.timeout,
         };
-        let observed = reads.observe(&self.node, self.node_ip, state, cache.snapshot()).await;
-        let now = Instant::now();
-        let mut actions = decide::decide(&observed, &self.settings, &mut self.timers, now);
-        if now >= self.next_resync {
-            actions.extend(decide::republish(&observed, &self.settings));
-            self.next_resync = now + self.resync_interval;
-        }
+        let no_nodes = BTreeSet::new();
+        let (observed, ()) = tokio::join!(
+            reads.observe(&self.node, self.node_ip, state, snapshot),
+            self.executor
+                .run(Scope::Publications, publications, *read_at, &no_nodes),
+        );
+        let actions = decide::steps(&observed, &self.settings, &mut self.timers, Instant::now());
         if !actions.is_empty() {
             tracing::debug!(?actions, "decided");
         }
@@ -267,7 +281,7 @@ impl Rounds {
         let storage_nodes = observed.storage_nodes();
         let (stated, ()) = tokio::join!(
             report(&self.heartbeat, state, self.reported.take()),
-            self.executor.run(actions, *read_at, &storage_nodes)
+            self.executor.run(Scope::Steps, actions, *read_at, &storage_nodes)
         );
         self.reported = stated;
     }
@@ -307,6 +321,7 @@ fn executor_settings(args: &AgentArgs) -> ExecutorSettings {
         grace_period_seconds: args.grace_period_seconds,
         operations_timeout: *args.operations_timeout,
         cooldown: *args.operations_timeout,
+        max_concurrent_publications: args.max_concurrent_publications.into(),
         min_backoff: Duration::from_secs(1),
         max_backoff: Duration::from_secs(120),
     }

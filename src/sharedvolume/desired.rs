@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sha2::{Digest, Sha256};
 
+use super::stamp::MoveStamp;
 use crate::names::*;
 use crate::volume::NfsEndpoint;
 
@@ -215,37 +216,49 @@ impl EndpointObjects {
 pub fn endpoints(volume: &SharedVolume) -> Endpoints {
     Endpoints {
         metadata: metadata(volume, &volume.service_name, &[(SKIP_MIRROR_LABEL, "true")]),
-        subsets: Some(vec![EndpointSubset {
-            addresses: Some(vec![EndpointAddress {
-                ip: volume.server.ip.to_string(),
-                ..Default::default()
-            }]),
-            ports: Some(vec![EndpointPort {
-                name: Some(NFS_PORT_NAME.into()),
-                port: volume.server.port.into(),
-                protocol: Some("TCP".into()),
-                ..Default::default()
-            }]),
+        subsets: Some(endpoint_subsets(volume.server)),
+    }
+}
+
+fn endpoint_subsets(server: NfsEndpoint) -> Vec<EndpointSubset> {
+    vec![EndpointSubset {
+        addresses: Some(vec![EndpointAddress {
+            ip: server.ip.to_string(),
             ..Default::default()
         }]),
-    }
+        ports: Some(vec![EndpointPort {
+            name: Some(NFS_PORT_NAME.into()),
+            port: server.port.into(),
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }]
 }
 
 /// The EndpointSlice of the Service: one ready endpoint, the NFS server.
 pub fn endpoint_slice(volume: &SharedVolume) -> EndpointSlice {
-    let address_type = address_family(volume.server.ip);
+    let metadata = metadata(
+        volume,
+        &volume.service_name,
+        &[
+            (SLICE_SERVICE_NAME_LABEL, &volume.service_name),
+            (SLICE_MANAGED_BY_LABEL, SLICE_MANAGER),
+        ],
+    );
     EndpointSlice {
-        metadata: metadata(
-            volume,
-            &volume.service_name,
-            &[
-                (SLICE_SERVICE_NAME_LABEL, &volume.service_name),
-                (SLICE_MANAGED_BY_LABEL, SLICE_MANAGER),
-            ],
-        ),
-        address_type: address_type.into(),
+        metadata,
+        ..slice_at(volume.server)
+    }
+}
+
+/// An EndpointSlice's address type, endpoint and port for `server`, without metadata.
+fn slice_at(server: NfsEndpoint) -> EndpointSlice {
+    EndpointSlice {
+        metadata: ObjectMeta::default(),
+        address_type: address_family(server.ip).into(),
         endpoints: vec![Endpoint {
-            addresses: vec![volume.server.ip.to_string()],
+            addresses: vec![server.ip.to_string()],
             conditions: Some(EndpointConditions {
                 ready: Some(true),
                 ..Default::default()
@@ -254,11 +267,29 @@ pub fn endpoint_slice(volume: &SharedVolume) -> EndpointSlice {
         }],
         ports: Some(vec![SlicePort {
             name: Some(NFS_PORT_NAME.into()),
-            port: Some(volume.server.port.into()),
+            port: Some(server.port.into()),
             protocol: Some("TCP".into()),
             ..Default::default()
         }]),
     }
+}
+
+/// What an agent's move changes on the Endpoints and the EndpointSlice the controller made: the
+/// NFS server they point at, and the stamp, as two JSON merge patches (neither names nor labels
+/// nor owners: the objects are the controller's).
+pub fn moved_endpoints(server: NfsEndpoint, stamp: &MoveStamp) -> (serde_json::Value, serde_json::Value) {
+    let (key, text) = stamp.annotation();
+    let metadata = serde_json::json!({"annotations": {key: text}});
+    let slice = slice_at(server);
+    (
+        serde_json::json!({"metadata": metadata, "subsets": endpoint_subsets(server)}),
+        serde_json::json!({
+            "metadata": metadata,
+            "addressType": slice.address_type,
+            "endpoints": slice.endpoints,
+            "ports": slice.ports,
+        }),
+    )
 }
 
 #[cfg(test)]

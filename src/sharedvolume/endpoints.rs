@@ -1,38 +1,15 @@
-//! The writes of a shared volume's Endpoints and EndpointSlice. The controller writes them over
-//! what it read when they differ, the agent applies them at once when its node becomes the
-//! primary; both build the objects with [`super::desired`], so their writes always agree.
+//! The controller's writes of a shared volume's Endpoints and EndpointSlice, over what it read,
+//! where they differ. The agent's move patches the same fields (`agent::follow`); both build them
+//! with [`super::desired`], so their writes always agree.
 
 use k8s_openapi::api::core::v1::Endpoints;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
-use super::desired::{EndpointObjects, SharedVolume};
-use crate::apply::{apply, create_or_apply};
+use super::desired::EndpointObjects;
+use crate::apply::create_or_apply;
 use crate::kube_client::api_status;
-
-/// Applies the Endpoints and EndpointSlice at once, both together, without reading them first:
-/// for a writer that knows they must change (the new primary's agent). A slice the apply refuses
-/// (422: its address family changed) is read and replaced.
-pub async fn apply_endpoints(client: &Client, field_manager: &str, shared: &SharedVolume) -> Result<(), kube::Error> {
-    let desired = EndpointObjects::of(shared);
-    let (endpoints_api, slices) = apis(client, &desired);
-    let (endpoints, slice) = futures::future::join(
-        apply(&endpoints_api, field_manager, &desired.endpoints),
-        apply(&slices, field_manager, &desired.slice),
-    )
-    .await;
-    if let Err(err) = &slice
-        && api_status(err) == Some(422)
-    {
-        let current = slices.get_opt(&shared.service_name).await?;
-        if let Some(current) = current.filter(|current| current.address_type != desired.slice.address_type) {
-            replace_slice(&slices, field_manager, &current, &desired.slice).await?;
-            return endpoints.map(|_| ());
-        }
-    }
-    endpoints.and(slice).map(|_| ())
-}
 
 /// Writes the `desired` Endpoints and EndpointSlice where they differ from `endpoints` and
 /// `slice` (as read or cached; missing ones are created); true when something was written.

@@ -5,7 +5,7 @@ use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::{Api, Client, ResourceExt};
 
 use super::{VolumeBackend, VolumeError, VolumeInfo, csi_resource_name};
-use crate::apply::apply_annotation;
+use crate::apply::apply_annotations;
 use crate::names::{CONTROLLER_FIELD_MANAGER, MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 
 pub struct PvAnnotations {
@@ -41,12 +41,11 @@ impl VolumeBackend for PvAnnotations {
         _volume: &VolumeInfo,
         mount_endpoint: &str,
     ) -> Result<(), VolumeError> {
-        apply_annotation(
+        apply_annotations(
             &self.pvs,
             CONTROLLER_FIELD_MANAGER,
             &pv.name_any(),
-            MOUNT_ENDPOINT_ANNOTATION,
-            mount_endpoint,
+            &[(MOUNT_ENDPOINT_ANNOTATION, mount_endpoint)],
         )
         .await?;
         Ok(())

@@ -50,12 +50,26 @@ impl DecisionSettings {
     }
 }
 
-/// Decides what to do now. `timers` is updated in place: started, kept or reset.
+/// Decides what to do now: [`publications`], then the [`steps`]. `timers` is updated in place:
+/// started, kept or reset.
 pub fn decide(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers, now: Instant) -> Vec<Action> {
+    let mut actions = publications(observed, settings, timers);
+    actions.extend(steps(observed, settings, timers, now));
+    actions
+}
+
+/// The publications this node owes: they depend only on its own DRBD state and cached PVs, so
+/// the loop decides and carries them out before it reads anything about suspected peers.
+pub fn publications(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers) -> Vec<Action> {
+    publication::publications(observed, settings, timers)
+}
+
+/// Everything but the publications: force-IO evictions, demotions, evacuation, this node's
+/// taints, fail-overs of lost peers.
+pub fn steps(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers, now: Instant) -> Vec<Action> {
     let mut actions = force_io::evictions(observed, settings);
     actions.extend(demotion::demotions(observed, settings, timers, now));
     actions.extend(evacuation::evictions(observed, settings));
-    actions.extend(publication::publications(observed, settings, timers));
     if !settings.disable_node_taints {
         actions.extend(own_taints::lost_quorum(observed));
         actions.extend(own_taints::force_io_error(observed));
