@@ -28,6 +28,7 @@ pub const AGENT_FAIL_OVERS: &str = "storageos_drbd_agent_fail_overs_total";
 pub const AGENT_DRY_RUN: &str = "storageos_drbd_agent_dry_run";
 pub const AGENT_DRBD_READ_DURATION: &str = "storageos_drbd_agent_drbd_read_duration_seconds";
 pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_total";
+pub const AGENT_EVENTS2_MISMATCHES: &str = "storageos_drbd_agent_events2_mismatches_total";
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
 
@@ -100,7 +101,7 @@ fn gauge(registry: &Registry, name: &str, help: &str) -> Result<Gauge> {
 #[derive(Clone)]
 pub struct ControllerMetrics {
     pub reconcile_duration: Histogram,
-    /// By `result`: `shared`, `skipped`, `invalid`, `error`.
+    /// By `result`: `shared`, `deferred`, `held`, `skipped`, `invalid`, `error`.
     pub reconciles: IntCounterVec,
     /// By `reason`: the Warning event reason, or the failing dependency.
     pub reconcile_errors: IntCounterVec,
@@ -201,6 +202,8 @@ pub struct AgentMetrics {
     /// 1 while `--dry-run` is on.
     pub dry_run: IntGauge,
     pub drbd_read_errors: IntCounter,
+    /// Periodic reads that found the DRBD state other than the events2 stream had described it.
+    pub events2_mismatches: IntCounter,
     /// Fail-overs held because the evidence says the peer is alive and serving.
     pub held_fail_overs: IntCounter,
     /// Objects the agent's watches delivered, by `watch` (pvs, pods, attachments, nodes,
@@ -258,6 +261,11 @@ impl AgentMetrics {
             )?,
             dry_run: int_gauge(registry, AGENT_DRY_RUN, "1 while --dry-run is on.")?,
             drbd_read_errors: counter(registry, AGENT_DRBD_READ_ERRORS, "Failed reads of the DRBD state.")?,
+            events2_mismatches: counter(
+                registry,
+                AGENT_EVENTS2_MISMATCHES,
+                "Periodic reads of the DRBD state that found it other than the events2 stream had described it (the read wins).",
+            )?,
             watch_events: counter_vec(
                 registry,
                 AGENT_WATCH_EVENTS,

@@ -245,6 +245,15 @@ impl Action {
         }
     }
 
+    /// Whether it takes something away (a taint, a forced delete, an attachment, the primary
+    /// role): the quorum settings it was decided over are read fresh before it is carried out.
+    pub fn is_destructive(&self) -> bool {
+        matches!(
+            self,
+            Self::Taint { .. } | Self::ForceDelete { .. } | Self::DeleteAttachment { .. } | Self::ForceSecondary { .. }
+        )
+    }
+
     /// The node this action fails over, if it is part of a fail-over: the blast-radius guard
     /// refuses all of a node's fail-over or none of it.
     pub fn failing_over(&self) -> Option<&str> {

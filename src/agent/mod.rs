@@ -11,6 +11,7 @@ pub mod cache;
 pub mod decide;
 pub mod drbd;
 mod error;
+mod events2;
 pub mod follow;
 pub mod guard;
 pub mod heartbeat;

@@ -2,7 +2,7 @@
 //! expires, or the periodic safety-net intervals; read, decide, act. [`run`] wires the parts,
 //! [`Rounds`] turns the loop.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,14 +17,14 @@ use super::act::{Executor, ExecutorSettings, Scope};
 use super::action::Action;
 use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
-use super::drbd::DrbdState;
+use super::drbd::{DrbdState, Resource};
 use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
 use super::observe::observe;
 use super::peers::PeerReads;
 use super::report::Report;
-use super::source::{DrbdSetup, DrbdSource};
-use super::view::Timers;
+use super::source::{DrbdChange, DrbdSetup, DrbdSource};
+use super::view::{Observed, Timers};
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
 use crate::events::EventSink;
@@ -123,8 +123,15 @@ struct Rounds {
     resync_interval: Duration,
     timeout: Duration,
     timers: Timers,
-    /// The last DRBD state read, and when; none after a failed read.
+    /// The last DRBD state read or described by events2, and when; none after a failed read.
     drbd_state: Option<(DrbdState, Instant)>,
+    /// The newest state events2 described that is not taken in yet; `true`: something was
+    /// created or destroyed, so the quorum settings must be read again.
+    pending: Option<(Vec<Resource>, bool)>,
+    /// The last state events2 described, to check the periodic read against.
+    described: Option<Vec<Resource>>,
+    /// The quorum settings were read in this round: a destructive step needs no fresh read.
+    quorum_read: bool,
     /// What this node last stated on its report Lease.
     reported: Option<Report>,
     drbd_due: bool,
@@ -178,6 +185,9 @@ impl Rounds {
             timeout,
             timers: Timers::new(),
             drbd_state: None,
+            pending: None,
+            described: None,
+            quorum_read: false,
             reported: None,
             drbd_due: true,
             next_read: Instant::now(),
@@ -189,43 +199,101 @@ impl Rounds {
         mut self,
         cache: &Cache,
         mut kube_changes: BoxStream<'static, ()>,
-        mut drbd_changes: BoxStream<'static, ()>,
+        mut drbd_changes: BoxStream<'static, DrbdChange>,
         shutdown: &Shutdown,
     ) {
         loop {
+            self.quorum_read = false;
             if self.drbd_due || Instant::now() >= self.next_read {
                 self.read_drbd().await;
+            } else if let Some((resources, created)) = self.pending.take() {
+                self.take_described(resources, created).await;
             }
             self.round(cache).await;
             let wake = next_wake(self.next_read, &self.timers, &self.settings, self.reconcile_interval);
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                Some(()) = drbd_changes.next() => self.drbd_due = true,
+                Some(change) = drbd_changes.next() => self.heard(change),
                 // A burst of Kubernetes changes makes one round, not one each; a DRBD change does
                 // not wait for the burst to end.
                 Some(()) = kube_changes.next() => tokio::select! {
-                    Some(()) = drbd_changes.next() => self.drbd_due = true,
+                    Some(change) = drbd_changes.next() => self.heard(change),
                     _ = tokio::time::sleep(KUBE_DEBOUNCE) => {}
                 },
                 _ = tokio::time::sleep_until(wake.into()) => {}
             }
             // Take every change that is already waiting in this one round.
-            while let Some(Some(())) = drbd_changes.next().now_or_never() {
-                self.drbd_due = true;
+            while let Some(Some(change)) = drbd_changes.next().now_or_never() {
+                self.heard(change);
             }
             while let Some(Some(())) = kube_changes.next().now_or_never() {}
+        }
+    }
+
+    /// Keeps what events2 said for the next round: only the newest state counts.
+    fn heard(&mut self, change: DrbdChange) {
+        match change {
+            DrbdChange::Unknown => self.drbd_due = true,
+            DrbdChange::State { resources, created } => {
+                let created = created || self.pending.as_ref().is_some_and(|(_, created)| *created);
+                self.pending = Some((resources, created));
+            }
+        }
+    }
+
+    /// Takes the state events2 described: no `drbdsetup status` on a change's path. The quorum
+    /// settings, which events2 never prints, are read when something was created or destroyed.
+    async fn take_described(&mut self, resources: Vec<Resource>, created: bool) {
+        self.described = Some(resources.clone());
+        let known = self.drbd_state.as_ref().map(|(state, _)| state.quorum_enabled.clone());
+        let quorum_enabled = match known.filter(|_| !created) {
+            Some(known) => known,
+            None => match self.read_quorum().await {
+                Some(read) => read,
+                None => return,
+            },
+        };
+        let state = DrbdState {
+            resources,
+            quorum_enabled,
+        };
+        record_resources(&self.metrics, &state);
+        self.drbd_state = Some((state, Instant::now()));
+    }
+
+    /// Reads the quorum settings (`drbdsetup show`); a failed read leaves no state to act on.
+    async fn read_quorum(&mut self) -> Option<HashSet<String>> {
+        let read = {
+            let _timer = self.metrics.drbd_read.start_timer();
+            self.drbd.quorum_enabled().await
+        };
+        match read {
+            Ok(read) => {
+                self.quorum_read = true;
+                Some(read)
+            }
+            Err(err) => {
+                self.metrics.drbd_read_errors.inc();
+                self.drbd_state = None;
+                tracing::warn!(error = %err, "cannot read the DRBD quorum settings; no action until a read succeeds");
+                None
+            }
         }
     }
 
     async fn read_drbd(&mut self) {
         self.next_read = Instant::now() + self.status_interval;
         self.drbd_due = false;
+        // What events2 said before this read is older than it.
+        self.pending = None;
         let read = {
             let _timer = self.metrics.drbd_read.start_timer();
             self.drbd.read().await
         };
         match read {
             Ok(state) => {
+                self.quorum_read = true;
+                self.check_described(&state);
                 record_resources(&self.metrics, &state);
                 self.freshness.mark_read();
                 set_to_now(&self.metrics.drbd_last_read);
@@ -241,15 +309,47 @@ impl Rounds {
         }
     }
 
+    /// The steps other than publications. A destructive one decided over quorum settings not read
+    /// in this round is decided again over a fresh read (none at all if that read fails): no
+    /// safety margin rests on a cached `drbdsetup show`.
+    async fn fresh_steps(&mut self, mut observed: Observed) -> (Observed, Vec<Action>) {
+        let now = Instant::now();
+        let actions = decide::steps(&observed, &self.settings, &mut self.timers, now);
+        if self.quorum_read || !actions.iter().any(Action::is_destructive) {
+            return (observed, actions);
+        }
+        let Some(quorum_enabled) = self.read_quorum().await else {
+            let safe = actions.into_iter().filter(|a| !a.is_destructive()).collect();
+            return (observed, safe);
+        };
+        if let Some((state, _)) = self.drbd_state.as_mut() {
+            state.quorum_enabled = quorum_enabled.clone();
+        }
+        observed.drbd.quorum_enabled = quorum_enabled;
+        let actions = decide::steps(&observed, &self.settings, &mut self.timers, now);
+        (observed, actions)
+    }
+
+    /// The periodic read is the safety net under events2: where the two disagree, the read wins,
+    /// and the disagreement is counted and said.
+    fn check_described(&mut self, read: &DrbdState) {
+        let Some(described) = self.described.take() else { return };
+        if comparable(&described) != comparable(&read.resources) {
+            self.metrics.events2_mismatches.inc();
+            tracing::warn!("the DRBD state read differs from what drbdsetup events2 described; the read wins");
+        }
+    }
+
     /// One round over a DRBD state fresh enough to act on: observe, decide, act, report.
     async fn round(&mut self, cache: &Cache) {
         let usable_for = self.status_interval + self.timeout;
         let fresh = self
             .drbd_state
-            .as_ref()
+            .clone()
             .filter(|(_, read_at)| read_at.elapsed() <= usable_for);
         self.probes.set_ready(fresh.is_some());
         let Some((state, read_at)) = fresh else { return };
+        let state = &state;
         let snapshot = cache.snapshot();
         // Publications first, from the cache alone: they wait for nothing about the peers.
         let cached = observe(&self.node, self.node_ip, state.clone(), &snapshot);
@@ -270,10 +370,9 @@ impl Rounds {
         let no_nodes = BTreeSet::new();
         let (observed, ()) = tokio::join!(
             reads.observe(&self.node, self.node_ip, state, snapshot),
-            self.executor
-                .run(Scope::Publications, publications, *read_at, &no_nodes),
+            self.executor.run(Scope::Publications, publications, read_at, &no_nodes),
         );
-        let actions = decide::steps(&observed, &self.settings, &mut self.timers, Instant::now());
+        let (observed, actions) = self.fresh_steps(observed).await;
         if !actions.is_empty() {
             tracing::debug!(?actions, "decided");
         }
@@ -281,7 +380,7 @@ impl Rounds {
         let storage_nodes = observed.storage_nodes();
         let (stated, ()) = tokio::join!(
             report(&self.heartbeat, state, self.reported.take()),
-            self.executor.run(Scope::Steps, actions, *read_at, &storage_nodes)
+            self.executor.run(Scope::Steps, actions, read_at, &storage_nodes)
         );
         self.reported = stated;
     }
@@ -363,6 +462,16 @@ fn next_wake(
         .min()
         .unwrap_or(now)
         .max(now + Duration::from_millis(10))
+}
+
+/// Resources in an order that does not depend on who listed them.
+fn comparable(resources: &[Resource]) -> Vec<Resource> {
+    let mut resources = resources.to_vec();
+    resources.sort_by(|a, b| a.name.cmp(&b.name));
+    for resource in &mut resources {
+        resource.connections.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    resources
 }
 
 fn record_resources(metrics: &AgentMetrics, state: &DrbdState) {

@@ -5,12 +5,17 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
+use std::collections::HashSet;
+
 use async_trait::async_trait;
+use futures::FutureExt;
 use futures::stream::BoxStream;
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Command;
+use tokio::sync::mpsc::Sender;
 
 use super::drbd::{self, DrbdState};
+use super::events2::{Applied, Events2State};
 use crate::deadline::within;
 use crate::producer;
 
@@ -35,8 +40,10 @@ pub trait DrbdSource: Send + Sync {
     async fn read(&self) -> Result<DrbdState, DrbdError>;
     /// `drbdsetup secondary --force <resource>`.
     async fn force_secondary(&self, resource: &str) -> Result<(), DrbdError>;
-    /// Fires whenever DRBD reports a change (the `events2` stream), so state is read at once.
-    fn changes(&self) -> BoxStream<'static, ()>;
+    /// Reads only the quorum settings (`drbdsetup show`): events2 never prints them.
+    async fn quorum_enabled(&self) -> Result<HashSet<String>, DrbdError>;
+    /// What DRBD reports as it happens (the `events2` stream), as state.
+    fn changes(&self) -> BoxStream<'static, DrbdChange>;
 }
 
 pub struct DrbdSetup {
@@ -91,17 +98,24 @@ impl DrbdSource for DrbdSetup {
         })
     }
 
+    async fn quorum_enabled(&self) -> Result<HashSet<String>, DrbdError> {
+        if !self.proc_path.exists() {
+            return Ok(HashSet::new());
+        }
+        Ok(drbd::parse_quorum_enabled(&self.run(&["show", "--json"]).await?)?)
+    }
+
     async fn force_secondary(&self, resource: &str) -> Result<(), DrbdError> {
         self.run(&["secondary", "--force", resource]).await.map(|_| ())
     }
 
-    fn changes(&self) -> BoxStream<'static, ()> {
+    fn changes(&self) -> BoxStream<'static, DrbdChange> {
         let binary = self.binary.clone();
         producer::spawn(16, |sender| async move {
             let mut backoff = Duration::from_millis(500);
             loop {
                 let spawned = Command::new(&binary)
-                    .args(["events2", "all"])
+                    .args(["events2", "--full", "all"])
                     .stdout(Stdio::piped())
                     .stderr(Stdio::null())
                     .kill_on_drop(true)
@@ -109,14 +123,18 @@ impl DrbdSource for DrbdSetup {
                 match spawned {
                     Ok(mut child) => {
                         let stdout = child.stdout.take().expect("piped stdout");
-                        let forwarded = forward_changes(stdout, &sender).await;
+                        let followed = follow_events2(stdout, &sender).await;
                         // We stopped reading: kill before waiting, so a child that still writes
                         // (or hangs) cannot block us on a full pipe.
                         let _ = child.kill().await;
-                        match forwarded {
+                        match followed {
                             None => return,
                             Some(true) => backoff = Duration::from_millis(500),
                             Some(false) => {}
+                        }
+                        // The state it described is gone with it: read everything.
+                        if sender.send(DrbdChange::Unknown).await.is_err() {
+                            return;
                         }
                         tracing::info!("drbdsetup events2 ended; restarting in {backoff:?}");
                     }
@@ -131,32 +149,85 @@ impl DrbdSource for DrbdSetup {
     }
 }
 
-/// Signals a change for every chunk of `events2` output that ends a line, until the output ends
-/// or fails: `Some(whether any line came)`, or `None` once the consumer is gone. Lines are never
-/// kept: their content does not matter (a change means "read again"), so neither their length
-/// nor their encoding does.
-async fn forward_changes(
-    stdout: impl tokio::io::AsyncRead + Unpin,
-    sender: &tokio::sync::mpsc::Sender<()>,
-) -> Option<bool> {
+/// What the `events2` stream says happened.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DrbdChange {
+    /// The resources as the stream describes them now, once a burst of lines (one kernel
+    /// transaction) has been read whole. `created`: a resource, device or connection came or
+    /// went since the last one, so the quorum settings must be read again.
+    State {
+        resources: Vec<drbd::Resource>,
+        created: bool,
+    },
+    /// The stream said something that does not parse, or ended: read everything.
+    Unknown,
+}
+
+/// The longest events2 line kept; a longer one is garbage.
+const MAX_LINE: u64 = 64 * 1024;
+
+/// Keeps the state `events2` describes and sends it whenever a burst of lines is read whole,
+/// until the output ends or fails: `Some(whether the state was ever whole)`, or `None` once the
+/// consumer is gone. After a line that does not parse, the state cannot be trusted until the
+/// stream restarts: every burst then asks for a full read instead.
+async fn follow_events2(stdout: impl tokio::io::AsyncRead + Unpin, sender: &Sender<DrbdChange>) -> Option<bool> {
     let mut reader = BufReader::new(stdout);
-    let mut any_line = false;
+    let mut state = Events2State::default();
+    let (mut created, mut changed, mut trusted) = (true, false, true);
+    let mut line = Vec::new();
     loop {
-        let chunk = match reader.fill_buf().await {
-            Ok([]) | Err(_) => return Some(any_line),
-            Ok(chunk) => chunk,
+        line.clear();
+        match (&mut reader).take(MAX_LINE).read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return Some(state.complete()),
+            Ok(_) => {}
+        }
+        let applied =
+            std::str::from_utf8(&line)
+                .map_err(|_| "not UTF-8")
+                .and_then(|text| match text.strip_suffix('\n') {
+                    Some(text) => state.apply(text).map_err(|_| "not an events2 line"),
+                    None => Err("longer than a line may be"),
+                });
+        match applied {
+            Ok(Applied::Created) => (created, changed) = (true, true),
+            Ok(Applied::Changed) => changed = true,
+            Ok(Applied::Nothing) => {}
+            Err(why) => {
+                if trusted {
+                    tracing::warn!(
+                        "drbdsetup events2 printed a line that is {why}; reading the DRBD state in full on every change"
+                    );
+                }
+                trusted = false;
+            }
+        }
+        // Untrusted, every line is a reason to read everything.
+        changed |= !trusted;
+        if !drained(&mut reader) {
+            continue;
+        }
+        let change = match (trusted, state.complete() && (changed || created)) {
+            (false, _) if changed => DrbdChange::Unknown,
+            (true, true) => DrbdChange::State {
+                resources: state.resources(),
+                created,
+            },
+            _ => continue,
         };
-        let (len, ends_a_line) = (chunk.len(), chunk.contains(&b'\n'));
-        reader.consume(len);
-        if sender.is_closed() {
+        (created, changed) = (created && !trusted, false);
+        if sender.send(change).await.is_err() {
             return None;
         }
-        if ends_a_line {
-            any_line = true;
-            // A full channel already holds a pending re-read: dropping is fine.
-            let _ = sender.try_send(());
-        }
     }
+}
+
+/// Whether everything drbdsetup has printed so far is read: it prints one kernel transaction as
+/// one burst, and decisions wait for the whole of it.
+fn drained<R: tokio::io::AsyncRead + Unpin>(reader: &mut BufReader<R>) -> bool {
+    if !reader.buffer().is_empty() {
+        return false;
+    }
+    !matches!(reader.fill_buf().now_or_never(), Some(Ok(more)) if !more.is_empty())
 }
 
 #[cfg(test)]
@@ -231,26 +302,76 @@ esac
         std::fs::remove_dir_all(dir).unwrap();
     }
 
-    #[tokio::test]
-    async fn events2_output_of_any_length_or_encoding_is_a_change() {
-        let mut output = b"\xff\xfe not UTF-8\n".to_vec();
-        output.extend(std::iter::repeat_n(b'x', 1 << 20));
-        output.extend(b"\nchange resource name:pvc-1\n");
+    /// What `follow_events2` sent for `output`, and how it ended.
+    async fn followed(output: &[u8]) -> (Option<bool>, Vec<DrbdChange>) {
         let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
-        assert_eq!(forward_changes(output.as_slice(), &sender).await, Some(true));
-        assert!(receiver.try_recv().is_ok(), "a change was signalled");
-        assert_eq!(forward_changes(&b""[..], &sender).await, Some(false));
-        let corpus = include_bytes!("../../tests/corpus/drbd/events2-garbage.txt");
-        assert_eq!(forward_changes(&corpus[..], &sender).await, Some(true));
-        assert!(
-            receiver.try_recv().is_ok(),
-            "garbage lines are changes too: read the state again"
-        );
-        drop(receiver);
+        let ended = follow_events2(output, &sender).await;
+        let mut sent = Vec::new();
+        while let Ok(change) = receiver.try_recv() {
+            sent.push(change);
+        }
+        (ended, sent)
+    }
+
+    const DUMP: &[u8] = b"exists resource name:pvc-1 role:Secondary suspended:no force-io-failures:no\n\
+        exists device name:pvc-1 volume:0 minor:1000 disk:UpToDate quorum:yes\n\
+        exists -\n";
+
+    #[tokio::test]
+    async fn events2_is_followed_as_state_once_its_dump_ends() {
+        let (ended, sent) = followed(DUMP).await;
+        assert_eq!(ended, Some(true), "the state was whole");
+        let [
+            DrbdChange::State {
+                resources,
+                created: true,
+            },
+        ] = sent.as_slice()
+        else {
+            panic!("one state, whose quorum settings are to be read: {sent:?}")
+        };
+        assert_eq!(resources[0].name, "pvc-1");
+        assert_eq!(followed(b"").await, (Some(false), vec![]));
+        let first_line = &DUMP[..=DUMP.iter().position(|b| *b == b'\n').unwrap()];
+        assert_eq!(followed(first_line).await.1, vec![], "nothing before the dump ends");
+    }
+
+    #[tokio::test]
+    async fn events2_output_of_any_length_or_encoding_asks_for_a_full_read() {
+        use tokio::io::AsyncWriteExt;
+        let (mut writer, reader) = tokio::io::duplex(1 << 21);
+        let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
+        let follower = tokio::spawn(async move { follow_events2(reader, &sender).await });
+        writer.write_all(DUMP).await.unwrap();
+        assert!(matches!(receiver.recv().await, Some(DrbdChange::State { .. })));
+        let mut garbage = b"\xff\xfe not UTF-8\n".to_vec();
+        garbage.extend(std::iter::repeat_n(b'x', 1 << 20));
+        garbage.extend(b"\nchange resource name:pvc-1 role:Primary\n");
+        writer.write_all(&garbage).await.unwrap();
         assert_eq!(
-            forward_changes(&b"line\n"[..], &sender).await,
-            None,
-            "the consumer is gone"
+            receiver.recv().await,
+            Some(DrbdChange::Unknown),
+            "garbage: read the state again"
         );
+        writer
+            .write_all(b"change resource name:pvc-1 role:Secondary\n")
+            .await
+            .unwrap();
+        assert_eq!(
+            receiver.recv().await,
+            Some(DrbdChange::Unknown),
+            "and on every change after it"
+        );
+        drop(writer);
+        assert_eq!(follower.await.unwrap(), Some(true));
+        let corpus = include_bytes!("../../tests/corpus/drbd/events2-garbage.txt");
+        let (_, sent) = followed(&corpus[..]).await;
+        assert!(
+            sent.iter().all(|c| *c == DrbdChange::Unknown) && !sent.is_empty(),
+            "{sent:?}"
+        );
+        let (sender, receiver) = tokio::sync::mpsc::channel(16);
+        drop(receiver);
+        assert_eq!(follow_events2(DUMP, &sender).await, None, "the consumer is gone");
     }
 }
