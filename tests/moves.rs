@@ -56,24 +56,10 @@ impl SliceHistory {
 async fn a_mass_move_never_points_a_slice_back_at_the_lost_node() {
     let env = common::setup("moves-mass").await;
     let nodes = env.sim_nodes(&["a", "b", "c"]).await;
-    let pvs: Vec<String> = stream::iter(0..VOLUMES)
-        .map(|i| {
-            let (env, endpoint) = (&env, nodes[0].endpoint());
-            async move {
-                let (_, pv) = env.bound_rwx_claim(&format!("data-{i}"), serving(&endpoint)).await;
-                pv.name_any()
-            }
-        })
-        .buffered(8)
-        .collect()
-        .await;
+    let pvs = claims_served_at(&env, &nodes[0].endpoint(), VOLUMES).await;
     let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
     healthy(&nodes, &resources, 0);
-    let controller = Process::start(
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
-    );
-    controller.wait_ready().await;
+    let controller = start_controller(&env).await;
     for pv in &pvs {
         eventually("every claim published at node a", WAIT, || async {
             let published = env.pv_annotation(pv, MOUNT_ENDPOINT).await.is_some();
@@ -150,24 +136,8 @@ const STAMP: &str = "storageos.com/nfs-endpoint-move";
 async fn endpoints_that_land_before_their_pv_are_held_not_put_back() {
     let env = common::setup("moves-held").await;
     let (a, b) = ("192.0.2.31", "192.0.2.32");
-    let pvs: Vec<String> = stream::iter(0..10)
-        .map(|i| {
-            let env = &env;
-            async move {
-                let (_, pv) = env
-                    .bound_rwx_claim(&format!("data-{i}"), serving(&format!("{a}:2049")))
-                    .await;
-                pv.name_any()
-            }
-        })
-        .buffered(8)
-        .collect()
-        .await;
-    let controller = Process::start(
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
-    );
-    controller.wait_ready().await;
+    let pvs = claims_served_at(&env, &format!("{a}:2049"), 10).await;
+    let controller = start_controller(&env).await;
     for pv in &pvs {
         eventually("every slice at a", WAIT, || async {
             (slice_addresses(&env, pv).await == [a.to_owned()]).then_some(())
@@ -211,6 +181,27 @@ async fn endpoints_that_land_before_their_pv_are_held_not_put_back() {
     }
     controller.stop().await;
     env.cleanup().await;
+}
+
+/// `n` bound RWX claims `data-<i>` whose volumes are served at `endpoint`: their PVs' names.
+async fn claims_served_at(env: &common::TestEnv, endpoint: &str, n: usize) -> Vec<String> {
+    stream::iter(0..n)
+        .map(|i| async move {
+            let (_, pv) = env.bound_rwx_claim(&format!("data-{i}"), serving(endpoint)).await;
+            pv.name_any()
+        })
+        .buffered(8)
+        .collect()
+        .await
+}
+
+async fn start_controller(env: &common::TestEnv) -> Process {
+    let controller = Process::start(
+        &format!("{}-controller", env.ns),
+        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+    );
+    controller.wait_ready().await;
+    controller
 }
 
 fn record_slices(env: &common::TestEnv, history: &SliceHistory) -> tokio::task::JoinHandle<()> {
