@@ -156,6 +156,11 @@ pub(crate) enum MoveStep {
     Hold(MoveStamp),
 }
 
+/// Whether this claim was held for `stamp` already, long enough.
+fn ran_out(held: Option<Held>, stamp: &MoveStamp) -> bool {
+    held.is_some_and(|held| held.stamp == stamp && held.expired)
+}
+
 /// A move this claim was held for, and whether the hold has run out.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Held<'a> {
@@ -167,11 +172,12 @@ pub(crate) struct Held<'a> {
 /// moved them off, and from writing a move the agent already wrote. Where existing endpoints
 /// differ from the PV, the controller reads the PV fresh before it writes; where an agent's move
 /// is involved (a stamp on the endpoints naming where they point, or one on the PV naming what it
-/// says), it reads the endpoints fresh too. The PV stays the only source of truth: a stamp is a reason to
-/// look again or to wait, never a reason to write what the PV does not say. While the fresh PV is
-/// at exactly the version a move was decided over, its PV write is in flight: held, for a bounded
-/// time. A hand edit (no stamp), a stale stamp (the PV moved past its version) or a hold run out
-/// is drift, repaired at once.
+/// says), it reads the endpoints fresh too. The PV stays the only source of truth: a stamp is a
+/// reason to look again or to wait, never a reason to write what the PV does not say. A move is
+/// held, for a bounded time and once, while one of its writes is in flight: the PV's (the fresh
+/// PV is still at exactly the version the move was decided over) or the endpoints' (the PV shows
+/// the move, the fresh endpoints have not seen it). A hand edit (no stamp), a stale stamp (the PV
+/// moved past its version) or a hold run out is drift, repaired at once.
 pub(crate) fn move_step(pv: &PvSight, objects: &[Pointing], objects_fresh: bool, held: Option<Held>) -> MoveStep {
     // Objects still to be created are not a move.
     let elsewhere: Vec<&Pointing> = objects
@@ -192,14 +198,22 @@ pub(crate) fn move_step(pv: &PvSight, objects: &[Pointing], objects_fresh: bool,
         .as_ref()
         .is_some_and(|stamp| stamp.endpoint.parse::<NfsEndpoint>().ok() == Some(pv.server));
     let agent_involved = in_flight.is_some() || moved_by_agent;
-    if let Some(stamp) = in_flight {
-        let ran_out = held.is_some_and(|held| held.stamp == stamp && held.expired);
-        if pv.version == stamp.over_pv_version && !ran_out {
-            return MoveStep::Hold(stamp.clone());
-        }
+    if let Some(stamp) = in_flight
+        && pv.version == stamp.over_pv_version
+        && !ran_out(held, stamp)
+    {
+        return MoveStep::Hold(stamp.clone());
     }
     if agent_involved && !objects_fresh {
         return MoveStep::ReadEndpoints;
+    }
+    // The PV shows an agent's move the endpoints, read fresh, have not seen: its endpoint writes
+    // left in the same round trip as its PV write. Writing them too would write the move twice.
+    if let Some(stamp) = pv.stamp.as_ref().filter(|_| moved_by_agent && in_flight.is_none())
+        && elsewhere.iter().any(|o| o.stamp.as_ref() != Some(stamp))
+        && !ran_out(held, stamp)
+    {
+        return MoveStep::Hold(stamp.clone());
     }
     MoveStep::Proceed
 }
@@ -329,7 +343,7 @@ mod tests {
                 [in_flight.clone(), at(1, None)],
                 false,
                 Some(held(false)),
-                hold,
+                hold.clone(),
             ),
             (
                 "hold run out",
@@ -365,8 +379,32 @@ mod tests {
             ),
             (
                 "the fresh endpoints show it too",
-                moved,
+                moved.clone(),
                 [in_flight.clone(), in_flight.clone()],
+                true,
+                None,
+                MoveStep::Proceed,
+            ),
+            (
+                "one fresh endpoint not yet: held",
+                moved.clone(),
+                [in_flight.clone(), at(1, None)],
+                true,
+                None,
+                hold.clone(),
+            ),
+            (
+                "that hold run out: written",
+                moved.clone(),
+                [in_flight.clone(), at(1, None)],
+                true,
+                Some(held(true)),
+                MoveStep::Proceed,
+            ),
+            (
+                "a hand edit after the move: repaired",
+                moved,
+                [in_flight.clone(), at(9, Some((2, "7")))],
                 true,
                 None,
                 MoveStep::Proceed,
