@@ -282,16 +282,22 @@ impl World {
                 next.push((format!("agent {i} dies"), Ok(world)));
             }
         }
-        // The second move: Y is promoted once the PV names X, and decides over the PV it sees.
+        // The second move: Y is promoted once the PV names X, and decides over the PV its cache
+        // holds: the one X's move wrote, or, lagging, the one X's move was decided over.
         if self.second_move && self.agents.len() == 1 && self.pv.server == X {
-            let mut world = self.clone();
-            world.agents.push(Agent {
-                to: Y,
-                over: self.pv.version,
-                pending: vec![Write::Pv, Write::Endpoints, Write::Slice],
-                dead: false,
-            });
-            next.push(("agent 1 decides to move to Y".into(), Ok(world)));
+            for over in [self.pv.version, self.agents[0].over] {
+                let mut world = self.clone();
+                world.agents.push(Agent {
+                    to: Y,
+                    over,
+                    pending: vec![Write::Pv, Write::Endpoints, Write::Slice],
+                    dead: false,
+                });
+                next.push((
+                    format!("agent 1 decides to move to Y over PV version {over}"),
+                    Ok(world),
+                ));
+            }
         }
         if let Some(pv) = self.pv_events.front() {
             let mut world = self.clone();

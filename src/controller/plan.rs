@@ -156,6 +156,28 @@ pub(crate) enum MoveStep {
     Hold(MoveStamp),
 }
 
+/// Whether the PV write of the move `stamp` may still be on its way: the PV is at exactly the
+/// version the move was decided over, or its last move was not decided later than this one (two
+/// agents, one of whose caches lagged, decided over the same PV; DRBD made the later one primary).
+/// A move decided before the PV's last one is a stale writer's.
+fn pv_write_in_flight(pv: &PvSight, stamp: &MoveStamp) -> bool {
+    match &pv.stamp {
+        // This very move is on the PV: the PV changed after it, so it is not in flight.
+        Some(last) if last == stamp => false,
+        Some(last) => !decided_before(stamp, last),
+        None => pv.version == stamp.over_pv_version,
+    }
+}
+
+/// Whether `a` was decided over an older PV than `b`. resourceVersions are etcd revisions, ordered
+/// integers; one that is not a number is ordered by nothing but equality.
+fn decided_before(a: &MoveStamp, b: &MoveStamp) -> bool {
+    match (a.over_pv_version.parse::<u64>(), b.over_pv_version.parse::<u64>()) {
+        (Ok(a), Ok(b)) => a < b,
+        _ => a.over_pv_version != b.over_pv_version,
+    }
+}
+
 /// Whether this claim was held for `stamp` already, long enough.
 fn ran_out(held: Option<Held>, stamp: &MoveStamp) -> bool {
     held.is_some_and(|held| held.stamp == stamp && held.expired)
@@ -174,10 +196,10 @@ pub(crate) struct Held<'a> {
 /// is involved (a stamp on the endpoints naming where they point, or one on the PV naming what it
 /// says), it reads the endpoints fresh too. The PV stays the only source of truth: a stamp is a
 /// reason to look again or to wait, never a reason to write what the PV does not say. A move is
-/// held, for a bounded time and once, while one of its writes is in flight: the PV's (the fresh
-/// PV is still at exactly the version the move was decided over) or the endpoints' (the PV shows
-/// the move, the fresh endpoints have not seen it). A hand edit (no stamp), a stale stamp (the PV
-/// moved past its version) or a hold run out is drift, repaired at once.
+/// held, for a bounded time and once, while one of its writes is in flight: the PV's (see
+/// [`pv_write_in_flight`]) or the endpoints' (the PV shows the move, the fresh endpoints have not
+/// seen it). A hand edit (no stamp), a stale stamp (decided before the PV's last move, or over an
+/// older PV than a PV no agent moved) or a hold run out is drift, repaired at once.
 pub(crate) fn move_step(pv: &PvSight, objects: &[Pointing], objects_fresh: bool, held: Option<Held>) -> MoveStep {
     // Objects still to be created are not a move.
     let elsewhere: Vec<&Pointing> = objects
@@ -199,7 +221,7 @@ pub(crate) fn move_step(pv: &PvSight, objects: &[Pointing], objects_fresh: bool,
         .is_some_and(|stamp| stamp.endpoint.parse::<NfsEndpoint>().ok() == Some(pv.server));
     let agent_involved = in_flight.is_some() || moved_by_agent;
     if let Some(stamp) = in_flight
-        && pv.version == stamp.over_pv_version
+        && pv_write_in_flight(pv, stamp)
         && !ran_out(held, stamp)
     {
         return MoveStep::Hold(stamp.clone());
@@ -381,6 +403,34 @@ mod tests {
                 "the fresh endpoints show it too",
                 moved.clone(),
                 [in_flight.clone(), in_flight.clone()],
+                true,
+                None,
+                MoveStep::Proceed,
+            ),
+            (
+                "an older move on the PV, decided over the same version (a lagging cache): held",
+                PvSight {
+                    stamp: Some(MoveStamp {
+                        endpoint: "10.0.0.1:2049".into(),
+                        over_pv_version: "7".into(),
+                    }),
+                    ..pv_at(1, "8", true)
+                },
+                [in_flight.clone(), at(1, None)],
+                false,
+                None,
+                hold.clone(),
+            ),
+            (
+                "a move decided before the PV's last one: a stale writer, repaired",
+                PvSight {
+                    stamp: Some(MoveStamp {
+                        endpoint: "10.0.0.1:2049".into(),
+                        over_pv_version: "8".into(),
+                    }),
+                    ..pv_at(1, "9", true)
+                },
+                [in_flight.clone(), at(1, None)],
                 true,
                 None,
                 MoveStep::Proceed,
