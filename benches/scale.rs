@@ -36,6 +36,8 @@ struct Sizes {
     nfs_fail_overs: usize,
     cold: usize,
     pods: usize,
+    /// Volumes served from the one node that is lost in P9 (`SVC_BENCH_MASS` overrides).
+    mass: usize,
 }
 
 const SMOKE: Sizes = Sizes {
@@ -46,6 +48,7 @@ const SMOKE: Sizes = Sizes {
     nfs_fail_overs: 1,
     cold: 20,
     pods: 200,
+    mass: 20,
 };
 const FULL: Sizes = Sizes {
     sequential: 200,
@@ -55,6 +58,7 @@ const FULL: Sizes = Sizes {
     nfs_fail_overs: 10,
     cold: 2000,
     pods: 20000,
+    mass: 500,
 };
 
 /// One line of the table.
@@ -78,7 +82,7 @@ async fn main() {
     }
     let sizes = if full { FULL } else { SMOKE };
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
-    // nfs).
+    // nfs, mass).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -100,6 +104,13 @@ async fn main() {
     }
     if part("nfs") {
         figures.extend(nfs_outage(&sizes).await);
+    }
+    if part("mass") {
+        let n = std::env::var("SVC_BENCH_MASS")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(sizes.mass);
+        figures.extend(mass_move(n).await);
     }
     report(full, &figures).await;
 }
@@ -436,6 +447,24 @@ async fn follow_the_primary(sizes: &Sizes) -> Vec<Figure> {
     bare.cleanup().await;
     let floor_mean = floor.iter().map(Duration::as_secs_f64).sum::<f64>() / floor.len().max(1) as f64 * 1000.0;
     let (p99, floor_p99) = (quantile(&product, 0.99), quantile(&floor, 0.99));
+    for (what, samples) in [("product", &product), ("floor", &floor)] {
+        let q = |q| quantile(samples, q);
+        let mut slowest: Vec<(usize, &Duration)> = samples.iter().enumerate().collect();
+        slowest.sort_by(|a, b| b.1.cmp(a.1));
+        let slowest: Vec<String> = slowest[..3.min(slowest.len())]
+            .iter()
+            .map(|(i, d)| format!("#{i} {:.1}", d.as_secs_f64() * 1000.0))
+            .collect();
+        println!(
+            "P2 {what}: p50 {:.1}, p90 {:.1}, p95 {:.1}, p99 {:.1}, max {:.1} ms; slowest moves {}",
+            q(0.5),
+            q(0.9),
+            q(0.95),
+            q(0.99),
+            q(1.0),
+            slowest.join(", ")
+        );
+    }
     let share = Figure {
         id: "P2",
         what: "the agent's share, mean: Primary read → endpoints rewritten".into(),
@@ -569,6 +598,162 @@ async fn fail_over(sizes: &Sizes) -> Figure {
         unit: "ms",
         target: "≤ timeout + 1 s".into(),
         met: worst <= FAIL_OVER_TIMEOUT + Duration::from_secs(1),
+    }
+}
+
+/// P9: a node serving `n` shared volumes is lost and another is promoted for all of them at once,
+/// with the controller running: the time until every EndpointSlice is at the new node, the API
+/// writes per moved volume, and the slices that pointed back at the lost node after they had
+/// moved. The floor: a bare client moving the same number of volumes (the PV annotation, then the
+/// slice, `CONCURRENCY` at a time) in the same run.
+async fn mass_move(n: usize) -> Vec<Figure> {
+    let env = common::setup("bench-mass").await;
+    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
+    let (watch_published, published_task) = Published::watch(&env.client, format!("pvc-{}-mass-", env.id));
+    let pvs = claims(&env, "mass", n, Some(&nodes[0].endpoint())).await;
+    let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
+    healthy(&nodes, &resources, 0);
+    let controller = controller(&env);
+    controller.wait_ready().await;
+    watch_published.all(&pvs).await;
+    published_task.abort();
+    let history = SliceHistory::default();
+    let slices_task = history.record(&env);
+    let at_a = vec![nodes[0].ip.clone()];
+    history.wait_until(&pvs, &at_a).await;
+    let agents = vec![
+        env.start_agent(&nodes[1], &[]).await,
+        env.start_agent(&nodes[2], &[]).await,
+    ];
+    settle().await;
+    let before = writes(&env.client).await;
+    let started = Instant::now();
+    lost(&nodes, &resources, 0, Some(1));
+    let at_b = vec![nodes[1].ip.clone()];
+    history.wait_until(&pvs, &at_b).await;
+    let product = started.elapsed();
+    // The events and whatever the controller still writes land within a second.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grew = grown(&before, &writes(&env.client).await);
+    for (labels, delta) in &grew {
+        println!("P9 writes: {delta:>6} {labels}");
+    }
+    let wrote: f64 = grew.iter().map(|(_, d)| d).sum();
+    let bounced = history.bounced_back(&at_a, &at_b);
+    slices_task.abort();
+    let held = controller.metric("storageos_shared_volume_moves_held_total").await;
+    for process in agents.into_iter().chain([controller]) {
+        process.stop().await;
+    }
+    env.cleanup().await;
+
+    let bare = common::setup("bench-mass-bare").await;
+    let bare_pvs = claims(&bare, "mass", n, Some(&nodes[0].endpoint())).await;
+    let at = nodes[0].endpoint();
+    stream::iter(&bare_pvs)
+        .for_each_concurrent(CONCURRENCY, |pv| bare_publish(&bare, pv, &at))
+        .await;
+    settle().await;
+    let started = Instant::now();
+    stream::iter(&bare_pvs)
+        .for_each_concurrent(CONCURRENCY, |pv| {
+            let (bare, to) = (&bare, &nodes[1]);
+            async move {
+                bare.annotate_pv(pv, SERVICE_ENDPOINT, Some(&to.endpoint())).await;
+                let slice = json!({"endpoints": [{"addresses": [to.ip], "conditions": {"ready": true}}]});
+                bare.api::<EndpointSlice>()
+                    .patch(pv, &PatchParams::default(), &Patch::Merge(slice))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+    let floor = started.elapsed();
+    bare.cleanup().await;
+    println!("P9: {held} moves held by the controller while their PV write was in flight");
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let per_volume = wrote / n as f64;
+    vec![
+        Figure {
+            id: "P9",
+            what: format!("mass move: every EndpointSlice at the new node ({n} volumes, one node lost)"),
+            n,
+            product: ms(product),
+            floor: Some(ms(floor)),
+            unit: "ms",
+            target: "≤ 2× floor".into(),
+            met: product <= 2 * floor,
+        },
+        Figure {
+            id: "P9",
+            what: "API writes per moved volume (PV, Endpoints, EndpointSlice, Event; apiserver counter)".into(),
+            n,
+            product: per_volume,
+            floor: None,
+            unit: "writes",
+            target: "≤ 4".into(),
+            met: per_volume <= 4.0,
+        },
+        Figure {
+            id: "P9",
+            what: "bounce-backs: slices back at the lost node after they moved (watched)".into(),
+            n,
+            product: bounced.len() as f64,
+            floor: None,
+            unit: "slices",
+            target: "0".into(),
+            met: bounced.is_empty(),
+        },
+    ]
+}
+
+/// Every address list each EndpointSlice of a namespace had, as its watch delivered them.
+#[derive(Clone, Default)]
+struct SliceHistory(Arc<Mutex<HashMap<String, Vec<Vec<String>>>>>);
+
+impl SliceHistory {
+    fn record(&self, env: &TestEnv) -> tokio::task::JoinHandle<()> {
+        let (history, slices) = (self.clone(), env.api::<EndpointSlice>());
+        tokio::spawn(async move {
+            let mut events = watcher(slices, watcher::Config::default()).applied_objects().boxed();
+            while let Some(Ok(slice)) = events.next().await {
+                let addresses: Vec<String> = slice.endpoints.iter().flat_map(|e| e.addresses.clone()).collect();
+                let mut history = history.0.lock().unwrap();
+                let versions = history.entry(slice.name_any()).or_default();
+                if versions.last() != Some(&addresses) {
+                    versions.push(addresses);
+                }
+            }
+        })
+    }
+
+    async fn wait_until(&self, pvs: &[String], at: &[String]) {
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let done = {
+                let history = self.0.lock().unwrap();
+                pvs.iter()
+                    .all(|pv| history.get(pv).and_then(|v| v.last()).is_some_and(|last| last == at))
+            };
+            if done {
+                return;
+            }
+            assert!(Instant::now() < deadline, "not every EndpointSlice reached {at:?}");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// The slices that pointed at `from` again after they had pointed at `to`.
+    fn bounced_back(&self, from: &[String], to: &[String]) -> Vec<String> {
+        let history = self.0.lock().unwrap();
+        history
+            .iter()
+            .filter(|(_, versions)| {
+                let moved = versions.iter().position(|v| v == to);
+                moved.is_some_and(|at| versions[at..].iter().any(|v| v == from))
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 }
 
