@@ -196,9 +196,9 @@ pub(crate) struct Held<'a> {
 /// is involved (a stamp on the endpoints naming where they point, or one on the PV naming what it
 /// says), it reads the endpoints fresh too. The PV stays the only source of truth: a stamp is a
 /// reason to look again or to wait, never a reason to write what the PV does not say. A move is
-/// held, for a bounded time and once, while one of its writes is in flight: the PV's (see
-/// [`pv_write_in_flight`]) or the endpoints' (the PV shows the move, the fresh endpoints have not
-/// seen it). A hand edit (no stamp), a stale stamp (decided before the PV's last move, or over an
+/// held first, before anything is read, for a bounded time and once, while one of its writes is
+/// in flight: the PV's (see [`pv_write_in_flight`]) or the endpoints' (the PV shows the move, the
+/// endpoints have not seen it); the writes' own events usually end the hold. A hand edit (no stamp), a stale stamp (decided before the PV's last move, or over an
 /// older PV than a PV no agent moved) or a hold run out is drift, repaired at once.
 pub(crate) fn move_step(pv: &PvSight, objects: &[Pointing], objects_fresh: bool, held: Option<Held>) -> MoveStep {
     // Objects still to be created are not a move.
@@ -209,33 +209,33 @@ pub(crate) fn move_step(pv: &PvSight, objects: &[Pointing], objects_fresh: bool,
     if elsewhere.is_empty() {
         return MoveStep::Proceed;
     }
-    // Nothing is written from a cached PV that disagrees with the endpoints: the cache may be
-    // the one behind (the controller's own earlier writes included).
-    if !pv.fresh {
-        return MoveStep::ReadPv;
-    }
     let in_flight = elsewhere.iter().find_map(|o| o.own_move());
     let moved_by_agent = pv
         .stamp
         .as_ref()
         .is_some_and(|stamp| stamp.endpoint.parse::<NfsEndpoint>().ok() == Some(pv.server));
-    let agent_involved = in_flight.is_some() || moved_by_agent;
+    // A move is held before anything is read: its other writes left in the same round trip, and
+    // their events are on their way (a mass move costs the API server no reads).
     if let Some(stamp) = in_flight
         && pv_write_in_flight(pv, stamp)
         && !ran_out(held, stamp)
     {
         return MoveStep::Hold(stamp.clone());
     }
-    if agent_involved && !objects_fresh {
-        return MoveStep::ReadEndpoints;
-    }
-    // The PV shows an agent's move the endpoints, read fresh, have not seen: its endpoint writes
-    // left in the same round trip as its PV write. Writing them too would write the move twice.
+    // The PV shows an agent's move the endpoints have not seen: their writes are on their way.
     if let Some(stamp) = pv.stamp.as_ref().filter(|_| moved_by_agent && in_flight.is_none())
         && elsewhere.iter().any(|o| o.stamp.as_ref() != Some(stamp))
         && !ran_out(held, stamp)
     {
         return MoveStep::Hold(stamp.clone());
+    }
+    // Nothing is written from a cached PV that disagrees with the endpoints: the cache may be
+    // the one behind (the controller's own earlier writes included).
+    if !pv.fresh {
+        return MoveStep::ReadPv;
+    }
+    if (in_flight.is_some() || moved_by_agent) && !objects_fresh {
+        return MoveStep::ReadEndpoints;
     }
     MoveStep::Proceed
 }
@@ -344,12 +344,12 @@ mod tests {
                 MoveStep::Proceed,
             ),
             (
-                "a move, cached PV",
+                "a move, held before anything is read",
                 pv_at(1, "7", false),
                 [in_flight.clone(), at(1, None)],
                 false,
                 None,
-                MoveStep::ReadPv,
+                hold.clone(),
             ),
             (
                 "a move, PV at its version: held",
@@ -392,12 +392,12 @@ mod tests {
                 MoveStep::ReadEndpoints,
             ),
             (
-                "the fresh PV shows the move",
+                "the PV shows the move, an endpoint not yet: held",
                 moved.clone(),
                 [in_flight.clone(), at(1, None)],
                 false,
                 None,
-                MoveStep::ReadEndpoints,
+                hold.clone(),
             ),
             (
                 "the fresh endpoints show it too",
