@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::drbd::{demote_others, healthy, lost, promote, slice_addresses};
+use common::drbd::{SimNode, demote_others, healthy, lost, promote, slice_addresses};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, grown, serving, writes};
 use futures::{StreamExt, stream};
@@ -214,10 +214,29 @@ async fn bare_publish(env: &TestEnv, pv_name: &str, endpoint: &str) {
 }
 
 fn controller(env: &TestEnv) -> Process {
-    Process::start(
+    controller_with(env, &[])
+}
+
+fn controller_with(env: &TestEnv, vars: &[(&str, &str)]) -> Process {
+    Process::start_with_env(
         &format!("{}-controller", env.ns),
         &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+        vars,
     )
+}
+
+// The moves (P2, P9) are measured with the processes set as in a cluster: logging at info (the
+// tests log at debug) and, for agents, the default DRBD status interval (the tests' 1 s would put
+// a full `drbdsetup` read beside a move every second).
+const CLUSTER_LOG_LEVEL: (&str, &str) = ("LOG_LEVEL", "info");
+
+fn controller_as_in_a_cluster(env: &TestEnv) -> Process {
+    controller_with(env, &[CLUSTER_LOG_LEVEL])
+}
+
+async fn agent_as_in_a_cluster(env: &TestEnv, node: &SimNode) -> Process {
+    env.start_agent_with_env(node, &["--drbd-status-interval", "5s"], &[CLUSTER_LOG_LEVEL])
+        .await
 }
 
 /// P1 and P1b: a volume gets its service endpoint → its mount endpoint is published.
@@ -400,11 +419,11 @@ async fn follow_the_primary(sizes: &Sizes) -> Vec<Figure> {
     let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
     let pv = pv.name_any();
     healthy(&nodes, &[&pv], 0);
-    let controller = controller(&env);
+    let controller = controller_as_in_a_cluster(&env);
     controller.wait_ready().await;
     let agents = vec![
-        env.start_agent(&nodes[0], &[]).await,
-        env.start_agent(&nodes[1], &[]).await,
+        agent_as_in_a_cluster(&env, &nodes[0]).await,
+        agent_as_in_a_cluster(&env, &nodes[1]).await,
     ];
     wait_for_slice(&env, &pv, &nodes[0].ip).await;
     let mut slice = SliceWatch::start(&env, &pv).await;
@@ -613,7 +632,7 @@ async fn mass_move(n: usize) -> Vec<Figure> {
     let pvs = claims(&env, "mass", n, Some(&nodes[0].endpoint())).await;
     let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
     healthy(&nodes, &resources, 0);
-    let controller = controller(&env);
+    let controller = controller_as_in_a_cluster(&env);
     controller.wait_ready().await;
     watch_published.all(&pvs).await;
     published_task.abort();
@@ -622,8 +641,8 @@ async fn mass_move(n: usize) -> Vec<Figure> {
     let at_a = vec![nodes[0].ip.clone()];
     history.wait_until(&pvs, &at_a).await;
     let agents = vec![
-        env.start_agent(&nodes[1], &[]).await,
-        env.start_agent(&nodes[2], &[]).await,
+        agent_as_in_a_cluster(&env, &nodes[1]).await,
+        agent_as_in_a_cluster(&env, &nodes[2]).await,
     ];
     settle().await;
     let before = writes(&env.client).await;
