@@ -25,6 +25,53 @@ pub fn api_status(err: &kube::Error) -> Option<u16> {
     }
 }
 
+/// An answer of the API server that no retry of the same write can change: the request is
+/// forbidden (RBAC, an admission policy) or invalid for this cluster (a Service of an address
+/// family the cluster does not serve, a field the API rejects).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// 403: a permission the writer's role lacks, or an admission policy that denies it.
+    Forbidden(String),
+    /// 400 or 422: the object as written is refused by validation or admission.
+    Invalid(String),
+}
+
+impl Refusal {
+    /// The refusal in `err`, if it is one; `None` for errors a retry may clear (conflicts,
+    /// throttling, server errors, broken connections).
+    pub fn of(err: &kube::Error) -> Option<Self> {
+        let kube::Error::Api(status) = err else {
+            return None;
+        };
+        match status.code {
+            403 => Some(Self::Forbidden(status.message.clone())),
+            400 | 422 => Some(Self::Invalid(status.message.clone())),
+            _ => None,
+        }
+    }
+
+    /// Whether retrying at the normal pace can still help: right after an API server restart its
+    /// authorizer may refuse for a moment what it allows once its caches have synced.
+    pub fn may_pass_soon(&self) -> bool {
+        matches!(self, Self::Forbidden(_))
+    }
+
+    /// What the API server said, and what a user can do about it. `writer` names who was refused
+    /// ("the controller", "the agent").
+    pub fn explain(&self, writer: &str) -> String {
+        match self {
+            Self::Forbidden(message) => format!(
+                "the API server forbids {writer} this write ({message}): its ServiceAccount lacks a permission \
+                 or an admission policy denies it; compare the chart's roles and policies with what is installed"
+            ),
+            Self::Invalid(message) => format!(
+                "the API server refuses this write as invalid ({message}); retrying cannot change that: fix what \
+                 it names (for a Service, the cluster must serve the NFS server's address family)"
+            ),
+        }
+    }
+}
+
 /// The stack [`client_builder`] starts from: requests in, responses with hyper's bodies out.
 pub type ApiService = BoxService<hyper::Request<Body>, hyper::Response<Incoming>, BoxError>;
 
@@ -110,6 +157,29 @@ mod tests {
     use super::*;
     use hyper_util::rt::TokioIo;
     use tower::Service;
+
+    #[test]
+    fn refusals_are_the_answers_no_retry_changes() {
+        let answer = |code| kube::Error::Api(kube::core::Status::failure("no", "Test").with_code(code).boxed());
+        let cases = [
+            (403, Some(Refusal::Forbidden("no".into()))),
+            (422, Some(Refusal::Invalid("no".into()))),
+            (400, Some(Refusal::Invalid("no".into()))),
+            (404, None),
+            (409, None),
+            (429, None),
+            (500, None),
+        ];
+        for (code, refusal) in cases {
+            assert_eq!(Refusal::of(&answer(code)), refusal, "{code}");
+        }
+        assert_eq!(Refusal::of(&kube::Error::LinesCodecMaxLineLengthExceeded), None);
+        assert!(
+            Refusal::Forbidden("x".into())
+                .explain("the agent")
+                .contains("ServiceAccount")
+        );
+    }
 
     #[tokio::test]
     async fn connections_send_each_write_at_once() {

@@ -461,7 +461,8 @@ async fn skipped_claims_leave_the_reconcile_histogram_alone() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn reports_bad_input_and_writes_nothing() {
     let env = common::setup("ctl-bad").await;
-    let controller = start_controller(&env, &[]).await;
+    // No retry within the test: what is told, is told by the first reconciles.
+    let controller = start_controller(&env, &["--api-retry-interval", "1h"]).await;
     let bad_endpoints = [
         ("hostname", "nfs.example.com:2049"),
         ("noport", "192.0.2.70"),
@@ -488,6 +489,8 @@ async fn reports_bad_input_and_writes_nothing() {
     )
     .await;
     env.mark_bound("elsewhere").await;
+    // A well-formed IPv6 server on this IPv4-only cluster: the API server refuses its Service.
+    env.bound_rwx_claim("sixonfour", serving("[fd00::74]:2049")).await;
 
     let expectations = bad_endpoints
         .iter()
@@ -495,6 +498,7 @@ async fn reports_bad_input_and_writes_nothing() {
         .chain([
             ("missing", "VolumeMissing", env.pv_name("missing")),
             ("elsewhere", "VolumeBoundElsewhere", "someone-else".to_string()),
+            ("sixonfour", "WriteRefused", "IPv6".to_string()),
         ]);
     for (claim, reason, mentioned) in expectations {
         let events = env.wait_for_events(claim, reason).await;
@@ -511,7 +515,7 @@ async fn reports_bad_input_and_writes_nothing() {
     assert!(env.names::<Service>().await.is_empty());
     assert!(env.names::<Endpoints>().await.is_empty());
     assert!(env.names::<EndpointSlice>().await.is_empty());
-    for (claim, _) in bad_endpoints {
+    for claim in bad_endpoints.iter().map(|(claim, _)| *claim).chain(["sixonfour"]) {
         assert_eq!(env.pv_annotation(&env.pv_name(claim), MOUNT_ENDPOINT).await, None);
     }
     assert_eq!(controller.metric("storageos_shared_volumes").await, 0.0);

@@ -14,6 +14,7 @@ use super::context::Context;
 use super::plan::{Current, Drift, Held, MoveStep, Plan, PvSight, move_step};
 use super::service::{EnsuredService, ensure_service};
 use crate::deadline::{TimedOut, within};
+use crate::kube_client::Refusal;
 use crate::names::CONTROLLER_FIELD_MANAGER;
 use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
@@ -43,6 +44,14 @@ impl ReconcileError {
             Self::NoClusterIp(..) => "NoClusterIP",
             Self::Gone(..) => "ServiceGone",
             Self::Timeout(..) => "Timeout",
+        }
+    }
+
+    /// The API server's answer, when it is one that no retry of the same write can change.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Self::Kube(err) => Refusal::of(err),
+            _ => None,
         }
     }
 }
@@ -83,6 +92,9 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
     };
     ctx.metrics.reconciles.with_label_values(&[label]).inc();
     ctx.book(|book| book.record(&ClaimKey::of(&claim), standing, SystemTime::now()));
+    if let Err(err) = &result {
+        tell_refusal(&claim, err, &ctx).await;
+    }
     tracing::debug!(claim = %ClaimKey::of(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
     result.map(|outcome| match outcome {
         Outcome::RepairDeferred(wait) | Outcome::MoveHeld(wait) => Action::requeue(wait),
@@ -94,9 +106,24 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, err: &ReconcileError, ctx
     ctx.metrics.reconcile_errors.with_label_values(&[err.reason()]).inc();
     let key = ClaimKey::of(&claim);
     let settings = &ctx.settings;
-    let retry = ctx.read_book(|book| book.retry_after(&key, settings.error_requeue, settings.max_error_requeue));
+    let retry = match err.refusal() {
+        // Retrying sooner cannot change the answer: the slow pace, until the claim changes.
+        Some(refusal) if !refusal.may_pass_soon() => settings.max_error_requeue,
+        _ => ctx.read_book(|book| book.retry_after(&key, settings.error_requeue, settings.max_error_requeue)),
+    };
     tracing::warn!(claim = %key, error = %err, "reconcile failed; retrying in {retry:?}");
     Action::requeue(retry)
+}
+
+/// A write the API server refuses for good is told on the claim at once (once per message), in
+/// words that say what to fix: a retry alone would leave `kubectl describe pvc` silent.
+async fn tell_refusal(claim: &PersistentVolumeClaim, err: &ReconcileError, ctx: &Context) {
+    if let Some(refusal) = err.refusal() {
+        let note = refusal.explain("the controller");
+        ctx.events
+            .warning_once(&claim.object_ref(&()), "WriteRefused", "Reconcile", note)
+            .await;
+    }
 }
 
 /// A claim found to be a shared volume this controller serves, with what it was found from.
@@ -709,5 +736,39 @@ mod tests {
         let warning = seen.bodies.last().unwrap();
         assert_eq!(event_reason(warning), "ServiceFamilyMismatch");
         assert_eq!(warning["type"], "Warning");
+    }
+    #[tokio::test]
+    async fn a_write_no_retry_can_fix_is_told_on_the_claim_at_once() {
+        let pv = pv("[fd00::5]:2049", None);
+        let refused = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "Service \"pv-data\" is invalid: spec.ipFamilies[0]: Invalid value: \"IPv6\": not configured on this cluster"});
+        let script = vec![
+            answer(&format!("GET {PV}"), 200, serde_json::to_value(&pv).unwrap()),
+            not_found(&format!("GET {SERVICE}")),
+            not_found(&format!("GET {ENDPOINTS}")),
+            not_found(&format!("GET {SLICE}")),
+            answer(&format!("POST {SERVICES}"), 422, refused),
+            answer(&format!("POST {EVENTS}"), 201, json!({})),
+        ];
+        let expected = request_lines(&script);
+        let (client, seen) = stub_api(script);
+        let ctx = Arc::new(context(client));
+        let err = reconcile(Arc::new(claim()), ctx.clone()).await.unwrap_err();
+        let seen = std::mem::take(&mut *seen.lock().unwrap());
+        assert_eq!(seen.requests, expected, "the requests made");
+        let warning = seen.bodies.last().unwrap();
+        assert_eq!(
+            (event_reason(warning), warning["type"].as_str()),
+            ("WriteRefused", Some("Warning"))
+        );
+        assert!(
+            warning["note"]
+                .as_str()
+                .unwrap()
+                .contains("not configured on this cluster"),
+            "{warning}"
+        );
+        let retry = error_policy(Arc::new(claim()), &err, ctx);
+        assert_eq!(retry, Action::requeue(Duration::from_secs(60)), "the slow pace");
     }
 }
