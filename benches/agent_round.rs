@@ -69,6 +69,7 @@ fn drbd() -> DrbdState {
                 name: "node-1".into(),
                 connection_state: "Connecting".into(),
                 peer_role: "Unknown".into(),
+                ..Default::default()
             }],
             ..Default::default()
         })

@@ -336,3 +336,38 @@ async fn the_evacuate_policy_moves_the_primary_off_a_drained_node() {
     .await;
     teardown(env, vec![a, b]).await;
 }
+
+/// A drain does not evict the NFS server while no connected peer has all of the data (here both
+/// replicas are still syncing): the agent says so on the PV, and evicts once one is UpToDate.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_drain_waits_for_a_replica_that_can_take_over() {
+    let (env, nodes, pv) = three_nodes("agent-evacuate-held").await;
+    let peers = [
+        (nodes[1].name.as_str(), "Connected", "Secondary"),
+        (nodes[2].name.as_str(), "Connected", "Secondary"),
+    ];
+    let mut syncing = resource(&pv, "Primary", true, &peers);
+    for connection in syncing["connections"].as_array_mut().unwrap() {
+        connection["peer_devices"][0]["peer-disk-state"] = json!("Inconsistent");
+    }
+    nodes[0].set(&[syncing]);
+    env.running_pod("server", &nodes[0].name, "data", json!({}), no_labels())
+        .await;
+    let a = env.start_agent(&nodes[0], &["--node-drain-policy", "evacuate"]).await;
+    env.add_taint(&nodes[0].name, "piraeus.io/evacuate").await;
+    let held = cluster_events(&env, &pv, "EvacuationHeld").await;
+    assert_eq!(held[0].type_.as_deref(), Some("Warning"));
+    assert!(
+        pod_state(&env, "server")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+
+    nodes[0].set(&[resource(&pv, "Primary", true, &peers)]);
+    wait_for_eviction(&env, "server").await;
+    teardown(env, vec![a]).await;
+}

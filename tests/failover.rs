@@ -8,8 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::drbd::{
-    LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, lost, no_labels, pod_state, resource,
-    slice_addresses, teardown, three_nodes, wait_for_eviction, wait_for_taint,
+    LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
+    resource, slice_addresses, teardown, three_nodes, wait_for_eviction, wait_for_taint,
 };
 use common::process::Process;
 use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving};
@@ -399,6 +399,28 @@ async fn a_read_only_consumer_is_left_alone() {
     .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(untouched(&env, "reader").await);
+    teardown(env, vec![agent]).await;
+}
+
+/// A volume whose only consumer on the lost node mounts it read-only, with an attachment there:
+/// nothing to give back, so no fail-over starts (no taint, the reader and the attachment stay).
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn readers_alone_start_no_fail_over() {
+    let (env, nodes, pv) = three_nodes("failover-readers-only").await;
+    healthy(&nodes, &[&pv], 0);
+    let volume = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": true}});
+    env.running_pod_with("reader", &nodes[0].name, volume, json!({}), no_labels())
+        .await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    env.set_node_ready(&nodes[0].name, false).await;
+    let agent = env.start_agent(&nodes[1], &[]).await;
+    lost(&nodes, &[&pv], 0, None);
+    // Four fail-over timeouts of the test agents.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(drbd_taints(&env, &nodes[0].name).await, None);
+    assert!(untouched(&env, "reader").await);
+    assert!(env.attachment_exists(&attachment).await);
     teardown(env, vec![agent]).await;
 }
 

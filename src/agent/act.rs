@@ -62,6 +62,8 @@ enum Remembered {
     Refused(String),
     /// Failed or blocked: retried after a back-off.
     Retry,
+    /// Refused by the API server in a way no retry changes: retried at the slowest pace.
+    RetrySlowly,
 }
 
 struct Backoff {
@@ -270,12 +272,15 @@ impl Executor {
     }
 
     fn remember(&mut self, key: ActionKey, remembered: Remembered) {
-        if remembered == Remembered::Retry {
-            let delay = self
-                .backoff
-                .get(&key)
-                .map_or(self.settings.min_backoff, |b| b.delay * 2)
-                .min(self.settings.max_backoff);
+        if matches!(remembered, Remembered::Retry | Remembered::RetrySlowly) {
+            let delay = match remembered {
+                Remembered::RetrySlowly => self.settings.max_backoff,
+                _ => self
+                    .backoff
+                    .get(&key)
+                    .map_or(self.settings.min_backoff, |b| b.delay * 2)
+                    .min(self.settings.max_backoff),
+            };
             let retry_at = Instant::now() + delay;
             self.backoff.insert(key, Backoff { retry_at, delay });
         } else {
@@ -314,10 +319,13 @@ impl Executor {
         match action {
             Action::Refused { action: refused, why } => return self.refusal(about, refused.failing_over(), why),
             // A report, not a write: told once while the same evidence holds.
-            Action::HoldFailOver { .. } => {
-                self.metrics.held_fail_overs.inc();
+            Action::HoldFailOver { .. } | Action::HoldEvacuation { .. } => {
+                if let Action::HoldFailOver { .. } = action {
+                    self.metrics.held_fail_overs.inc();
+                }
                 let note = format!("{} ({})", about.description, action.note());
-                let told = Told::new(EventType::Normal, "FailOverHeld", "HoldFailOver", note);
+                let (type_, reason) = action.event();
+                let told = Told::new(type_, reason, about.kind, note);
                 return (Remembered::WhileDecided, Some(told));
             }
             _ if self.settings.dry_run => {
@@ -428,6 +436,16 @@ impl Executor {
                 let told = Told::warning_once("EvictionBlocked", about.kind, note);
                 (Remembered::Retry, Some(told))
             }
+            Err(err) if let Some(refusal) = err.refusal() => {
+                let note = format!("cannot {}: {}", about.description, refusal.explain("the agent"));
+                let told = Told::warning_once("WriteRefused", about.kind, note);
+                let remembered = if refusal.may_pass_soon() {
+                    Remembered::Retry
+                } else {
+                    Remembered::RetrySlowly
+                };
+                (remembered, Some(told))
+            }
             Err(err) => {
                 let note = format!("cannot {}: {err}; retrying", about.description);
                 let told = Told::warning_once("FailOverActionFailed", about.kind, note);
@@ -503,7 +521,9 @@ impl Executor {
                     "only the service endpoint was published, the endpoints are left to the controller: {why}"
                 ))),
             },
-            Action::HoldFailOver { .. } | Action::Refused { .. } => Outcome::Skipped("nothing to write".into()),
+            Action::HoldFailOver { .. } | Action::HoldEvacuation { .. } | Action::Refused { .. } => {
+                Outcome::Skipped("nothing to write".into())
+            }
         };
         Ok(outcome)
     }
@@ -814,5 +834,83 @@ mod tests {
         assert!(matches!(pod_outcome(Err(api_error(409))), Ok(Outcome::Skipped(_))));
         assert_eq!(pod_outcome(Err(api_error(429))).unwrap(), Outcome::Blocked);
         assert!(pod_outcome(Err(api_error(500))).is_err());
+    }
+    /// A client whose API server refuses every write to a node with `code`, has that node
+    /// tainted, and keeps the events posted.
+    fn refusing_client(code: u16) -> (Client, Arc<Mutex<Vec<Value>>>) {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let posted = events.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let posted = posted.clone();
+            async move {
+                let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+                let bytes = http_body_util::BodyExt::collect(request.into_body())
+                    .await
+                    .unwrap()
+                    .to_bytes();
+                let (status, body) = if path.contains("/events") {
+                    posted.lock().unwrap().push(serde_json::from_slice(&bytes).unwrap());
+                    (201, json!({}))
+                } else if method == http::Method::GET {
+                    let taints = [json!({"key": crate::names::LOST_QUORUM_TAINT, "effect": "NoSchedule"})];
+                    (
+                        200,
+                        json!({"metadata": {"name": "node-b", "resourceVersion": "1"}, "spec": {"taints": taints}}),
+                    )
+                } else {
+                    let refused = json!({"kind": "Status", "code": code, "message": "nodes \"node-b\" is forbidden"});
+                    (code, refused)
+                };
+                let response = http::Response::builder()
+                    .status(status)
+                    .body(Full::new(Bytes::from(body.to_string())))
+                    .unwrap();
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        (Client::new(service, "default"), events)
+    }
+
+    #[tokio::test]
+    async fn a_write_no_retry_can_fix_is_told_at_once_and_retried_slowly() {
+        let untaint = || Action::Untaint {
+            node: "node-b".into(),
+            key: crate::names::LOST_QUORUM_TAINT,
+            cause: Cause::LostQuorum,
+            note: String::new(),
+        };
+        for (code, retried_soon) in [(422, false), (403, true)] {
+            let (client, events) = refusing_client(code);
+            let (executor, metrics) = stub_executor(MockDrbdSource::new(), false);
+            let mut executor = Executor {
+                client: client.clone(),
+                events: EventSink::new(client, "test", None),
+                ..executor
+            };
+            let failed = || metrics.actions.with_label_values(&["untaint", "failed"]).get();
+            executor
+                .run(Scope::Steps, vec![untaint()], Instant::now(), &no_nodes())
+                .await;
+            let told = events.lock().unwrap().clone();
+            assert_eq!(told.len(), 1, "{code}: one event");
+            assert_eq!(
+                (told[0]["reason"].as_str(), told[0]["type"].as_str()),
+                (Some("WriteRefused"), Some("Warning"))
+            );
+            assert!(
+                told[0]["note"].as_str().unwrap().contains("forbidden"),
+                "{code}: the API's words"
+            );
+            tokio::time::sleep(Duration::from_millis(60)).await;
+            executor
+                .run(Scope::Steps, vec![untaint()], Instant::now(), &no_nodes())
+                .await;
+            assert_eq!(failed() == 2, retried_soon, "{code}: retried after the first back-off");
+            assert_eq!(
+                events.lock().unwrap().len(),
+                1,
+                "{code}: told once while it stays the same"
+            );
+        }
     }
 }

@@ -72,6 +72,12 @@ pub enum Action {
         pv: String,
         evidence: String,
     },
+    /// An evacuation that would stop the volume: no connected peer has all of its data.
+    HoldEvacuation {
+        node: String,
+        resource: String,
+        pv: String,
+    },
     /// An action the blast-radius guard would not take.
     Refused {
         action: Box<Action>,
@@ -106,6 +112,7 @@ pub enum ActionKey {
         resource: String,
         evidence: String,
     },
+    HoldEvacuation(String),
     Refused(Box<ActionKey>),
 }
 
@@ -130,7 +137,7 @@ impl From<&PodView> for PodRef {
 
 impl Action {
     /// Every value [`Action::kind`] returns (metrics start each at 0).
-    pub const KINDS: [&'static str; 8] = [
+    pub const KINDS: [&'static str; 9] = [
         "taint",
         "untaint",
         "evict",
@@ -139,6 +146,7 @@ impl Action {
         "force_secondary",
         "publish",
         "hold_fail_over",
+        "hold_evacuation",
     ];
 
     /// What the executor remembers an action by while it stays decided: what it does, to which
@@ -181,6 +189,7 @@ impl Action {
                 resource: resource.clone(),
                 evidence: evidence.clone(),
             },
+            Self::HoldEvacuation { resource, .. } => ActionKey::HoldEvacuation(resource.clone()),
             Self::Refused { action, .. } => ActionKey::Refused(Box::new(action.key())),
         }
     }
@@ -204,6 +213,7 @@ impl Action {
             Self::ForceSecondary { .. } => "force_secondary",
             Self::PublishServiceEndpoint { .. } => "publish",
             Self::HoldFailOver { .. } => "hold_fail_over",
+            Self::HoldEvacuation { .. } => "hold_evacuation",
             Self::Refused { action, .. } => action.kind(),
         }
     }
@@ -226,6 +236,9 @@ impl Action {
                 evidence,
                 ..
             } => format!("hold the fail-over of node {node} for DRBD resource {resource}: {evidence}"),
+            Self::HoldEvacuation { node, resource, .. } => {
+                format!("hold the evacuation of DRBD resource {resource} from node {node}")
+            }
             Self::Refused { action, .. } => format!("refused to {}", action.describe()),
         }
     }
@@ -241,6 +254,9 @@ impl Action {
             Self::ForceSecondary { .. } => "the resource is suspended and no local pod uses it",
             Self::PublishServiceEndpoint { .. } => "this node is the DRBD primary with quorum",
             Self::HoldFailOver { .. } => "one disconnected link is not evidence that the peer lost the volume",
+            Self::HoldEvacuation { .. } => {
+                "no connected peer has an UpToDate replica to take the primary role over: evicting its consumers would stop the volume; bring a replica up to date or add one"
+            }
             Self::Refused { why, .. } => why,
         }
     }
@@ -302,6 +318,7 @@ impl Action {
             Self::ForceSecondary { .. } => (EventType::Warning, "SuspendedPrimaryDemoted"),
             Self::PublishServiceEndpoint { .. } => (EventType::Normal, "ServiceEndpointMoved"),
             Self::HoldFailOver { .. } => (EventType::Normal, "FailOverHeld"),
+            Self::HoldEvacuation { .. } => (EventType::Warning, "EvacuationHeld"),
             Self::Refused { .. } => (EventType::Warning, "FailOverRefused"),
         }
     }
@@ -318,7 +335,8 @@ impl Action {
             }
             Self::ForceSecondary { pv: Some(pv), .. }
             | Self::PublishServiceEndpoint { pv, .. }
-            | Self::HoldFailOver { pv, .. } => reference::<PersistentVolume>(None, pv, None),
+            | Self::HoldFailOver { pv, .. }
+            | Self::HoldEvacuation { pv, .. } => reference::<PersistentVolume>(None, pv, None),
             Self::ForceSecondary { node, pv: None, .. } => reference::<Node>(None, node, None),
             Self::Refused { action, .. } => action.target(),
         }
@@ -457,6 +475,11 @@ mod tests {
                 resource: "r".into(),
                 pv: "pv".into(),
                 evidence: String::new(),
+            },
+            Action::HoldEvacuation {
+                node: node(),
+                resource: "r".into(),
+                pv: "pv".into(),
             },
         ];
         let kinds: Vec<&str> = every_variant.iter().map(Action::kind).collect();

@@ -44,10 +44,20 @@ pub struct Connection {
     pub connection_state: String,
     #[serde(rename = "peer-role", default)]
     pub peer_role: String,
+    /// The peer's replicas of the resource's volumes.
+    #[serde(default)]
+    pub peer_devices: Vec<PeerDevice>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+pub struct PeerDevice {
+    #[serde(rename = "peer-disk-state", default)]
+    pub peer_disk_state: String,
 }
 
 pub const PRIMARY: &str = "Primary";
 pub const CONNECTED: &str = "Connected";
+pub const UP_TO_DATE: &str = "UpToDate";
 
 impl Resource {
     pub fn is_primary(&self) -> bool {
@@ -73,6 +83,14 @@ impl Resource {
 impl Connection {
     pub fn is_connected(&self) -> bool {
         self.connection_state == CONNECTED
+    }
+
+    /// Connected, with an UpToDate replica of every volume: the peer could take the primary role
+    /// over with all the data.
+    pub fn could_take_over(&self) -> bool {
+        self.is_connected()
+            && !self.peer_devices.is_empty()
+            && self.peer_devices.iter().all(|d| d.peer_disk_state == UP_TO_DATE)
     }
 }
 

@@ -3,6 +3,7 @@
 
 use super::source::DrbdError;
 use crate::deadline::TimedOut;
+use crate::kube_client::Refusal;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AgentError {
@@ -19,4 +20,14 @@ pub(crate) enum AgentError {
     /// Optimistic concurrency lost every time.
     #[error("{0} kept changing under concurrent writers")]
     Contended(&'static str),
+}
+
+impl AgentError {
+    /// The API server's answer, when it is one that no retry of the same write can change.
+    pub(crate) fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Self::Kube(err) => Refusal::of(err),
+            _ => None,
+        }
+    }
 }

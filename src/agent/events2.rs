@@ -1,12 +1,12 @@
 //! The DRBD state as `drbdsetup events2 --full` describes it, kept line by line: `exists` lines
 //! dump the state, `exists -` ends the dump, then `create`, `change` and `destroy` lines keep it
 //! current. Only the fields the decisions read are kept (role, suspension, forced IO failures,
-//! each device's quorum, each connection's peer, state and role); unknown keys, objects and
+//! each device's quorum, each connection's peer, state and role, each peer's disk states); unknown keys, objects and
 //! verbs (`call helper`, `path`…) are passed over. Pure: the shell feeds it lines.
 
 use std::collections::BTreeMap;
 
-use super::drbd::{Connection, Device, Resource};
+use super::drbd::{Connection, Device, PeerDevice, Resource};
 
 /// What one line did to the state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,6 +44,8 @@ struct Kept {
     devices: BTreeMap<u32, bool>,
     /// By peer node id (a `change` line may not repeat the connection's name).
     connections: BTreeMap<u32, Connection>,
+    /// The peers' disk states, by (peer node id, volume number).
+    peer_disks: BTreeMap<(u32, u32), String>,
 }
 
 impl Events2State {
@@ -62,7 +64,20 @@ impl Events2State {
                 suspended: kept.suspended,
                 force_io_failures: kept.force_io_failures,
                 devices: kept.devices.values().map(|quorum| Device { quorum: *quorum }).collect(),
-                connections: kept.connections.values().cloned().collect(),
+                connections: kept
+                    .connections
+                    .iter()
+                    .map(|(peer, connection)| Connection {
+                        peer_devices: kept
+                            .peer_disks
+                            .range((*peer, 0)..=(*peer, u32::MAX))
+                            .map(|(_, disk)| PeerDevice {
+                                peer_disk_state: disk.clone(),
+                            })
+                            .collect(),
+                        ..connection.clone()
+                    })
+                    .collect(),
             })
             .collect()
     }
@@ -119,7 +134,15 @@ impl Events2State {
                     .ok_or_else(|| garbled("a connection of an unknown resource"))?;
                 Ok(apply_connection(resource, verb, peer, &fields))
             }
-            // Peer devices, paths…: nothing the decisions read.
+            "peer-device" => {
+                let peer = number(&fields, "peer-node-id").ok_or_else(|| garbled("no peer node id"))?;
+                let volume = number(&fields, "volume").ok_or_else(|| garbled("no volume number"))?;
+                let resource = self
+                    .existing(verb, name)
+                    .ok_or_else(|| garbled("a peer device of an unknown resource"))?;
+                Ok(apply_peer_device(resource, verb, (peer, volume), &fields))
+            }
+            // Paths…: nothing the decisions read.
             _ => Ok(Applied::Nothing),
         }
     }
@@ -191,6 +214,7 @@ fn apply_device(resource: &mut Kept, verb: Verb, volume: u32, fields: &BTreeMap<
 
 fn apply_connection(resource: &mut Kept, verb: Verb, peer: u32, fields: &BTreeMap<&str, &str>) -> Applied {
     if verb == Verb::Destroy {
+        resource.peer_disks.retain(|(of, _), _| *of != peer);
         return removed(resource.connections.remove(&peer).is_some());
     }
     let created = !resource.connections.contains_key(&peer);
@@ -206,6 +230,19 @@ fn apply_connection(resource: &mut Kept, verb: Verb, peer: u32, fields: &BTreeMa
         }
     }
     settled(created, before != *connection)
+}
+
+fn apply_peer_device(resource: &mut Kept, verb: Verb, key: (u32, u32), fields: &BTreeMap<&str, &str>) -> Applied {
+    if verb == Verb::Destroy {
+        return removed(resource.peer_disks.remove(&key).is_some());
+    }
+    let created = !resource.peer_disks.contains_key(&key);
+    let disk = resource.peer_disks.entry(key).or_default();
+    let before = disk.clone();
+    if let Some(value) = fields.get("peer-disk") {
+        *disk = (*value).to_owned();
+    }
+    settled(created, before != *disk)
 }
 
 fn removed(was_there: bool) -> Applied {
@@ -277,11 +314,13 @@ mod tests {
             "change resource name:pvc-1 role:Primary may_promote:no",
         ];
         let applied: Vec<Applied> = transaction.iter().map(|l| state.apply(l).unwrap()).collect();
-        assert_eq!(applied, [Applied::Changed, Applied::Nothing, Applied::Nothing]);
+        assert_eq!(applied, [Applied::Changed, Applied::Changed, Applied::Nothing]);
         let r = &state.resources()[0];
         assert_eq!(r.connections[0].name, "node-b", "the name is kept from the dump");
         assert_eq!(r.connections[0].connection_state, "Connecting");
         assert!(!r.fully_connected());
+        assert_eq!(r.connections[0].peer_devices[0].peer_disk_state, "DUnknown");
+        assert!(!r.connections[0].could_take_over() && r.connections[1].could_take_over());
         state.apply("change device name:pvc-1 volume:0 quorum:no").unwrap();
         assert!(!state.resources()[0].has_quorum());
         state

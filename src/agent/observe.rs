@@ -462,6 +462,7 @@ mod tests {
             name: name.into(),
             connection_state: "Connecting".into(),
             peer_role: "Unknown".into(),
+            ..Default::default()
         };
         drbd.resources[0].connections = vec![lost("node-a"), lost("linstor-b")];
         drbd.resources.push(Resource {

@@ -84,11 +84,13 @@ mod tests {
                         name: "b".into(),
                         connection_state: "Connecting".into(),
                         peer_role: "Unknown".into(),
+                        ..Default::default()
                     },
                     Connection {
                         name: "c".into(),
                         connection_state: "Connected".into(),
                         peer_role: "Secondary".into(),
+                        ..Default::default()
                     },
                 ],
                 ..Default::default()

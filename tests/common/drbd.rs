@@ -64,7 +64,12 @@ fn write_atomically(path: &std::path::Path, contents: &str) {
 pub fn resource(name: &str, role: &str, quorum: bool, peers: &[(&str, &str, &str)]) -> Value {
     let connections: Vec<Value> = peers
         .iter()
-        .map(|(peer, state, role)| json!({"name": peer, "connection-state": state, "peer-role": role}))
+        .map(|(peer, state, role)| {
+            // As DRBD has it: a connected peer's replica is in sync, a lost one's unknown.
+            let disk = if *state == "Connected" { "UpToDate" } else { "DUnknown" };
+            json!({"name": peer, "connection-state": state, "peer-role": role,
+                   "peer_devices": [{"volume": 0, "peer-disk-state": disk}]})
+        })
         .collect();
     json!({
         "name": name, "role": role, "suspended": false, "force-io-failures": false,

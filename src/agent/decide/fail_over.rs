@@ -37,10 +37,11 @@ pub(super) fn fail_overs(
     for (resource, volume) in volumes_with_quorum(observed).filter(|(r, _)| r.may_promote()) {
         for peer in resource.connections.iter().filter(|c| !c.is_connected()) {
             let node = observed.kube_node(&peer.name);
-            if !has_consumers(volume, node) {
+            let key = (resource.name.clone(), peer.name.clone());
+            let under_way = timers.fail_over.contains_key(&key) || tainted_by_fail_over(observed, node);
+            if !(writes_there(volume, node) || under_way && still_holds(volume, node)) {
                 continue;
             }
-            let key = (resource.name.clone(), peer.name.clone());
             let started = *timers.fail_over.entry(key.clone()).or_insert(now);
             live_timers.push(key);
             if now.duration_since(started) < settings.fail_over_timeout {
@@ -73,10 +74,26 @@ pub(super) fn fail_overs(
     holds
 }
 
-/// Whether the peer's node has something of the volume to fail over: a running pod or an
-/// attachment.
-fn has_consumers(volume: &VolumeView, node: &str) -> bool {
-    volume.pods.iter().any(|p| p.node == node && p.running) || volume.attachments.iter().any(|a| a.node == node)
+/// Whether a fail-over of the volume from the peer's node may start: a running pod there writes
+/// to it. Readers lose nothing a fail-over would give back, and an attachment alone (a pod gone,
+/// a detach pending) is left to Kubernetes.
+fn writes_there(volume: &VolumeView, node: &str) -> bool {
+    volume.pods.iter().any(|p| p.node == node && p.running && !p.read_only)
+}
+
+/// Whether a fail-over under way still has something to move off the peer's node: a pod that
+/// has not finished, or an attachment (its steps remove them one round after another).
+fn still_holds(volume: &VolumeView, node: &str) -> bool {
+    volume.pods.iter().any(|p| p.node == node && !p.finished) || volume.attachments.iter().any(|a| a.node == node)
+}
+
+/// Whether the peer's node carries the taint a fail-over put there: the fail-over was under way
+/// before this agent's timers (a restart loses them).
+fn tainted_by_fail_over(observed: &Observed, node: &str) -> bool {
+    observed
+        .nodes
+        .get(node)
+        .is_some_and(|n| n.taint_value(LOST_QUORUM_TAINT) == Some(TAINT_BY_FAIL_OVER))
 }
 
 /// Weighs what else is known about a peer whose link to this node is down. One link is a
@@ -405,7 +422,7 @@ mod tests {
         );
         evicting.volumes.get_mut("pvc-1").unwrap().pods.clear();
         assert_eq!(
-            after_timeout(&evicting, &settings()),
+            continued(&link_lost(), &evicting, &settings()),
             [
                 "taint node-a drbd.linbit.com/lost-quorum",
                 "delete-attachment csi-att-1"
@@ -428,11 +445,46 @@ mod tests {
             ..pod("job", "node-a")
         };
         assert_eq!(
-            after_timeout(&finished, &settings()),
+            continued(&primary_lost(), &finished, &settings()),
             [
                 "taint node-a drbd.linbit.com/lost-quorum",
                 "delete-attachment csi-att-1"
             ]
+        );
+    }
+
+    #[test]
+    fn only_a_writer_on_the_peer_starts_a_fail_over() {
+        let mut readers = primary_lost();
+        for pod in &mut readers.volumes.get_mut("pvc-1").unwrap().pods {
+            pod.read_only = true;
+        }
+        let mut attachment_alone = primary_lost();
+        attachment_alone.volumes.get_mut("pvc-1").unwrap().pods.clear();
+        let mut finished = primary_lost();
+        finished.volumes.get_mut("pvc-1").unwrap().pods[0].finished = true;
+        finished.volumes.get_mut("pvc-1").unwrap().pods[0].running = false;
+        for (case, observed) in [
+            ("every consumer mounts it read-only", &readers),
+            ("an attachment without a pod", &attachment_alone),
+            ("an attachment and a finished pod", &finished),
+        ] {
+            let mut timers = Timers::new();
+            assert!(after_timeout(observed, &settings()).is_empty(), "{case}");
+            decide(observed, &settings(), &mut timers, Instant::now());
+            assert!(timers.fail_over.is_empty(), "{case}: no timer");
+        }
+        // A fail-over under way before this agent restarted (its taint is there) still removes
+        // the attachment it left.
+        attachment_alone
+            .nodes
+            .get_mut("node-a")
+            .unwrap()
+            .taints
+            .insert(LOST_QUORUM_TAINT.into(), TAINT_BY_FAIL_OVER.into());
+        assert_eq!(
+            after_timeout(&attachment_alone, &settings()),
+            ["delete-attachment csi-att-1"]
         );
     }
 

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::*;
 use crate::agent::action::Action;
-use crate::agent::drbd::{Connection, Device, DrbdState};
+use crate::agent::drbd::{Connection, Device, DrbdState, PeerDevice};
 use crate::agent::report::{Report, ResourceReport};
 pub(crate) use crate::agent::view::{AttachmentView, NodeView, PeerReport, PodView, Timers, VolumeView};
 use crate::names::TAINT_BY_OWN_AGENT;
@@ -26,9 +26,16 @@ pub(crate) fn resource(role: &str, quorum: bool, peers: &[(&str, &str, &str)]) -
                 name: name.to_string(),
                 connection_state: state.to_string(),
                 peer_role: role.to_string(),
+                peer_devices: vec![peer_disk(if *state == "Connected" { "UpToDate" } else { "DUnknown" })],
             })
             .collect(),
         ..Default::default()
+    }
+}
+
+pub(crate) fn peer_disk(state: &str) -> PeerDevice {
+    PeerDevice {
+        peer_disk_state: state.into(),
     }
 }
 
@@ -154,6 +161,7 @@ pub(crate) fn kinds(actions: &[Action]) -> Vec<String> {
             Action::ForceSecondary { resource, .. } => format!("secondary --force {resource}"),
             Action::PublishServiceEndpoint { pv, endpoint, .. } => format!("publish {pv} {endpoint}"),
             Action::HoldFailOver { node, .. } => format!("hold {node}"),
+            Action::HoldEvacuation { resource, .. } => format!("hold evacuation {resource}"),
             Action::Refused { action, .. } => format!("refused {}", kinds(&[(**action).clone()])[0]),
         })
         .collect()
@@ -170,6 +178,15 @@ pub(crate) fn after_timeout(observed: &Observed, settings: &DecisionSettings) ->
         &mut timers,
         t0 + settings.fail_over_timeout,
     ))
+}
+
+/// What is decided once the timeout ran out over `then`, for a fail-over started over `first`
+/// (its steps done one round after another change what is seen).
+pub(crate) fn continued(first: &Observed, then: &Observed, settings: &DecisionSettings) -> Vec<String> {
+    let t0 = Instant::now();
+    let mut timers = Timers::new();
+    decide(first, settings, &mut timers, t0);
+    kinds(&decide(then, settings, &mut timers, t0 + settings.fail_over_timeout))
 }
 
 /// This node in `role` of pvc-1, attached nowhere, its endpoint published at this node.

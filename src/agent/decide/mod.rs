@@ -67,7 +67,7 @@ pub fn publications(observed: &Observed, settings: &DecisionSettings, timers: &m
 /// Everything but the publications: force-IO evictions, demotions, evacuation, this node's
 /// taints, fail-overs of lost peers.
 pub fn steps(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers, now: Instant) -> Vec<Action> {
-    let mut actions = force_io::evictions(observed, settings);
+    let mut actions = force_io::evictions(observed);
     actions.extend(demotion::demotions(observed, settings, timers, now));
     actions.extend(evacuation::evictions(observed, settings));
     if !settings.disable_node_taints {
@@ -94,16 +94,16 @@ fn is_movable(pod: &PodView, settings: &DecisionSettings) -> bool {
     pod.has_owner && !pod.ignore_fail_over && !pod.read_only && (settings.fail_over_unsafe_pods || !pod.unsafe_volumes)
 }
 
-/// Movable pods of the volume on `node` that are not already on their way out.
+/// Pods of the volume on `node`, not already on their way out, that `may_move` lets go.
 fn evictable<'a>(
     volume: &'a VolumeView,
     node: &'a str,
-    settings: &'a DecisionSettings,
+    may_move: impl Fn(&PodView) -> bool + 'a,
 ) -> impl Iterator<Item = &'a PodView> {
     volume
         .pods
         .iter()
-        .filter(move |p| p.node == node && !p.finished && !p.terminating && is_movable(p, settings))
+        .filter(move |p| p.node == node && !p.finished && !p.terminating && may_move(p))
 }
 
 #[cfg(test)]
