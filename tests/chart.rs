@@ -292,6 +292,13 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
             "endpointslices.discovery.k8s.io",
             true,
         ),
+        (
+            &controller,
+            elsewhere,
+            "delete",
+            "endpointslices.discovery.k8s.io",
+            true,
+        ),
         (&controller, elsewhere, "create", "events.events.k8s.io", true),
         (&controller, ns, "create", "leases.coordination.k8s.io", true),
         (&controller, ns, "update", "leases.coordination.k8s.io", false),
@@ -323,7 +330,8 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         (&agent, ns, "get", "persistentvolumes", false),
         (&agent, elsewhere, "create", "services", false),
         (&agent, elsewhere, "delete", "services", false),
-        (&agent, elsewhere, "delete", "endpointslices.discovery.k8s.io", false),
+        // Allowed by RBAC, narrowed to the product's own slices by an admission policy.
+        (&agent, elsewhere, "delete", "endpointslices.discovery.k8s.io", true),
         (&agent, ns, "delete", "persistentvolumes", false),
         (&agent, ns, "delete", "nodes", false),
         (&agent, elsewhere, "create", "pods", false),
@@ -587,6 +595,15 @@ async fn what_an_attacker_tries_is_refused(env: &TestEnv, controller_sa: &str, a
         .create(&create, &web_endpoints)
         .await
         .unwrap();
+    let web_slice: EndpointSlice = objects(
+        "EndpointSlice",
+        json!({"metadata": {"name": "web-1", "labels": {"kubernetes.io/service-name": "web"}}, "addressType": "IPv4",
+               "endpoints": [{"addresses": ["10.1.1.1"]}], "ports": [{"name": "nfs", "port": 2049}]}),
+    );
+    Api::<EndpointSlice>::namespaced(admin.clone(), &victim_ns)
+        .create(&create, &web_slice)
+        .await
+        .unwrap();
     let node_name = format!("{}-victim", env.id);
     let node: Node = objects(
         "Node",
@@ -649,6 +666,12 @@ async fn what_an_attacker_tries_is_refused(env: &TestEnv, controller_sa: &str, a
             &format!("{who} creates an EndpointSlice for an unrelated Service"),
             Api::<EndpointSlice>::namespaced(client.clone(), &victim_ns)
                 .create(&create, &objects("EndpointSlice", slice))
+                .await,
+        ));
+        wrong.extend(refused(
+            &format!("{who} deletes an unrelated Service's EndpointSlice"),
+            Api::<EndpointSlice>::namespaced(client.clone(), &victim_ns)
+                .delete("web-1", &DeleteParams::default())
                 .await,
         ));
         let pvs: Api<PersistentVolume> = Api::all(client.clone());

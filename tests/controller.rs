@@ -592,7 +592,8 @@ async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_
     let cluster =
         common::cluster::PrivateCluster::up_with("dualstack", &[("SVC_SERVICE_CIDR", "10.96.0.0/16,fd00:10:96::/108")]);
     let env = common::setup_on(cluster.client().await, "ctl-dualstack").await;
-    let kubeconfig = cluster.kubeconfig();
+    // As the chart's controller: replacing a slice needs a permission the chart must grant.
+    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
     let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
     let controller = Process::start_with_env(
         &format!("{}-controller", env.ns),
@@ -629,5 +630,6 @@ async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_
         Some(four_mount.as_str())
     );
     controller.stop().await;
+    env.remove_chart_permissions(&cluster.kubeconfig());
     env.cleanup().await;
 }

@@ -2,6 +2,7 @@
 //! `KUBECONFIG` (started by `make test`), each test in a namespace of its own.
 #![allow(dead_code)]
 
+pub mod accounts;
 pub mod audit;
 pub mod cluster;
 pub mod datapath;

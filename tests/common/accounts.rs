@@ -1,0 +1,80 @@
+//! The chart's own permissions for the processes a test starts: the roles, bindings and admission
+//! policies that `helm template` renders for a release of the test's own in its namespace,
+//! installed in the control plane, and a kubeconfig per component that impersonates the
+//! component's ServiceAccount. A permission the code needs and the chart lacks fails the test.
+
+use std::path::PathBuf;
+
+use serde_json::{Value, json};
+
+use super::helm::{CHART, run};
+use super::{TestEnv, tool};
+
+/// The chart's templates that grant or narrow what its accounts may do.
+const PERMISSION_TEMPLATES: [&str; 3] = [
+    "templates/controller-rbac.yaml",
+    "templates/agent-rbac.yaml",
+    "templates/admission-policies.yaml",
+];
+
+impl TestEnv {
+    /// The release whose accounts this test's processes act as.
+    fn release(&self) -> String {
+        format!("e2e-{}", self.id)
+    }
+
+    /// Where the rendered permissions are kept, to remove them with the test.
+    fn permissions_file(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("svc-e2e-{}-chart-permissions.yaml", self.ns))
+    }
+
+    /// A kubeconfig, beside `admin_kubeconfig`, whose user acts as `component`'s (`controller`
+    /// or `agent`) chart ServiceAccount in this namespace. The chart's permissions, rendered with
+    /// `sets`, are installed in that cluster first (again on every call: `kubectl apply`).
+    pub fn chart_kubeconfig(&self, admin_kubeconfig: &str, component: &str, sets: &[&str]) -> String {
+        let mut helm = tool("helm");
+        helm.args(["template", &self.release(), CHART, "--namespace", &self.ns]);
+        for template in PERMISSION_TEMPLATES {
+            helm.args(["--show-only", template]);
+        }
+        for set in sets {
+            helm.args(["--set", set]);
+        }
+        let rendered = run(&mut helm).stdout;
+        std::fs::write(self.permissions_file(), &rendered).unwrap();
+        run(tool("kubectl")
+            .args(["--kubeconfig", admin_kubeconfig, "apply", "-f"])
+            .arg(self.permissions_file()));
+        let account = format!(
+            "system:serviceaccount:{}:{}-shared-volume-controller-{component}",
+            self.ns,
+            self.release()
+        );
+        let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(admin_kubeconfig).unwrap()).unwrap();
+        for user in config["users"].as_array_mut().unwrap() {
+            user["user"]["as"] = json!(account);
+        }
+        let path = std::env::temp_dir().join(format!("svc-e2e-{}-{component}.kubeconfig", self.ns));
+        std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+        path.display().to_string()
+    }
+
+    /// Removes the chart's cluster-wide permissions this test installed, if any.
+    pub fn remove_chart_permissions(&self, admin_kubeconfig: &str) {
+        let file = self.permissions_file();
+        if file.exists() {
+            let _ = tool("kubectl")
+                .args([
+                    "--kubeconfig",
+                    admin_kubeconfig,
+                    "delete",
+                    "--ignore-not-found",
+                    "--wait=false",
+                    "-f",
+                ])
+                .arg(&file)
+                .output();
+            let _ = std::fs::remove_file(file);
+        }
+    }
+}
