@@ -234,8 +234,12 @@ fn controller_as_in_a_cluster(env: &TestEnv) -> Process {
     controller_with(env, &[CLUSTER_LOG_LEVEL])
 }
 
+/// The agents act as the admin (the tests act as the chart's accounts): the figures compare their
+/// writes with a bare client's, which passes no admission policy either.
 async fn agent_as_in_a_cluster(env: &TestEnv, node: &SimNode) -> Process {
-    env.start_agent_with_env(node, &["--drbd-status-interval", "5s"], &[CLUSTER_LOG_LEVEL])
+    let admin = common::accounts::admin_kubeconfig();
+    let vars = [CLUSTER_LOG_LEVEL, ("KUBECONFIG", admin.as_str())];
+    env.start_agent_with_env(node, &["--drbd-status-interval", "5s"], &vars)
         .await
 }
 

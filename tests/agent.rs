@@ -9,7 +9,6 @@ use common::drbd::{
     FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
     resource, slice_addresses, teardown, three_nodes, wait_for_eviction, wait_for_taint,
 };
-use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -22,9 +21,11 @@ use serde_json::json;
 async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     let (env, nodes, pv) = app_on_node_a("agent-failover").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    let controller = Process::start(
+    let controller = env.start_as(
+        "controller",
         &format!("{}-controller", env.ns),
         &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+        &[],
     );
     controller.wait_ready().await;
     let mount = eventually("a published mount endpoint", WAIT, || {

@@ -81,7 +81,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
         .map(|o| o["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(policies.len(), 5, "{policies:?}");
+    assert_eq!(policies.len(), 6, "{policies:?}");
     for policy in &policies {
         let binding = find(&defaults, "ValidatingAdmissionPolicyBinding", policy);
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));

@@ -19,7 +19,7 @@ const WAIT: Duration = Duration::from_secs(30);
 async fn start_controller(env: &TestEnv, extra: &[&str]) -> Process {
     let mut args = vec!["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
     args.extend_from_slice(extra);
-    let process = Process::start(&env.ns, &args);
+    let process = env.start_as("controller", &env.ns, &args, &[]);
     process.wait_ready().await;
     process
 }
@@ -544,7 +544,7 @@ async fn only_the_leader_writes_and_a_standby_takes_over() {
         let mut args = vec!["controller", "--watch-namespace", &env.ns, "--identity", identity];
         args.extend_from_slice(&lease);
         args.extend_from_slice(&timing);
-        Process::start(&format!("{}-{identity}", env.ns), &args)
+        env.start_as("controller", &format!("{}-{identity}", env.ns), &args, &[])
     };
     let (a, b) = (start("a"), start("b"));
     a.wait_ready().await;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{cluster_events, drbd_taints, healthy, lost, slice_addresses};
 use common::outage::client_through_a_fail_over;
-use common::process::{Process, sample_value};
+use common::process::sample_value;
 use common::prometheus::Prometheus;
 use common::{MOUNT_ENDPOINT, eventually, serving};
 use k8s_openapi::api::core::v1::Pod;
@@ -56,9 +56,11 @@ async fn demo() {
     }
 
     story.chapter("2. The controller and one HA agent per node");
-    let controller = Process::start(
+    let controller = env.start_as(
+        "controller",
         &format!("{}-controller", env.ns),
         &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+        &[],
     );
     controller.wait_ready().await;
     story.say(format!(

@@ -11,7 +11,6 @@ use common::drbd::{
     LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
     resource, slice_addresses, teardown, three_nodes, wait_for_eviction, wait_for_taint,
 };
-use common::process::Process;
 use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -106,9 +105,11 @@ async fn a_dropped_link_alone_never_takes_down_a_healthy_primary() {
 async fn an_isolated_primary_is_failed_over_and_the_endpoints_follow() {
     let (env, nodes, pv) = app_on_node_a("failover-isolated").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    let controller = Process::start(
+    let controller = env.start_as(
+        "controller",
         &format!("{}-controller", env.ns),
         &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+        &[],
     );
     controller.wait_ready().await;
     eventually("the slice at node a", WAIT, || async {

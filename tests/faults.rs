@@ -52,7 +52,7 @@ fn replica(env: &TestEnv, identity: &str) -> Process {
         "--lease-grace-seconds",
         &grace,
     ];
-    Process::start(&format!("{}-{identity}", env.ns), &args)
+    env.start_as("controller", &format!("{}-{identity}", env.ns), &args, &[])
 }
 
 /// Starts replicas `a` and `b` and waits until one leads: (leader, standby, their identities).
@@ -98,7 +98,7 @@ fn only_the_new_leader_wrote(env: &TestEnv, old: &str, new: &str, since: SystemT
 /// One controller without leader election, watching the test's namespace, ready.
 async fn single_controller(env: &TestEnv) -> Process {
     let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let controller = Process::start(&format!("{}-controller", env.ns), &args);
+    let controller = env.start_as("controller", &format!("{}-controller", env.ns), &args, &[]);
     controller.wait_ready().await;
     controller
 }
@@ -613,7 +613,7 @@ async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved()
     let mut random = Random::from_env();
     let history = ServiceHistory::start(&env);
     let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let start = || Process::start(&format!("{}-controller", env.ns), &args);
+    let start = || env.start_as("controller", &format!("{}-controller", env.ns), &args, &[]);
 
     let mut pvs = Vec::new();
     let mut servers = BTreeMap::new();

@@ -196,9 +196,11 @@ async fn claims_served_at(env: &common::TestEnv, endpoint: &str, n: usize) -> Ve
 }
 
 async fn start_controller(env: &common::TestEnv) -> Process {
-    let controller = Process::start(
+    let controller = env.start_as(
+        "controller",
         &format!("{}-controller", env.ns),
         &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+        &[],
     );
     controller.wait_ready().await;
     controller

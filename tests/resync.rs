@@ -6,7 +6,6 @@ mod common;
 
 use std::time::Duration;
 
-use common::process::Process;
 use common::{MOUNT_ENDPOINT, eventually, grown, serving, writes};
 
 const VOLUMES: usize = 5;
@@ -14,7 +13,8 @@ const VOLUMES: usize = 5;
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn resyncing_converged_volumes_writes_nothing() {
     let env = common::setup("resync").await;
-    let controller = Process::start(
+    let controller = env.start_as(
+        "controller",
         &env.ns,
         &[
             "controller",
@@ -25,6 +25,7 @@ async fn resyncing_converged_volumes_writes_nothing() {
             "--resync-interval",
             "1s",
         ],
+        &[],
     );
     controller.wait_ready().await;
     for i in 0..VOLUMES {

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use serde_json::{Value, json};
 
 use super::helm::{CHART, run};
+use super::process::Process;
 use super::{TestEnv, tool};
 
 /// The chart's templates that grant or narrow what its accounts may do.
@@ -16,6 +17,11 @@ const PERMISSION_TEMPLATES: [&str; 3] = [
     "templates/agent-rbac.yaml",
     "templates/admission-policies.yaml",
 ];
+
+/// The kubeconfig of the control plane the tests run on (`KUBECONFIG`, set by `make test`).
+pub fn admin_kubeconfig() -> String {
+    std::env::var("KUBECONFIG").expect("KUBECONFIG")
+}
 
 impl TestEnv {
     /// The release whose accounts this test's processes act as.
@@ -57,6 +63,22 @@ impl TestEnv {
         let path = std::env::temp_dir().join(format!("svc-e2e-{}-{component}.kubeconfig", self.ns));
         std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
         path.display().to_string()
+    }
+
+    /// Starts `shared-volume-controller <args>` (`component`: `controller` or `agent`) as the
+    /// chart's account of that component, on the tests' control plane, with extra `env`. A
+    /// `--lease-name` among the args is the one the chart is rendered with.
+    pub fn start_as(&self, component: &str, name: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
+        let lease = args
+            .iter()
+            .position(|arg| *arg == "--lease-name")
+            .and_then(|at| args.get(at + 1))
+            .map(|lease| format!("{component}.flags.lease-name={lease}"));
+        let sets: Vec<&str> = lease.iter().map(String::as_str).collect();
+        let kubeconfig = self.chart_kubeconfig(&admin_kubeconfig(), component, &sets);
+        let mut env = env.to_vec();
+        env.push(("KUBECONFIG", kubeconfig.as_str()));
+        Process::start_with_env(name, args, &env)
     }
 
     /// Removes the chart's cluster-wide permissions this test installed, if any.

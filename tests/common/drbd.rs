@@ -12,6 +12,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
+use super::accounts::admin_kubeconfig;
 use super::process::Process;
 use super::{TestEnv, eventually, serving};
 
@@ -146,6 +147,12 @@ impl TestEnv {
         let log_name = format!("{}-agent-{short}", self.ns);
         let mut env = env.to_vec();
         env.push(node.fake_drbd_env());
+        // As the chart's agent, unless the test gives a kubeconfig of its own.
+        let as_agent;
+        if !env.iter().any(|(name, _)| *name == "KUBECONFIG") {
+            as_agent = self.chart_kubeconfig(&admin_kubeconfig(), "agent", &[]);
+            env.push(("KUBECONFIG", as_agent.as_str()));
+        }
         let process = Process::start_with_env(&log_name, &args, &env);
         process.wait_ready().await;
         process

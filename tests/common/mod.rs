@@ -113,6 +113,7 @@ impl TestEnv {
 
     /// Deletes the namespace and the PVs, Nodes and VolumeAttachments this test made.
     pub async fn cleanup(self) {
+        self.remove_chart_permissions(&accounts::admin_kubeconfig());
         self.cleanup_nodes().await;
         let pvs = self.pvs();
         if let Ok(list) = pvs.list(&Default::default()).await {

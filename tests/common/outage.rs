@@ -12,7 +12,6 @@ use serde_json::json;
 
 use super::datapath::{DataPath, fenced_packets, nfs_read, nfs_write};
 use super::drbd::{LOST_QUORUM, healthy, lost, no_labels, slice_addresses};
-use super::process::Process;
 use super::{MOUNT_ENDPOINT, TestEnv, serving};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -132,9 +131,11 @@ pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> 
         path.nodes[2].ip
     ));
 
-    let controller = Process::start(
+    let controller = env.start_as(
+        "controller",
         &format!("{}-controller", env.ns),
         &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+        &[],
     );
     controller.wait_ready().await;
     let mut agents = Vec::new();
