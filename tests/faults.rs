@@ -344,7 +344,7 @@ async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
     let cluster = common::cluster::PrivateCluster::up("restart");
     let env = common::setup_on(cluster.client().await, "flt-restart").await;
     let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let kubeconfig = cluster.kubeconfig();
+    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
     let controller = Process::start_with_env(
         &format!("{}-controller", env.ns),
         &args,
@@ -406,6 +406,7 @@ async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
     // few retries of writes the restarts cut off.
     assert!(writes <= claims * 4 + 2 + 20, "{writes} writes for {claims} claims");
     controller.stop().await;
+    env.remove_chart_permissions(&cluster.kubeconfig());
     env.cleanup().await;
 }
 

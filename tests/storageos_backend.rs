@@ -46,7 +46,7 @@ async fn start_controller_with_password(env: &TestEnv, api: &FakeStorageOs, pass
         "--max-retry-interval",
         "4s",
     ];
-    let process = Process::start(&env.ns, &args);
+    let process = env.start_as("controller", &env.ns, &args, &[]);
     process.wait_ready().await;
     (process, secret)
 }
