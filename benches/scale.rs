@@ -9,7 +9,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -650,11 +650,23 @@ async fn mass_move(n: usize) -> Vec<Figure> {
     ];
     settle().await;
     let before = writes(&env.client).await;
+    let reads_before = common::requests(&env.client, &["GET", "LIST"]).await;
+    let cpu_before = cpu_seconds_by_process();
     let started = Instant::now();
     lost(&nodes, &resources, 0, Some(1));
     let at_b = vec![nodes[1].ip.clone()];
     history.wait_until(&pvs, &at_b).await;
     let product = started.elapsed();
+    let cpu = grown(&cpu_before, &cpu_seconds_by_process());
+    let reads = grown(&reads_before, &common::requests(&env.client, &["GET", "LIST"]).await);
+    for (process, seconds) in &cpu {
+        println!("P9 CPU during the move: {seconds:>5.2} s {process}");
+    }
+    let pv_reads: u64 = reads
+        .iter()
+        .filter(|(labels, _)| labels.contains("resource=\"persistentvolumes\""))
+        .map(|(_, count)| *count as u64)
+        .sum();
     // The events and whatever the controller still writes land within a second.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let grew = grown(&before, &writes(&env.client).await);
@@ -677,6 +689,7 @@ async fn mass_move(n: usize) -> Vec<Figure> {
         .for_each_concurrent(CONCURRENCY, |pv| bare_publish(&bare, pv, &at))
         .await;
     settle().await;
+    let cpu_before = cpu_seconds_by_process();
     let started = Instant::now();
     stream::iter(&bare_pvs)
         .for_each_concurrent(CONCURRENCY, |pv| {
@@ -692,6 +705,9 @@ async fn mass_move(n: usize) -> Vec<Figure> {
         })
         .await;
     let floor = started.elapsed();
+    for (process, seconds) in grown(&cpu_before, &cpu_seconds_by_process()) {
+        println!("P9 CPU during the floor's move: {seconds:>5.2} s {process}");
+    }
     bare.cleanup().await;
     println!("P9: {held} moves held by the controller while their PV write was in flight");
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -716,6 +732,16 @@ async fn mass_move(n: usize) -> Vec<Figure> {
             unit: "writes",
             target: "≤ 4".into(),
             met: per_volume <= 4.0,
+        },
+        Figure {
+            id: "P9",
+            what: "PV reads per moved volume while the slices move (apiserver counter)".into(),
+            n,
+            product: pv_reads as f64 / n as f64,
+            floor: None,
+            unit: "reads",
+            target: "0".into(),
+            met: pv_reads == 0,
         },
         Figure {
             id: "P9",
@@ -967,4 +993,28 @@ async fn report(full: bool, figures: &[Figure]) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()).unwrap();
     println!("figures written to {}", path.display());
+}
+
+/// CPU seconds (user and system) each process on the machine has used so far, by process name
+/// (kube-apiserver, etcd, shared-volume-c…), from /proc.
+fn cpu_seconds_by_process() -> BTreeMap<String, f64> {
+    let mut seconds = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let stat = entry.path().join("stat");
+        let Ok(stat) = std::fs::read_to_string(stat) else {
+            continue;
+        };
+        let (Some((head, rest)), true) = (
+            stat.rsplit_once(')'),
+            entry.file_name().to_string_lossy().parse::<u32>().is_ok(),
+        ) else {
+            continue;
+        };
+        let name = head.split_once('(').map_or("", |(_, name)| name);
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: f64 = fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse::<f64>().unwrap_or(0.0);
+        *seconds.entry(name.to_owned()).or_insert(0.0) += ticks / 100.0;
+    }
+    seconds.retain(|_, used| *used > 0.0);
+    seconds
 }

@@ -10,7 +10,7 @@
 use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec};
 use kube::ResourceExt;
 
-use crate::names::{MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
+use crate::names::{MOUNT_ENDPOINT_ANNOTATION, MOVE_STAMP_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::volume::ClaimKey;
 
 pub const READ_WRITE_MANY: &str = "ReadWriteMany";
@@ -36,13 +36,19 @@ pub fn pv_backs_shared_claim(pv: &PersistentVolume) -> bool {
 
 /// Drops from a cached PV what neither loop reads (labels, status, managed fields, most of the
 /// spec): what remains is its name, uid, resourceVersion, the service- and mount-endpoint
-/// annotations, access modes, claimRef, storage class and CSI driver and handle. Both loops cache
+/// annotations and the stamp of the last agent move, access modes, claimRef, storage class and CSI driver and handle. Both loops cache
 /// every PV in the cluster, so this is most of their memory.
 pub fn trim_pv(pv: &mut PersistentVolume) {
     pv.managed_fields_mut().clear();
     pv.labels_mut().clear();
-    pv.annotations_mut()
-        .retain(|k, _| k == SERVICE_ENDPOINT_ANNOTATION || k == MOUNT_ENDPOINT_ANNOTATION);
+    pv.annotations_mut().retain(|k, _| {
+        [
+            SERVICE_ENDPOINT_ANNOTATION,
+            MOUNT_ENDPOINT_ANNOTATION,
+            MOVE_STAMP_ANNOTATION,
+        ]
+        .contains(&k.as_str())
+    });
     pv.status = None;
     if let Some(spec) = pv.spec.take() {
         let csi = spec.csi.map(|csi| CSIPersistentVolumeSource {
@@ -102,6 +108,7 @@ mod tests {
                 "annotations": {
                     SERVICE_ENDPOINT_ANNOTATION: "10.0.0.5:2049",
                     MOUNT_ENDPOINT_ANNOTATION: "10.96.0.9:2049",
+                    MOVE_STAMP_ANNOTATION: r#"{"endpoint":"10.0.0.5:2049","overPvVersion":"41"}"#,
                     "pv.kubernetes.io/provisioned-by": "linstor.csi.linbit.com",
                 },
                 "managedFields": [{"manager": "kube-controller-manager", "operation": "Update"}],
@@ -143,6 +150,11 @@ mod tests {
         assert_eq!(read(&trimmed), read(&full));
         assert!(trimmed.metadata.managed_fields.as_ref().is_none_or(|m| m.is_empty()));
         assert!(trimmed.status.is_none() && trimmed.labels().is_empty());
-        assert_eq!(trimmed.annotations().len(), 2);
+        // The stamp of an agent's move: the controller tells a move in flight from drift by it.
+        assert_eq!(
+            trimmed.annotations().get(MOVE_STAMP_ANNOTATION),
+            full.annotations().get(MOVE_STAMP_ANNOTATION)
+        );
+        assert_eq!(trimmed.annotations().len(), 3);
     }
 }

@@ -347,16 +347,18 @@ pub const WATCHED_RESOURCES: [&str; 5] = ["services", "endpoints", "endpointslic
 /// Write requests the apiserver has served so far for the resources the controller touches, by
 /// its `apiserver_request_total` counter, keyed by the sample's labels.
 pub async fn writes(client: &Client) -> BTreeMap<String, f64> {
+    requests(client, &WRITE_VERBS).await
+}
+
+/// Requests with one of `verbs` the apiserver has served so far for the resources the
+/// controller touches, keyed by the sample's labels.
+pub async fn requests(client: &Client, verbs: &[&str]) -> BTreeMap<String, f64> {
     let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let metrics = client.request_text(request).await.expect("read apiserver /metrics");
     metrics
         .lines()
         .filter(|line| line.starts_with("apiserver_request_total{"))
-        .filter(|line| {
-            WRITE_VERBS
-                .iter()
-                .any(|verb| line.contains(&format!("verb=\"{verb}\"")))
-        })
+        .filter(|line| verbs.iter().any(|verb| line.contains(&format!("verb=\"{verb}\""))))
         .filter(|line| {
             WATCHED_RESOURCES
                 .iter()
