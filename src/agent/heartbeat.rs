@@ -10,6 +10,7 @@ use kube::{Api, Client};
 use prometheus::Gauge;
 use serde_json::json;
 
+use super::api_health::ApiHealth;
 use super::error::AgentError;
 use super::report::Report;
 use crate::deadline::within;
@@ -36,6 +37,8 @@ pub struct Heartbeat {
     pub duration_seconds: u32,
     /// Bound of one write.
     pub timeout: Duration,
+    /// How the API server answers this agent, as its writes find out.
+    pub api: ApiHealth,
 }
 
 impl Heartbeat {
@@ -45,6 +48,7 @@ impl Heartbeat {
             node: node.to_owned(),
             duration_seconds,
             timeout,
+            api: ApiHealth::default(),
         }
     }
 
@@ -95,7 +99,12 @@ impl Heartbeat {
     async fn apply(&self, field_manager: &str, name: &str, lease: &serde_json::Value) -> Result<(), AgentError> {
         let params = PatchParams::apply(field_manager).force();
         let patch = Patch::Apply(lease);
-        within(self.timeout, self.leases.patch(name, &params, &patch)).await??;
+        let written = within(self.timeout, self.leases.patch(name, &params, &patch)).await;
+        match &written {
+            Ok(result) => self.api.record(result),
+            Err(_) => self.api.failed(),
+        }
+        written??;
         Ok(())
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod act;
 pub mod action;
+pub(crate) mod api_health;
 pub mod cache;
 pub mod decide;
 pub mod drbd;

@@ -107,6 +107,8 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         satellite_nodes,
         reports,
         agent_nodes,
+        // The shell's fresh reads say how the API server answered (`super::peers`).
+        api_answering_since: None,
     }
 }
 

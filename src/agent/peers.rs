@@ -13,6 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
+use super::api_health::ApiHealth;
 use super::drbd::DrbdState;
 use super::heartbeat::renewing;
 use super::observe::{Snapshot, node_view, observe, suspected_peers, trim_pod};
@@ -24,6 +25,8 @@ pub(crate) struct PeerReads<'a> {
     pub client: &'a Client,
     pub leases: &'a Api<Lease>,
     pub timeout: Duration,
+    /// Told how each read went.
+    pub api: &'a ApiHealth,
 }
 
 impl PeerReads<'_> {
@@ -38,11 +41,11 @@ impl PeerReads<'_> {
         mut snapshot: Snapshot,
     ) -> Observed {
         let suspects = suspected_peers(node, state, &snapshot);
-        let unreadable = read_peer_pods(self.client, &suspects, &mut snapshot, self.timeout).await;
+        let unreadable = read_peer_pods(self.client, &suspects, &mut snapshot, self.timeout, self.api).await;
         let mut observed = observe(node, node_ip, state.clone(), &snapshot);
         if !suspects.is_empty() {
-            add_uncached_peers(self.client, &mut observed, &suspects, self.timeout).await;
-            confirm_alive(self.leases, &mut observed, &suspects, self.timeout).await;
+            add_uncached_peers(self.client, &mut observed, &suspects, self.timeout, self.api).await;
+            confirm_alive(self.leases, &mut observed, &suspects, self.timeout, self.api).await;
             for node in unreadable {
                 observed.nodes.remove(&node);
             }
@@ -59,12 +62,18 @@ async fn read_peer_pods(
     suspects: &BTreeSet<String>,
     snapshot: &mut Snapshot,
     timeout: Duration,
+    api: &ApiHealth,
 ) -> BTreeSet<String> {
     let pods: Api<Pod> = Api::all(client.clone());
     let mut unreadable = BTreeSet::new();
     for node in suspects {
         let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
-        match within(timeout, pods.list(&on_node)).await {
+        let listed = within(timeout, pods.list(&on_node)).await;
+        match &listed {
+            Ok(result) => api.record(result),
+            Err(_) => api.failed(),
+        }
+        match listed {
             Ok(Ok(list)) => snapshot.pods.extend(list.items.into_iter().map(|mut pod| {
                 trim_pod(&mut pod);
                 Arc::new(pod)
@@ -86,7 +95,13 @@ async fn read_peer_pods(
 /// suspects' own, and those of the nodes that report on the same resources) and counts their
 /// reports only while they renew. Heartbeats are not watched: renewed all the time by every
 /// agent, they would make each agent's watch traffic grow with the square of the cluster.
-async fn confirm_alive(leases: &Api<Lease>, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
+async fn confirm_alive(
+    leases: &Api<Lease>,
+    observed: &mut Observed,
+    suspects: &BTreeSet<String>,
+    timeout: Duration,
+    api: &ApiHealth,
+) {
     let resources: BTreeSet<&str> = observed
         .drbd
         .resources
@@ -107,6 +122,10 @@ async fn confirm_alive(leases: &Api<Lease>, observed: &mut Observed, suspects: &
     let checks = relevant.iter().map(|node| renewing(leases, node, now, timeout));
     let renewing = futures::future::join_all(checks).await;
     for (node, alive) in relevant.iter().zip(renewing) {
+        match alive {
+            Some(_) => api.answered(),
+            None => api.failed(),
+        }
         if let (Some(report), Some(alive)) = (observed.reports.get_mut(node), alive) {
             report.alive = alive;
         }
@@ -116,14 +135,25 @@ async fn confirm_alive(leases: &Api<Lease>, observed: &mut Observed, suspects: &
 /// Reads fresh the Nodes of suspected peers (the cache holds this node's only): each is judged
 /// by what it is now, never taken for NotReady for want of a look. A node that does not exist
 /// stays unknown, and nothing is done to it.
-async fn add_uncached_peers(client: &Client, observed: &mut Observed, suspects: &BTreeSet<String>, timeout: Duration) {
+async fn add_uncached_peers(
+    client: &Client,
+    observed: &mut Observed,
+    suspects: &BTreeSet<String>,
+    timeout: Duration,
+    api: &ApiHealth,
+) {
     let missing: Vec<&String> = suspects
         .iter()
         .filter(|node| !observed.nodes.contains_key(*node))
         .collect();
     let nodes: Api<Node> = Api::all(client.clone());
     for name in missing {
-        match within(timeout, nodes.get_opt(name)).await {
+        let read = within(timeout, nodes.get_opt(name)).await;
+        match &read {
+            Ok(result) => api.record(result),
+            Err(_) => api.failed(),
+        }
+        match read {
             Ok(Ok(Some(node))) => {
                 observed.nodes.insert(name.clone(), node_view(&node));
             }

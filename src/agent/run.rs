@@ -84,6 +84,7 @@ pub async fn run(
         return Ok(());
     }
     tracing::info!("Kubernetes caches synced");
+    heartbeat.api.answered();
     let rounds = Rounds::new(&args, client, drbd, heartbeat, metrics, probes, freshness);
     rounds.run(&cache, kube_changes, drbd_changes, &shutdown).await;
     let _ = heartbeat_task.await;
@@ -366,24 +367,26 @@ impl Rounds {
             client: &self.client,
             leases: &self.heartbeat.leases,
             timeout: self.timeout,
+            api: &self.heartbeat.api,
         };
         let no_nodes = BTreeSet::new();
-        let (observed, ()) = tokio::join!(
+        // The report (evidence for the peers) goes out beside the reads: a write the API server
+        // does not take tells this round, like a failed read, that the peers cannot be heard.
+        let (observed, (), stated) = tokio::join!(
             reads.observe(&self.node, self.node_ip, state, snapshot),
             self.executor.run(Scope::Publications, publications, read_at, &no_nodes),
+            report(&self.heartbeat, state, self.reported.take()),
         );
+        self.reported = stated;
+        let mut observed = observed;
+        observed.api_answering_since = self.heartbeat.api.answering_since();
         let (observed, actions) = self.fresh_steps(observed).await;
         let actions = without_steps_over_a_stale_state(actions, read_at.elapsed(), 2 * self.status_interval);
         if !actions.is_empty() {
             tracing::debug!(?actions, "decided");
         }
-        // The report (evidence for the peers) and the actions do not wait for each other.
         let storage_nodes = observed.storage_nodes();
-        let (stated, ()) = tokio::join!(
-            report(&self.heartbeat, state, self.reported.take()),
-            self.executor.run(Scope::Steps, actions, read_at, &storage_nodes)
-        );
-        self.reported = stated;
+        self.executor.run(Scope::Steps, actions, read_at, &storage_nodes).await;
     }
 }
 
@@ -434,6 +437,7 @@ fn decision_settings(args: &AgentArgs) -> DecisionSettings {
         max_tainted_fraction: args.max_tainted_fraction,
         nfs_port: args.nfs_port,
         evacuate_taint: (args.node_drain_policy == DrainPolicy::Evacuate).then(|| args.evacuate_taint.clone()),
+        peers_restate_within: *args.fail_over_timeout + *args.reconcile_interval,
     }
 }
 

@@ -86,6 +86,9 @@ pub struct Observed {
     pub reports: HashMap<String, PeerReport>,
     /// Nodes where an agent runs or ran (they hold a heartbeat Lease).
     pub agent_nodes: BTreeSet<String>,
+    /// Since when the API server has answered this agent without a failure in between; `None`
+    /// while it does not, or before the round's reads.
+    pub api_answering_since: Option<Instant>,
 }
 
 /// Timers kept by the shell between rounds.

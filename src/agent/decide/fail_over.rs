@@ -50,7 +50,7 @@ pub(super) fn fail_overs(
             // A node we know nothing of (neither cached nor found when read fresh) does not
             // exist: there is nothing to fail over, and it is never taken for NotReady.
             let Some(node) = observed.nodes.get(node) else { continue };
-            match evidence(observed, resource, node) {
+            match evidence(observed, settings, resource, node, now) {
                 Evidence::Alive(evidence) => holds.push(Action::HoldFailOver {
                     node: node.name.clone(),
                     resource: resource.name.clone(),
@@ -97,11 +97,33 @@ fn tainted_by_fail_over(observed: &Observed, node: &str) -> bool {
 }
 
 /// Weighs what else is known about a peer whose link to this node is down. One link is a
-/// suspicion; the peer is failed over only when nothing says it still holds the volume.
-fn evidence(observed: &Observed, resource: &Resource, node: &NodeView) -> Evidence {
+/// suspicion; the peer is failed over only when nothing says it still holds the volume. What a
+/// Ready peer's agent said, or did not say, counts only once the API server has answered this
+/// agent long enough for the peers to have restated after an outage.
+fn evidence(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    resource: &Resource,
+    node: &NodeView,
+    now: Instant,
+) -> Evidence {
     if !node.ready {
         return Evidence::Lost(format!("node {} is not Ready", node.name));
     }
+    let heard_long_enough = observed
+        .api_answering_since
+        .is_some_and(|since| now.saturating_duration_since(since) >= settings.peers_restate_within);
+    match what_the_agents_said(observed, resource, node) {
+        Evidence::Lost(said) if !heard_long_enough => Evidence::Alive(format!(
+            "{said}, but the API server has not answered this agent for {:?} yet: after an outage the peers may not have restated",
+            settings.peers_restate_within
+        )),
+        evidence => evidence,
+    }
+}
+
+/// What the peer's own agent and third nodes' agents state about a Ready peer.
+fn what_the_agents_said(observed: &Observed, resource: &Resource, node: &NodeView) -> Evidence {
     let alive_report = |name: &str| {
         observed
             .reports
@@ -372,6 +394,46 @@ mod tests {
             "taint node-a drbd.linbit.com/lost-quorum",
             "a NotReady node is lost whatever it said"
         );
+    }
+
+    #[test]
+    fn a_ready_peers_silence_counts_only_once_the_api_server_answered_long_enough() {
+        let settings = DecisionSettings {
+            peers_restate_within: Duration::from_secs(10),
+            ..settings()
+        };
+        let t0 = Instant::now();
+        let at = |observed: &Observed, seconds: u64| {
+            let mut timers = Timers::new();
+            decide(observed, &settings, &mut timers, t0);
+            kinds(&decide(
+                observed,
+                &settings,
+                &mut timers,
+                t0 + Duration::from_secs(seconds),
+            ))
+        };
+        let mut silent = link_lost();
+        silent.api_answering_since = Some(t0);
+        assert_eq!(at(&silent, 5), ["hold node-a"], "answering for 5 s of 10");
+        assert_eq!(
+            at(&silent, 10),
+            ["taint node-a drbd.linbit.com/lost-quorum", "evict app"],
+            "answering for 10 s: the peer had time to speak"
+        );
+        silent.api_answering_since = None;
+        assert_eq!(at(&silent, 60), ["hold node-a"], "not answering now");
+        // A stated loss of quorum waits the same; a NotReady node does not.
+        let mut says_lost = silent.clone();
+        says_lost.reports = [(
+            "node-a".to_string(),
+            report(true, false, &[], &["node-b", "node-c"], true),
+        )]
+        .into();
+        assert_eq!(at(&says_lost, 60), ["hold node-a"]);
+        let mut not_ready = primary_lost();
+        not_ready.api_answering_since = None;
+        assert_eq!(at(&not_ready, 5)[0], "taint node-a drbd.linbit.com/lost-quorum");
     }
 
     #[test]

@@ -115,6 +115,7 @@ pub(crate) fn primary_lost() -> Observed {
             node("node-c", true, &[]),
         ]
         .into(),
+        api_answering_since: Some(Instant::now()),
         ..Default::default()
     }
 }

@@ -33,6 +33,10 @@ pub struct DecisionSettings {
     pub nfs_port: u16,
     /// `--node-drain-policy=evacuate`: the taint key that asks for evacuation, if enabled.
     pub evacuate_taint: Option<String>,
+    /// How long the API server must have answered this agent before a Ready peer's silence or
+    /// stated loss of quorum counts: time for the peers to restate after an outage
+    /// (`--fail-over-timeout` + `--reconcile-interval`).
+    pub peers_restate_within: Duration,
 }
 
 #[cfg(test)]
@@ -46,6 +50,7 @@ impl DecisionSettings {
             max_tainted_fraction: 0.5,
             nfs_port: 2049,
             evacuate_taint: None,
+            peers_restate_within: Duration::ZERO,
         }
     }
 }
