@@ -114,6 +114,51 @@ async fn published_claim(env: &TestEnv, claim: &str, endpoint: &str) -> String {
     name
 }
 
+/// A replica started while the API server is down waits for it, as client-go's leader election
+/// does, instead of exiting; then it leads and serves.
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_replica_started_while_the_apiserver_is_down_waits_for_it() {
+    let cluster = common::cluster::PrivateCluster::up("apiserver-down");
+    let env = common::setup_on(cluster.client().await, "flt-down").await;
+    let lease = "controller.flags.lease-name=svc-leader";
+    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[lease]);
+    cluster.kill("kube-apiserver");
+    let (lease, grace) = (LEASE.to_string(), GRACE.to_string());
+    let args = [
+        "controller",
+        "--watch-namespace",
+        &env.ns,
+        "--identity",
+        "a",
+        "--lease-namespace",
+        &env.ns,
+        "--lease-name",
+        "svc-leader",
+        "--lease-duration-seconds",
+        &lease,
+        "--lease-grace-seconds",
+        &grace,
+    ];
+    let mut replica = Process::start_with_env(&format!("{}-a", env.ns), &args, &[("KUBECONFIG", kubeconfig.as_str())]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        replica.exited(),
+        None,
+        "exited while the API server was down: see {}",
+        replica.log.display()
+    );
+    cluster.restart("kube-apiserver");
+    eventually("the replica to lead", WAIT, || async {
+        (replica.metric(LEADER).await == 1.0).then_some(())
+    })
+    .await;
+    published_claim(&env, "data", "192.0.2.96:2049").await;
+    replica.stop().await;
+    env.remove_chart_permissions(&cluster.kubeconfig());
+    env.cleanup().await;
+}
+
 #[tokio::test]
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn a_killed_leader_is_replaced_within_its_lease() {

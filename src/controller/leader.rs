@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -33,15 +33,18 @@ pub(super) async fn lead_and_run(
     health: Health,
     shutdown: Shutdown,
 ) -> Result<()> {
-    let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
-        .with_namespace(&args.lease_namespace)
-        .with_identity(&args.identity)
-        .with_duration(args.lease_duration_seconds)
-        .with_grace(args.lease_grace_seconds)
-        .with_field_manager(format!("{CONTROLLER_NAME}-lease"))
-        .build()
-        .await
-        .context("cannot set up leader election")?;
+    let set_up = || {
+        LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+            .with_namespace(&args.lease_namespace)
+            .with_identity(&args.identity)
+            .with_duration(args.lease_duration_seconds)
+            .with_grace(args.lease_grace_seconds)
+            .with_field_manager(format!("{CONTROLLER_NAME}-lease"))
+            .build()
+    };
+    let Some(manager) = until_it_works("set up leader election", set_up, SETUP_RETRY, &shutdown).await else {
+        return Ok(());
+    };
     let (mut leading, lease_task) = manager.watch().await;
     let observer = tokio::spawn(observe_renewals(
         Api::namespaced(client, &args.lease_namespace),
@@ -98,6 +101,38 @@ pub(super) async fn lead_and_run(
     Ok(())
 }
 
+/// First and longest wait between attempts to set leader election up.
+const SETUP_RETRY: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(30));
+
+/// Runs `attempt` until it works, waiting `first` doubling to `longest` between tries, as
+/// client-go's leader election does: a replica started while the API server restarts (refused
+/// connections, or a 403 before its authorizer has synced) waits for it instead of exiting.
+/// `None` on shutdown.
+async fn until_it_works<T, E, F, Fut>(
+    what: &str,
+    mut attempt: F,
+    (first, longest): (Duration, Duration),
+    shutdown: &Shutdown,
+) -> Option<T>
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let mut wait = first;
+    loop {
+        match attempt().await {
+            Ok(done) => return Some(done),
+            Err(err) => tracing::warn!(error = %err, "cannot {what}; trying again in {wait:?}"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(longest);
+    }
+}
+
 /// Ends leader election, handing the Lease back so the next leader need not wait it out.
 async fn release(lease_task: LeaseTask) {
     match lease_task.await {
@@ -146,5 +181,29 @@ async fn observe_renewals(leases: Api<Lease>, name: String, identity: String, va
             fence.renewed(tokio::time::Instant::now(), valid_for);
         }
         last_renewal = spec.renew_time;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn setting_up_is_tried_again_until_it_works() {
+        let tries = std::sync::atomic::AtomicU32::new(0);
+        let attempt = || {
+            let n = tries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { if n < 2 { Err("connection refused") } else { Ok(n) } }
+        };
+        let quick = (Duration::from_millis(1), Duration::from_millis(4));
+        let shutdown = Shutdown::new();
+        assert_eq!(until_it_works("test", attempt, quick, &shutdown).await, Some(2));
+        let never = || async { Err::<(), _>("forbidden") };
+        shutdown.cancel();
+        assert_eq!(
+            until_it_works("test", never, quick, &shutdown).await,
+            None,
+            "ends on shutdown"
+        );
     }
 }

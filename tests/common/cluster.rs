@@ -43,6 +43,13 @@ impl PrivateCluster {
         self.run(&["restart", component]);
     }
 
+    /// Kills `component` with SIGKILL and leaves it down (`restart` starts it again).
+    pub fn kill(&self, component: &str) {
+        let pid = std::fs::read_to_string(self.dir.join(format!("{component}.pid"))).unwrap();
+        let status = Command::new("kill").args(["-9", pid.trim()]).status().unwrap();
+        assert!(status.success(), "kill -9 {component}");
+    }
+
     fn run(&self, args: &[&str]) {
         self.run_with(args, &[]);
     }

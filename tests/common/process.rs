@@ -53,6 +53,11 @@ impl Process {
         Self { child, admin, log }
     }
 
+    /// How it exited, if it has.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("poll the process")
+    }
+
     /// The process id (for /proc figures such as its peak memory).
     pub fn pid(&self) -> u32 {
         self.child.id().expect("process already gone")
