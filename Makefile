@@ -1,4 +1,4 @@
-.PHONY: test demo bench images tools cluster-up cluster-down
+.PHONY: test demo bench soak images tools cluster-up cluster-down
 
 # Every test: tools, fmt, clippy, unit tests and end-to-end tests on a local control plane.
 test:
@@ -11,6 +11,12 @@ demo:
 # End-to-end figures against the bare floor, full size, on a fresh control plane (see README).
 bench:
 	hack/with-cluster.sh cargo bench --locked --bench scale
+
+# The seeded fault soak on a control plane of its own: SOAK_SECONDS long (default 300), faults
+# in the order SOAK_SEED draws (printed, so that a run replays).
+SOAK_SECONDS ?= 300
+soak:
+	SOAK_SECONDS=$(SOAK_SECONDS) hack/with-cluster.sh cargo test --locked --test soak -- --include-ignored --nocapture
 
 tools:
 	hack/tools.sh

@@ -27,5 +27,7 @@ hack/check-image-build.sh
 step "the chart's README is generated from its values (hack/chart-docs.sh --check)"
 hack/chart-docs.sh --check
 
-step "cargo test (unit and end-to-end, on a fresh control plane)"
-hack/with-cluster.sh cargo test --locked --all-targets -- --include-ignored
+step "cargo test (unit and end-to-end, on a fresh control plane; the fault soak for 45 s)"
+# The soak replays one seed here; `make soak` draws a new one each run.
+SOAK_SECONDS=${SOAK_SECONDS:-45} SOAK_SEED=${SOAK_SEED:-777} \
+  hack/with-cluster.sh cargo test --locked --all-targets -- --include-ignored

@@ -35,7 +35,13 @@ impl Process {
     pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let admin = free_addr();
         let log = std::env::temp_dir().join(format!("svc-e2e-{name}.log"));
-        let file = std::fs::File::create(&log).expect("create log file");
+        // Appended to: a process started again under the same name (the soak restarts them)
+        // keeps the log of its earlier lives.
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .expect("open log file");
         if std::env::var_os("SVC_DEMO").is_none() {
             eprintln!("{name}: logs in {}", log.display());
         }

@@ -1,0 +1,801 @@
+//! The seeded fault soak (`make soak`; a short run in `make test`). Two leader-elected controller
+//! replicas and an agent per node, with the chart's permissions, over simulated DRBD nodes and
+//! shared volumes on a control plane of the soak's own. The soak plays DRBD (roles, majority
+//! quorum, drbd-reactor's promotion, force-secondary on reconnect), the scheduler, the kubelets and
+//! the attacher, and injects faults in an order drawn from `SOAK_SEED`: controller and agent
+//! `kill -9`, kube-apiserver and etcd restarts, broken links, isolated nodes, switch-overs, node
+//! losses and returns, hand edits and deletions of the managed objects, a hanging `drbdsetup`.
+//! Watchers check the promises all the time; the last line says what happened:
+//! `soak: <faults> faults (<by kind>), <violations> violations, converged in <s> s, seed <seed>`.
+//! Without `SOAK_SECONDS` the test does nothing but say so.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::cluster::PrivateCluster;
+use common::drbd::{NODE_LABEL, SimNode, resource, slice_addresses};
+use common::process::Process;
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, serving};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Endpoints, Node, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const NODES: [&str; 3] = ["a", "b", "c"];
+const VOLUMES: usize = 6;
+/// A primary with quorum this long is healthy: nothing of it may be tainted, evicted or detached.
+const HEALTHY_AFTER: Duration = Duration::from_secs(3);
+/// How long a slice may point away from a healthy primary.
+const SLICE_BOUND: Duration = Duration::from_secs(20);
+/// How long after the last fault everything must be in line.
+const CONVERGE_BOUND: Duration = Duration::from_secs(90);
+const LEASE: &str = "svc-leader";
+
+/// xorshift64*: the fault sequence replays from the seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn millis(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from + self.next() % (to - from))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    KillController,
+    KillAgent,
+    RestartApiserver,
+    RestartEtcd,
+    BreakLink,
+    IsolateNode,
+    SwitchOver,
+    LoseNode,
+    EditObject,
+    DeleteObject,
+    SlowDrbd,
+}
+
+const FAULTS: [Fault; 11] = [
+    Fault::KillController,
+    Fault::KillAgent,
+    Fault::RestartApiserver,
+    Fault::RestartEtcd,
+    Fault::BreakLink,
+    Fault::IsolateNode,
+    Fault::SwitchOver,
+    Fault::LoseNode,
+    Fault::EditObject,
+    Fault::DeleteObject,
+    Fault::SlowDrbd,
+];
+
+/// The DRBD world as the soak plays it: which nodes are up, which links carry traffic, and the
+/// primary of each volume.
+#[derive(Clone, Debug)]
+struct World {
+    up: [bool; 3],
+    link: [[bool; 3]; 3],
+    primary: Vec<Option<usize>>,
+}
+
+impl World {
+    fn new() -> Self {
+        Self {
+            up: [true; 3],
+            link: [[true; 3]; 3],
+            primary: (0..VOLUMES).map(|v| Some(v % 3)).collect(),
+        }
+    }
+
+    fn connected(&self, i: usize, j: usize) -> bool {
+        i != j && self.up[i] && self.up[j] && self.link[i][j] && self.link[j][i]
+    }
+
+    /// Majority of three: itself and one connected peer.
+    fn quorum(&self, i: usize) -> bool {
+        self.up[i] && (0..3).any(|j| self.connected(i, j))
+    }
+
+    /// drbd-reactor: a primary that lost quorum steps down; a volume without a primary is promoted
+    /// on a node with quorum.
+    fn react(&mut self) {
+        for v in 0..VOLUMES {
+            if self.primary[v].is_some_and(|p| !self.quorum(p)) {
+                self.primary[v] = None;
+            }
+            if self.primary[v].is_none() {
+                self.primary[v] = (0..3).map(|k| (v + k) % 3).find(|&i| self.quorum(i));
+            }
+        }
+    }
+
+    /// One line for the soak's log: nodes up, links down, primaries.
+    fn describe(&self) -> String {
+        let down: Vec<String> = (0..3)
+            .flat_map(|i| (i + 1..3).map(move |j| (i, j)))
+            .filter(|&(i, j)| !self.link[i][j])
+            .map(|(i, j)| format!("{}-{}", NODES[i], NODES[j]))
+            .collect();
+        let primaries: Vec<&str> = self.primary.iter().map(|p| p.map_or("-", |p| NODES[p])).collect();
+        format!("up {:?}, links down {down:?}, primaries {primaries:?}", self.up)
+    }
+
+    fn healthy_primary(&self, v: usize) -> Option<usize> {
+        self.primary[v].filter(|&p| self.quorum(p))
+    }
+
+    /// Node `i`'s DRBD state of every volume, as `drbdsetup status --json` prints it.
+    fn state_of(&self, i: usize, nodes: &[SimNode], pvs: &[String]) -> Vec<serde_json::Value> {
+        (0..VOLUMES)
+            .map(|v| {
+                let peers: Vec<(&str, &str, &str)> = (0..3)
+                    .filter(|&j| j != i)
+                    .map(|j| {
+                        let (state, role) = match (self.connected(i, j), self.primary[v] == Some(j)) {
+                            (true, true) => ("Connected", "Primary"),
+                            (true, false) => ("Connected", "Secondary"),
+                            (false, _) => ("Connecting", "Unknown"),
+                        };
+                        (nodes[j].name.as_str(), state, role)
+                    })
+                    .collect();
+                let role = if self.primary[v] == Some(i) {
+                    "Primary"
+                } else {
+                    "Secondary"
+                };
+                resource(&pvs[v], role, self.quorum(i), &peers)
+            })
+            .collect()
+    }
+}
+
+/// What the watchers judge against: since when each volume has had its healthy primary.
+#[derive(Default)]
+struct Truth {
+    healthy: Vec<Option<(usize, Instant)>>,
+    violations: Vec<String>,
+}
+
+impl Truth {
+    fn update(&mut self, world: &World) {
+        self.healthy.resize(VOLUMES, None);
+        for v in 0..VOLUMES {
+            let now = world.healthy_primary(v);
+            if self.healthy[v].map(|(p, _)| p) != now {
+                self.healthy[v] = now.map(|p| (p, Instant::now()));
+            }
+        }
+    }
+
+    /// Whether `node` has been the healthy primary of `v` for [`HEALTHY_AFTER`].
+    fn long_healthy(&self, v: usize, node: usize) -> bool {
+        self.healthy
+            .get(v)
+            .copied()
+            .flatten()
+            .is_some_and(|(p, since)| p == node && since.elapsed() >= HEALTHY_AFTER)
+    }
+
+    fn violation(&mut self, what: String) {
+        println!("soak {}: VIOLATION {what}", wall_clock());
+        self.violations.push(what);
+    }
+}
+
+type Shared = Arc<Mutex<Truth>>;
+
+struct Soak {
+    cluster: PrivateCluster,
+    env: TestEnv,
+    nodes: Vec<SimNode>,
+    pvs: Vec<String>,
+    world: World,
+    truth: Shared,
+    controllers: Vec<Option<Process>>,
+    agents: Vec<Option<Process>>,
+    controller_kubeconfig: String,
+    agent_kubeconfig: String,
+}
+
+impl Soak {
+    fn write_world(&mut self) {
+        self.world.react();
+        for i in (0..3).filter(|&i| self.world.up[i]) {
+            self.nodes[i].set(&self.world.state_of(i, &self.nodes, &self.pvs));
+        }
+        self.truth.lock().unwrap().update(&self.world);
+    }
+
+    fn start_controller(&mut self, r: usize) {
+        let identity = ["x", "y"][r];
+        let args = [
+            "controller",
+            "--watch-namespace",
+            &self.env.ns,
+            "--identity",
+            identity,
+            "--lease-namespace",
+            &self.env.ns,
+            "--lease-name",
+            LEASE,
+            "--lease-duration-seconds",
+            "4",
+            "--lease-grace-seconds",
+            "2",
+        ];
+        let name = format!("{}-controller-{identity}", self.env.ns);
+        let kubeconfig = [("KUBECONFIG", self.controller_kubeconfig.as_str())];
+        self.controllers[r] = Some(Process::start_with_env(&name, &args, &kubeconfig));
+    }
+
+    async fn start_agent(&mut self, i: usize) {
+        let kubeconfig = [("KUBECONFIG", self.agent_kubeconfig.as_str())];
+        let agent = self.env.start_agent_with_env(&self.nodes[i], &[], &kubeconfig).await;
+        self.agents[i] = Some(agent);
+    }
+
+    async fn set_ready(&self, i: usize, ready: bool) {
+        let status = if ready { "True" } else { "Unknown" };
+        let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Soak"}]}});
+        let _ = Api::<Node>::all(self.env.client.clone())
+            .patch_status(&self.nodes[i].name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await;
+    }
+
+    /// The scheduler, the kubelets and the attacher: each volume has a Running consumer and an
+    /// attachment; what the agents took away comes back on the volume's primary.
+    async fn keep_consumers(&self) {
+        let pods: Api<Pod> = self.env.api();
+        let attachments: Api<VolumeAttachment> = Api::all(self.env.client.clone());
+        for v in 0..VOLUMES {
+            let Some(p) = self.world.primary[v].filter(|&p| self.world.up[p]) else {
+                continue;
+            };
+            let node = &self.nodes[p].name;
+            let pod = format!("app-{v}");
+            if let Ok(None) = pods.get_opt(&pod).await {
+                let volume = json!({"name": "data", "persistentVolumeClaim": {"claimName": format!("data-{v}")}});
+                let _ = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    self.env.running_pod_with(&pod, node, volume, json!({}), json!({})),
+                )
+                .await;
+            }
+            let attachment = format!("{}-att-{v}", self.env.id);
+            if let Ok(None) = attachments.get_opt(&attachment).await {
+                let object: VolumeAttachment = serde_json::from_value(json!({
+                    "metadata": {"name": attachment},
+                    "spec": {"attacher": "linstor.csi.linbit.com", "nodeName": node,
+                             "source": {"persistentVolumeName": self.pvs[v]}},
+                }))
+                .unwrap();
+                let _ = attachments.create(&Default::default(), &object).await;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs the tools of `make test`; runs with SOAK_SECONDS set (make soak)"]
+async fn soak() {
+    let Some(seconds) = std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse::<u64>().ok()) else {
+        println!("soak: SOAK_SECONDS not set, nothing run (make soak)");
+        return;
+    };
+    let seed = std::env::var("SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+        | 1;
+    println!("soak: seed {seed}, {seconds} s (replay with SOAK_SEED={seed})");
+    let mut rng = Rng(seed);
+    let cluster = PrivateCluster::up("soak");
+    let env = common::setup_on(cluster.client().await, "soak").await;
+    let nodes = env.sim_nodes(&NODES).await;
+    let mut pvs = Vec::new();
+    for v in 0..VOLUMES {
+        let (_, pv) = env
+            .bound_rwx_claim(&format!("data-{v}"), serving(&nodes[v % 3].endpoint()))
+            .await;
+        pvs.push(pv.metadata.name.unwrap());
+    }
+    let lease = format!("controller.flags.lease-name={LEASE}");
+    let controller_kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[&lease]);
+    let agent_kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "agent", &[&lease]);
+    let mut soak = Soak {
+        cluster,
+        env,
+        nodes,
+        pvs,
+        world: World::new(),
+        truth: Shared::default(),
+        controllers: vec![None, None],
+        agents: vec![None, None, None],
+        controller_kubeconfig,
+        agent_kubeconfig,
+    };
+    soak.write_world();
+    soak.keep_consumers().await;
+    for r in 0..2 {
+        soak.start_controller(r);
+    }
+    for i in 0..3 {
+        soak.start_agent(i).await;
+    }
+    let watchers = watch(&soak);
+    let (faults, converged) = play(&mut soak, &mut rng, Duration::from_secs(seconds)).await;
+    // Taking the claims down is no fault: the watchers stop first.
+    for watcher in watchers {
+        watcher.abort();
+    }
+    collect(&soak).await;
+    let violations = soak.truth.lock().unwrap().violations.clone();
+    let total: usize = faults.values().sum();
+    let by_kind: Vec<String> = faults.iter().map(|(f, n)| format!("{f:?} {n}")).collect();
+    let converged = converged.map_or("never".to_string(), |c| format!("{:.1}", c.as_secs_f64()));
+    for process in soak.controllers.iter_mut().chain(soak.agents.iter_mut()) {
+        if let Some(process) = process.take() {
+            process.kill().await;
+        }
+    }
+    soak.env.remove_chart_permissions(&soak.cluster.kubeconfig());
+    println!(
+        "soak: {total} faults ({}), {} violations, converged in {converged} s, seed {seed}",
+        by_kind.join(", "),
+        violations.len()
+    );
+    assert!(violations.is_empty(), "{violations:#?}");
+    assert_ne!(
+        converged, "never",
+        "not converged within {CONVERGE_BOUND:?} of the last fault"
+    );
+}
+
+/// Something to undo at a time: a process to start again, a link to mend, a node to bring back.
+enum Undo {
+    StartController(usize),
+    StartAgent(usize),
+    Mend(usize, usize),
+    Reconnect(usize),
+    Return(usize),
+    Unhang(usize),
+}
+
+impl Undo {
+    fn describe(&self) -> String {
+        match self {
+            Self::StartController(r) => format!("start controller {r}"),
+            Self::StartAgent(i) => format!("start agent {}", NODES[*i]),
+            Self::Mend(i, j) => format!("mend link {}-{}", NODES[*i], NODES[*j]),
+            Self::Reconnect(i) => format!("reconnect {}", NODES[*i]),
+            Self::Return(i) => format!("return {}", NODES[*i]),
+            Self::Unhang(i) => format!("unhang drbdsetup on {}", NODES[*i]),
+        }
+    }
+}
+
+/// Injects faults until `length` has passed, undoes them all, and waits for convergence: the
+/// faults by kind and how long convergence took after the last undo.
+async fn play(soak: &mut Soak, rng: &mut Rng, length: Duration) -> (BTreeMap<Fault, usize>, Option<Duration>) {
+    let end = Instant::now() + length;
+    let mut faults = BTreeMap::new();
+    let mut pending: Vec<(Instant, Undo)> = Vec::new();
+    let mut restart: Option<tokio::task::JoinHandle<()>> = None;
+    let mut last_restart = Instant::now() - Duration::from_secs(60);
+    while Instant::now() < end {
+        undo_due(soak, &mut pending, false).await;
+        soak.keep_consumers().await;
+        let fault = FAULTS[rng.below(FAULTS.len())];
+        if inject(soak, rng, fault, &mut pending, &mut restart, &mut last_restart).await {
+            *faults.entry(fault).or_insert(0) += 1;
+            println!("soak {}: {fault:?}; {}", wall_clock(), soak.world.describe());
+        }
+        tokio::time::sleep(rng.millis(1_000, 3_000)).await;
+    }
+    undo_due(soak, &mut pending, true).await;
+    if let Some(restart) = restart.take() {
+        let _ = restart.await;
+    }
+    let settled = Instant::now();
+    while settled.elapsed() < CONVERGE_BOUND {
+        soak.keep_consumers().await;
+        if converged(soak).await {
+            return (faults, Some(settled.elapsed()));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    (faults, None)
+}
+
+async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool) {
+    let now = Instant::now();
+    let (due, later): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(at, _)| all || *at <= now);
+    *pending = later;
+    for (_, undo) in due {
+        println!("soak {}: undo {}", wall_clock(), undo.describe());
+        match undo {
+            Undo::StartController(r) => soak.start_controller(r),
+            Undo::StartAgent(i) => soak.start_agent(i).await,
+            Undo::Mend(i, j) => {
+                soak.world.link[i][j] = true;
+                soak.world.link[j][i] = true;
+                soak.write_world();
+            }
+            Undo::Reconnect(i) => {
+                for j in 0..3 {
+                    soak.world.link[i][j] = true;
+                    soak.world.link[j][i] = true;
+                }
+                soak.write_world();
+            }
+            Undo::Return(i) => {
+                soak.world.up[i] = true;
+                soak.write_world();
+                soak.set_ready(i, true).await;
+                soak.start_agent(i).await;
+            }
+            Undo::Unhang(i) => {
+                let _ = std::fs::remove_file(soak.nodes[i].dir.join("hang"));
+            }
+        }
+    }
+}
+
+/// Injects one fault if it applies now; whether it did.
+async fn inject(
+    soak: &mut Soak,
+    rng: &mut Rng,
+    fault: Fault,
+    pending: &mut Vec<(Instant, Undo)>,
+    restart: &mut Option<tokio::task::JoinHandle<()>>,
+    last_restart: &mut Instant,
+) -> bool {
+    let later = |rng: &mut Rng, from, to| Instant::now() + rng.millis(from, to);
+    let all_up = soak.world.up.iter().all(|u| *u);
+    match fault {
+        Fault::KillController => {
+            let r = rng.below(2);
+            let Some(process) = soak.controllers[r].take() else {
+                return false;
+            };
+            process.kill().await;
+            pending.push((later(rng, 500, 3_000), Undo::StartController(r)));
+        }
+        Fault::KillAgent => {
+            let i = rng.below(3);
+            let Some(process) = soak.agents[i].take() else {
+                return false;
+            };
+            process.kill().await;
+            pending.push((later(rng, 500, 3_000), Undo::StartAgent(i)));
+        }
+        Fault::RestartApiserver | Fault::RestartEtcd => {
+            let busy = restart.as_ref().is_some_and(|r| !r.is_finished());
+            if busy || last_restart.elapsed() < Duration::from_secs(30) {
+                return false;
+            }
+            let component = if fault == Fault::RestartApiserver {
+                "kube-apiserver"
+            } else {
+                "etcd"
+            };
+            let dir = soak.cluster.dir.clone();
+            *restart = Some(tokio::task::spawn_blocking(move || {
+                let script = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster.sh");
+                let _ = std::process::Command::new(script)
+                    .args(["restart", component])
+                    .arg(dir)
+                    .status();
+            }));
+            *last_restart = Instant::now();
+        }
+        Fault::BreakLink => {
+            let (i, j) = (rng.below(3), rng.below(3));
+            if i == j || !soak.world.link[i][j] {
+                return false;
+            }
+            soak.world.link[i][j] = false;
+            soak.world.link[j][i] = false;
+            soak.write_world();
+            pending.push((later(rng, 2_000, 8_000), Undo::Mend(i, j)));
+        }
+        Fault::IsolateNode => {
+            let i = rng.below(3);
+            if !all_up || soak.world.link.iter().flatten().any(|l| !l) {
+                return false;
+            }
+            for j in 0..3 {
+                soak.world.link[i][j] = false;
+                soak.world.link[j][i] = false;
+            }
+            soak.write_world();
+            pending.push((later(rng, 3_000, 8_000), Undo::Reconnect(i)));
+        }
+        Fault::SwitchOver => {
+            let v = rng.below(VOLUMES);
+            let to = rng.below(3);
+            if soak.world.primary[v] == Some(to) || !soak.world.quorum(to) {
+                return false;
+            }
+            soak.world.primary[v] = Some(to);
+            soak.write_world();
+        }
+        Fault::LoseNode => {
+            let i = rng.below(3);
+            if !all_up {
+                return false;
+            }
+            if let Some(process) = soak.agents[i].take() {
+                process.kill().await;
+            }
+            pending.retain(|(_, undo)| !matches!(undo, Undo::StartAgent(j) if *j == i));
+            soak.world.up[i] = false;
+            soak.set_ready(i, false).await;
+            soak.write_world();
+            pending.push((later(rng, 5_000, 12_000), Undo::Return(i)));
+        }
+        Fault::EditObject => {
+            let v = rng.below(VOLUMES);
+            let name = &soak.pvs[v];
+            let elsewhere =
+                json!({"subsets": [{"addresses": [{"ip": "192.0.2.250"}], "ports": [{"name": "nfs", "port": 2049}]}]});
+            let _ = soak
+                .env
+                .api::<Endpoints>()
+                .patch(name, &PatchParams::default(), &Patch::Merge(elsewhere))
+                .await;
+        }
+        Fault::DeleteObject => {
+            let v = rng.below(VOLUMES);
+            let name = &soak.pvs[v];
+            let params = DeleteParams::default();
+            let _ = match rng.below(3) {
+                0 => soak.env.api::<Service>().delete(name, &params).await.map(|_| ()),
+                1 => soak.env.api::<Endpoints>().delete(name, &params).await.map(|_| ()),
+                _ => soak.env.api::<EndpointSlice>().delete(name, &params).await.map(|_| ()),
+            };
+        }
+        Fault::SlowDrbd => {
+            let i = rng.below(3);
+            std::fs::write(soak.nodes[i].dir.join("hang"), "").unwrap();
+            pending.push((later(rng, 1_000, 3_000), Undo::Unhang(i)));
+        }
+    }
+    true
+}
+
+/// Every slice at its volume's primary, and every volume published at its Service's ClusterIP.
+async fn converged(soak: &Soak) -> bool {
+    for v in 0..VOLUMES {
+        let Some(p) = soak.world.primary[v] else { return false };
+        if slice_addresses(&soak.env, &soak.pvs[v]).await != [soak.nodes[p].ip.clone()] {
+            return false;
+        }
+        let Ok(Some(service)) = soak.env.api::<Service>().get_opt(&soak.pvs[v]).await else {
+            return false;
+        };
+        let ip = service.spec.and_then(|s| s.cluster_ip).unwrap_or_default();
+        let published = soak.env.pv_annotation(&soak.pvs[v], MOUNT_ENDPOINT).await;
+        let served = soak.env.pv_annotation(&soak.pvs[v], SERVICE_ENDPOINT).await;
+        if published != Some(format!("{ip}:2049")) || served != Some(soak.nodes[p].endpoint()) {
+            return false;
+        }
+    }
+    true
+}
+
+/// The claims deleted, their managed objects must go with them.
+async fn collect(soak: &Soak) {
+    // No kubelet finishes a pod: they go at once, so that the claims' protection lets go.
+    let pods: Api<Pod> = soak.env.api();
+    let _ = pods
+        .delete_collection(&DeleteParams::default().grace_period(0), &ListParams::default())
+        .await;
+    let claims: Api<PersistentVolumeClaim> = soak.env.api();
+    let _ = claims
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = soak.env.names::<Service>().await.len()
+            + soak.env.names::<Endpoints>().await.len()
+            + soak.env.names::<EndpointSlice>().await.len();
+        if left == 0 {
+            return;
+        }
+        if Instant::now() >= deadline {
+            let what = format!("{left} Services, Endpoints or EndpointSlices outlived their claims by 60 s");
+            soak.truth.lock().unwrap().violation(what);
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The watchers: taints, evictions and detachments of healthy primaries, slices away from them,
+/// ClusterIPs that change.
+fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
+    let client = soak.env.client.clone();
+    let names: Vec<String> = soak.nodes.iter().map(|n| n.name.clone()).collect();
+    let ips: Vec<String> = soak.nodes.iter().map(|n| n.ip.clone()).collect();
+    let volume_of = |name: &str, prefix: &str| name.strip_prefix(prefix).and_then(|v| v.parse::<usize>().ok());
+    let mut tasks = Vec::new();
+
+    // A taint on a healthy primary's node.
+    let (truth, nodes) = (soak.truth.clone(), names.clone());
+    let selector = format!("{NODE_LABEL}={}", soak.env.id);
+    let node_api: Api<Node> = Api::all(client.clone());
+    tasks.push(tokio::spawn(async move {
+        let mut tainted: HashMap<String, bool> = HashMap::new();
+        let config = watcher::Config::default().labels(&selector);
+        let mut events = watcher(node_api, config).default_backoff().applied_objects().boxed();
+        while let Some(event) = events.next().await {
+            let Ok(node) = event else { continue };
+            let name = node.name_any();
+            let now = node
+                .spec
+                .and_then(|s| s.taints)
+                .unwrap_or_default()
+                .iter()
+                .any(|t| t.key == "drbd.linbit.com/lost-quorum" && t.value.as_deref() == Some("fail-over"));
+            let before = tainted.insert(name.clone(), now).unwrap_or(false);
+            let Some(i) = nodes.iter().position(|n| *n == name) else {
+                continue;
+            };
+            if now && !before {
+                let mut truth = truth.lock().unwrap();
+                if let Some(v) = (0..VOLUMES).find(|&v| truth.long_healthy(v, i)) {
+                    truth.violation(format!("node {name} tainted while the healthy primary of volume {v}"));
+                }
+            }
+        }
+    }));
+
+    // A consumer evicted or deleted on its volume's healthy primary.
+    let (truth, nodes) = (soak.truth.clone(), names.clone());
+    let pods: Api<Pod> = soak.env.api();
+    tasks.push(tokio::spawn(async move {
+        let mut events = watcher(pods, watcher::Config::default()).default_backoff().boxed();
+        while let Some(event) = events.next().await {
+            let pod = match event {
+                Ok(watcher::Event::Apply(pod)) if pod.metadata.deletion_timestamp.is_some() => pod,
+                Ok(watcher::Event::Delete(pod)) => pod,
+                _ => continue,
+            };
+            let (Some(v), Some(node)) = (
+                volume_of(&pod.name_any(), "app-"),
+                pod.spec.as_ref().and_then(|s| s.node_name.clone()),
+            ) else {
+                continue;
+            };
+            let Some(i) = nodes.iter().position(|n| *n == node) else {
+                continue;
+            };
+            let mut truth = truth.lock().unwrap();
+            if truth.long_healthy(v, i) {
+                truth.violation(format!(
+                    "pod {} removed from node {node}, the healthy primary of volume {v}",
+                    pod.name_any()
+                ));
+            }
+        }
+    }));
+
+    // An attachment deleted on its volume's healthy primary.
+    let (truth, nodes, id) = (soak.truth.clone(), names.clone(), soak.env.id.clone());
+    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+    tasks.push(tokio::spawn(async move {
+        let prefix = format!("{id}-att-");
+        let mut events = watcher(attachments, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(watcher::Event::Delete(attachment)) = event else {
+                continue;
+            };
+            let Some(v) = volume_of(&attachment.name_any(), &prefix) else {
+                continue;
+            };
+            let Some(i) = nodes.iter().position(|n| *n == attachment.spec.node_name) else {
+                continue;
+            };
+            let mut truth = truth.lock().unwrap();
+            if truth.long_healthy(v, i) {
+                truth.violation(format!(
+                    "attachment {} deleted on the healthy primary of volume {v}",
+                    attachment.name_any()
+                ));
+            }
+        }
+    }));
+
+    // A ClusterIP that changes.
+    let truth = soak.truth.clone();
+    let services: Api<Service> = soak.env.api();
+    tasks.push(tokio::spawn(async move {
+        let mut first: HashMap<String, String> = HashMap::new();
+        let mut events = watcher(services, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(service) = event else { continue };
+            let Some(ip) = service.spec.and_then(|s| s.cluster_ip) else {
+                continue;
+            };
+            let known = first
+                .entry(service.metadata.name.clone().unwrap_or_default())
+                .or_insert(ip.clone());
+            if *known != ip {
+                let what = format!(
+                    "Service {:?} moved from ClusterIP {known} to {ip}",
+                    service.metadata.name
+                );
+                truth.lock().unwrap().violation(what);
+                *known = ip;
+            }
+        }
+    }));
+
+    // A slice away from a primary that has been healthy for longer than the bound.
+    let (truth, pvs) = (soak.truth.clone(), soak.pvs.clone());
+    let env = TestEnv {
+        client: client.clone(),
+        ns: soak.env.ns.clone(),
+        id: soak.env.id.clone(),
+    };
+    tasks.push(tokio::spawn(async move {
+        let mut reported: HashMap<usize, Instant> = HashMap::new();
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            for (v, pv) in pvs.iter().enumerate() {
+                let healthy = truth.lock().unwrap().healthy.get(v).copied().flatten();
+                let Some((p, since)) = healthy.filter(|(_, since)| since.elapsed() >= SLICE_BOUND) else {
+                    continue;
+                };
+                let Ok(Some(slice)) = env.api::<EndpointSlice>().get_opt(pv).await else {
+                    continue;
+                };
+                let at: Vec<String> = slice.endpoints.iter().flat_map(|e| e.addresses.clone()).collect();
+                if at != [ips[p].clone()] && reported.get(&v) != Some(&since) {
+                    reported.insert(v, since);
+                    let what = format!(
+                        "volume {v}'s slice at {at:?}, not at its healthy primary {} for over {SLICE_BOUND:?}",
+                        ips[p]
+                    );
+                    truth.lock().unwrap().violation(what);
+                }
+            }
+        }
+    }));
+    tasks
+}
+
+/// Wall-clock time as the processes' logs print it.
+fn wall_clock() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
