@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
-    resource, slice_addresses, teardown, three_nodes, wait_for_eviction, wait_for_taint,
+    resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint,
 };
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -305,26 +305,11 @@ async fn the_evacuate_policy_moves_the_primary_off_a_drained_node() {
     let a = env.start_agent(&nodes[0], &evacuate).await;
     let b = env.start_agent(&nodes[1], &evacuate).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(
-        pod_state(&env, "server")
-            .await
-            .unwrap()
-            .metadata
-            .deletion_timestamp
-            .is_none()
-    );
+    assert!(untouched(&env, "server").await);
 
     env.add_taint(&nodes[0].name, "piraeus.io/evacuate").await;
     env.wait_for_events("server", "EvictionBlocked").await;
-    assert!(
-        pod_state(&env, "server")
-            .await
-            .unwrap()
-            .metadata
-            .deletion_timestamp
-            .is_none(),
-        "the PDB holds"
-    );
+    assert!(untouched(&env, "server").await, "the PDB holds");
     pdbs.delete("nfs-server", &DeleteParams::default()).await.unwrap();
     wait_for_eviction(&env, "server").await;
     env.wait_for_events("server", "NodeEvacuation").await;
@@ -359,14 +344,7 @@ async fn a_drain_waits_for_a_replica_that_can_take_over() {
     env.add_taint(&nodes[0].name, "piraeus.io/evacuate").await;
     let held = cluster_events(&env, &pv, "EvacuationHeld").await;
     assert_eq!(held[0].type_.as_deref(), Some("Warning"));
-    assert!(
-        pod_state(&env, "server")
-            .await
-            .unwrap()
-            .metadata
-            .deletion_timestamp
-            .is_none()
-    );
+    assert!(untouched(&env, "server").await);
 
     nodes[0].set(&[resource(&pv, "Primary", true, &peers)]);
     wait_for_eviction(&env, "server").await;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
-    resource, slice_addresses, teardown, three_nodes, wait_for_eviction, wait_for_taint,
+    resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint,
 };
 use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving};
 use futures::{StreamExt, TryStreamExt};
@@ -21,13 +21,6 @@ use serde_json::json;
 /// Peers as (name, connection state, peer role), for [`resource`].
 fn peer<'a>(node: &'a SimNode, state: &'a str, role: &'a str) -> (&'a str, &'a str, &'a str) {
     (node.name.as_str(), state, role)
-}
-
-/// Whether the pod exists and nobody started deleting it.
-async fn untouched(env: &TestEnv, pod: &str) -> bool {
-    pod_state(env, pod)
-        .await
-        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
 }
 
 /// Counts the writes to a Node during `window`.

@@ -34,10 +34,10 @@ fn long_run() -> bool {
     std::env::var_os("SVC_FAULTS_LONG").is_some()
 }
 
-/// A replica with leader election, watching only the test's namespace.
-fn replica(env: &TestEnv, identity: &str) -> Process {
+/// The arguments of a replica with leader election, watching only the test's namespace.
+fn replica_args(env: &TestEnv, identity: &str) -> Vec<String> {
     let (lease, grace) = (LEASE.to_string(), GRACE.to_string());
-    let args = [
+    [
         "controller",
         "--watch-namespace",
         &env.ns,
@@ -51,7 +51,15 @@ fn replica(env: &TestEnv, identity: &str) -> Process {
         &lease,
         "--lease-grace-seconds",
         &grace,
-    ];
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// A replica with leader election, watching only the test's namespace.
+fn replica(env: &TestEnv, identity: &str) -> Process {
+    let args = replica_args(env, identity);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     env.start_as("controller", &format!("{}-{identity}", env.ns), &args, &[])
 }
 
@@ -124,22 +132,8 @@ async fn a_replica_started_while_the_apiserver_is_down_waits_for_it() {
     let lease = "controller.flags.lease-name=svc-leader";
     let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[lease]);
     cluster.kill("kube-apiserver");
-    let (lease, grace) = (LEASE.to_string(), GRACE.to_string());
-    let args = [
-        "controller",
-        "--watch-namespace",
-        &env.ns,
-        "--identity",
-        "a",
-        "--lease-namespace",
-        &env.ns,
-        "--lease-name",
-        "svc-leader",
-        "--lease-duration-seconds",
-        &lease,
-        "--lease-grace-seconds",
-        &grace,
-    ];
+    let args = replica_args(&env, "a");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut replica = Process::start_with_env(&format!("{}-a", env.ns), &args, &[("KUBECONFIG", kubeconfig.as_str())]);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(

@@ -435,6 +435,13 @@ pub async fn pod_state(env: &TestEnv, name: &str) -> Option<Pod> {
     env.api::<Pod>().get_opt(name).await.unwrap()
 }
 
+/// Whether the pod exists and nobody started deleting it.
+pub async fn untouched(env: &TestEnv, pod: &str) -> bool {
+    pod_state(env, pod)
+        .await
+        .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+}
+
 /// Waits until the pod is being deleted (evicted: it has a deletionTimestamp).
 pub async fn wait_for_eviction(env: &TestEnv, name: &str) {
     let what = format!("pod {name} evicted");
