@@ -247,9 +247,11 @@ impl Soak {
         self.controllers[r] = Some(Process::start_with_env(&name, &args, &kubeconfig));
     }
 
-    async fn start_agent(&mut self, i: usize) {
+    /// Starts node `i`'s agent, not waiting for it: the API server may be restarting, or its
+    /// `drbdsetup` hanging, and the soak goes on meanwhile.
+    fn start_agent(&mut self, i: usize) {
         let kubeconfig = [("KUBECONFIG", self.agent_kubeconfig.as_str())];
-        let agent = self.env.start_agent_with_env(&self.nodes[i], &[], &kubeconfig).await;
+        let agent = self.env.spawn_agent_with_env(&self.nodes[i], &[], &kubeconfig);
         self.agents[i] = Some(agent);
     }
 
@@ -344,7 +346,10 @@ async fn soak() {
         soak.start_controller(r);
     }
     for i in 0..3 {
-        soak.start_agent(i).await;
+        soak.start_agent(i);
+    }
+    for process in soak.agents.iter().chain(&soak.controllers).flatten() {
+        process.wait_ready().await;
     }
     let watchers = watch(&soak);
     let (faults, converged) = play(&mut soak, &mut rng, Duration::from_secs(seconds)).await;
@@ -439,7 +444,7 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
         println!("soak {}: undo {}", wall_clock(), undo.describe());
         match undo {
             Undo::StartController(r) => soak.start_controller(r),
-            Undo::StartAgent(i) => soak.start_agent(i).await,
+            Undo::StartAgent(i) => soak.start_agent(i),
             Undo::Mend(i, j) => {
                 soak.world.link[i][j] = true;
                 soak.world.link[j][i] = true;
@@ -456,7 +461,7 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
                 soak.world.up[i] = true;
                 soak.write_world();
                 soak.set_ready(i, true).await;
-                soak.start_agent(i).await;
+                soak.start_agent(i);
             }
             Undo::Unhang(i) => {
                 let _ = std::fs::remove_file(soak.nodes[i].dir.join("hang"));

@@ -129,6 +129,14 @@ impl TestEnv {
 
     /// Like [`TestEnv::start_agent`], with extra environment variables.
     pub async fn start_agent_with_env(&self, node: &SimNode, extra: &[&str], env: &[(&str, &str)]) -> Process {
+        let process = self.spawn_agent_with_env(node, extra, env);
+        process.wait_ready().await;
+        process
+    }
+
+    /// Like [`TestEnv::start_agent_with_env`], without waiting for it to be ready (as a
+    /// DaemonSet's pod comes up whatever the API server or DRBD is doing).
+    pub fn spawn_agent_with_env(&self, node: &SimNode, extra: &[&str], env: &[(&str, &str)]) -> Process {
         let simulation = self.simulated_drbd_args(node);
         let defaults = [
             ("--drbd-status-interval", "1s"),
@@ -153,9 +161,7 @@ impl TestEnv {
             as_agent = self.chart_kubeconfig(&admin_kubeconfig(), "agent", &[]);
             env.push(("KUBECONFIG", as_agent.as_str()));
         }
-        let process = Process::start_with_env(&log_name, &args, &env);
-        process.wait_ready().await;
-        process
+        Process::start_with_env(&log_name, &args, &env)
     }
 
     /// The agent flags that point it at `node`'s simulated DRBD, this test's nodes and this
