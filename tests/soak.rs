@@ -255,12 +255,25 @@ impl Soak {
         self.agents[i] = Some(agent);
     }
 
+    /// The node's kubelet posts its readiness, again and again until the API server takes it
+    /// (it may be restarting): a node the soak has up must not stay NotReady.
     async fn set_ready(&self, i: usize, ready: bool) {
         let status = if ready { "True" } else { "Unknown" };
         let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Soak"}]}});
-        let _ = Api::<Node>::all(self.env.client.clone())
-            .patch_status(&self.nodes[i].name, &PatchParams::default(), &Patch::Strategic(patch))
-            .await;
+        let nodes = Api::<Node>::all(self.env.client.clone());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while nodes
+            .patch_status(
+                &self.nodes[i].name,
+                &PatchParams::default(),
+                &Patch::Strategic(patch.clone()),
+            )
+            .await
+            .is_err()
+        {
+            assert!(Instant::now() < deadline, "the API server took no Node status for 60 s");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
     }
 
     /// The scheduler, the kubelets and the attacher: each volume has a Running consumer and an
