@@ -372,13 +372,12 @@ impl Rounds {
         let no_nodes = BTreeSet::new();
         // The report (evidence for the peers) goes out beside the reads: a write the API server
         // does not take tells this round, like a failed read, that the peers cannot be heard.
-        let (observed, (), stated) = tokio::join!(
+        let (mut observed, (), stated) = tokio::join!(
             reads.observe(&self.node, self.node_ip, state, snapshot),
             self.executor.run(Scope::Publications, publications, read_at, &no_nodes),
             report(&self.heartbeat, state, self.reported.take()),
         );
         self.reported = stated;
-        let mut observed = observed;
         observed.api_answering_since = self.heartbeat.api.answering_since();
         let (observed, actions) = self.fresh_steps(observed).await;
         let actions = without_steps_over_a_stale_state(actions, read_at.elapsed(), 2 * self.status_interval);
