@@ -272,15 +272,17 @@ impl Executor {
     }
 
     fn remember(&mut self, key: ActionKey, remembered: Remembered) {
-        if matches!(remembered, Remembered::Retry | Remembered::RetrySlowly) {
-            let delay = match remembered {
-                Remembered::RetrySlowly => self.settings.max_backoff,
-                _ => self
-                    .backoff
+        let retry_after = match remembered {
+            Remembered::RetrySlowly => Some(self.settings.max_backoff),
+            Remembered::Retry => Some(
+                self.backoff
                     .get(&key)
                     .map_or(self.settings.min_backoff, |b| b.delay * 2)
                     .min(self.settings.max_backoff),
-            };
+            ),
+            _ => None,
+        };
+        if let Some(delay) = retry_after {
             let retry_at = Instant::now() + delay;
             self.backoff.insert(key, Backoff { retry_at, delay });
         } else {

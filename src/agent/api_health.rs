@@ -6,6 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::deadline::TimedOut;
+
 /// Shared by the heartbeat, the round's fresh reads and its report writes; cloning shares it.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct ApiHealth(Arc<Mutex<Option<Instant>>>);
@@ -24,13 +26,13 @@ impl ApiHealth {
         *self.0.lock().expect("api health poisoned") = None;
     }
 
-    /// Records how a call went: a status answered by the server counts as an answer unless it
-    /// is a server error.
-    pub fn record<T>(&self, result: &Result<T, kube::Error>) {
-        match result {
-            Ok(_) => self.answered(),
-            Err(kube::Error::Api(status)) if status.code < 500 => self.answered(),
-            Err(_) => self.failed(),
+    /// Records how a call bounded by [`crate::deadline::within`] went: a status answered by the
+    /// server counts as an answer unless it is a server error; a call that ran out, as a failure.
+    pub fn record<T>(&self, bounded: &Result<Result<T, kube::Error>, TimedOut>) {
+        match bounded {
+            Ok(Ok(_)) => self.answered(),
+            Ok(Err(kube::Error::Api(status))) if status.code < 500 => self.answered(),
+            Ok(Err(_)) | Err(_) => self.failed(),
         }
     }
 
@@ -50,13 +52,13 @@ mod tests {
         assert_eq!(health.answering_since(), None, "nothing known before a call");
         health.answered();
         let since = health.answering_since().unwrap();
-        health.record::<()>(&Ok(()));
+        health.record::<()>(&Ok(Ok(())));
         assert_eq!(health.answering_since(), Some(since), "kept while it answers");
         let refused = kube::Error::Api(kube::core::Status::failure("no", "Forbidden").with_code(403).boxed());
-        health.record::<()>(&Err(refused));
+        health.record::<()>(&Ok(Err(refused)));
         assert_eq!(health.answering_since(), Some(since), "a refusal is an answer");
         let unavailable = kube::Error::Api(kube::core::Status::failure("not ready", "").with_code(503).boxed());
-        health.record::<()>(&Err(unavailable));
+        health.record::<()>(&Ok(Err(unavailable)));
         assert_eq!(health.answering_since(), None);
         health.answered();
         assert!(health.answering_since().unwrap() >= since);

@@ -100,10 +100,7 @@ impl Heartbeat {
         let params = PatchParams::apply(field_manager).force();
         let patch = Patch::Apply(lease);
         let written = within(self.timeout, self.leases.patch(name, &params, &patch)).await;
-        match &written {
-            Ok(result) => self.api.record(result),
-            Err(_) => self.api.failed(),
-        }
+        self.api.record(&written);
         written??;
         Ok(())
     }

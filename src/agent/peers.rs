@@ -69,10 +69,7 @@ async fn read_peer_pods(
     for node in suspects {
         let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
         let listed = within(timeout, pods.list(&on_node)).await;
-        match &listed {
-            Ok(result) => api.record(result),
-            Err(_) => api.failed(),
-        }
+        api.record(&listed);
         match listed {
             Ok(Ok(list)) => snapshot.pods.extend(list.items.into_iter().map(|mut pod| {
                 trim_pod(&mut pod);
@@ -149,10 +146,7 @@ async fn add_uncached_peers(
     let nodes: Api<Node> = Api::all(client.clone());
     for name in missing {
         let read = within(timeout, nodes.get_opt(name)).await;
-        match &read {
-            Ok(result) => api.record(result),
-            Err(_) => api.failed(),
-        }
+        api.record(&read);
         match read {
             Ok(Ok(Some(node))) => {
                 observed.nodes.insert(name.clone(), node_view(&node));
