@@ -14,6 +14,8 @@ pub const MOUNT_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs-mount-endpoint";
 pub const MOVE_STAMP_ANNOTATION: &str = "storageos.com/nfs-endpoint-move";
 /// StorageOS volume label holding the published mount endpoint (StorageOS labels allow the `/`).
 pub const STORAGEOS_MOUNT_ENDPOINT_LABEL: &str = "storageos.com/nfs/mount-endpoint";
+/// The condition the controller keeps on every claim it manages: is its shared endpoint ready.
+pub const CLAIM_CONDITION_TYPE: &str = "SharedVolumeReady";
 /// Label on every object we create, naming the volume it serves.
 pub const VOLUME_ID_LABEL: &str = "storageos.com/volume-id";
 

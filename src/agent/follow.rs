@@ -32,6 +32,8 @@ pub struct Move<'a> {
     pub endpoint: &'a str,
     /// The PV's resourceVersion the move was decided over.
     pub over_version: &'a str,
+    /// This node: the stamp says who moved the endpoints, and when.
+    pub node: &'a str,
 }
 
 /// Publishes the move's endpoint on the PV and points the claim's Endpoints and EndpointSlice at
@@ -42,8 +44,9 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
         kube::Error::Service(format!("the agent's own endpoint {:?} does not parse: {err}", to.endpoint).into())
     })?;
     let stamp = MoveStamp {
-        endpoint: to.endpoint.to_owned(),
-        over_pv_version: to.over_version.to_owned(),
+        node: Some(to.node.to_owned()),
+        at: Some(k8s_openapi::jiff::Timestamp::now().to_string()),
+        ..MoveStamp::new(to.endpoint, to.over_version)
     };
     let (stamp_key, stamp_text) = stamp.annotation();
     let annotations = [

@@ -2,6 +2,7 @@
 //! the PVs, and the Services, Endpoints and EndpointSlices it manages. The watches also trigger
 //! the reconciles. A fresh set is made for each term of leadership.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,8 +13,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::ExponentialBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 
+use super::condition::fingerprint_besides_own_condition;
 use crate::kube_client::drop_managed_fields;
 use crate::sharedvolume::claim::trim_pv;
 use serde::de::DeserializeOwned;
@@ -42,11 +44,12 @@ impl Caches {
     /// Starts nothing by itself: the stores fill while the returned streams are polled.
     pub fn new(client: &Client, namespace: Option<&str>, managed: &watcher::Config) -> (Self, Triggers) {
         let all = watcher::Config::default;
-        let (pvs, pv_stream) = cached(Api::all(client.clone()), all(), trim_pv);
-        let (services, service_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields);
-        let (endpoints, endpoint_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields);
-        let (slices, slice_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields);
-        let (claim_store, claims) = cached(scoped(client, namespace), all(), drop_managed_fields);
+        let (pvs, pv_stream) = cached(Api::all(client.clone()), all(), trim_pv, every);
+        let (services, service_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields, every);
+        let (endpoints, endpoint_stream) =
+            cached(scoped(client, namespace), managed.clone(), drop_managed_fields, every);
+        let (slices, slice_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields, every);
+        let (claim_store, claims) = cached(scoped(client, namespace), all(), drop_managed_fields, claim_changes());
         let caches = Self {
             pvs,
             services,
@@ -102,11 +105,13 @@ impl Caches {
 }
 
 /// A watch whose objects land in a store, after `trim`, before they trigger anything, so that a
-/// reconcile always reads at least what triggered it. Deletions trigger too.
+/// reconcile always reads at least what triggered it. Deletions trigger too; other changes when
+/// `triggers` says so.
 fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
+    mut triggers: impl FnMut(&watcher::Event<K>) -> bool + Send + 'static,
 ) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -117,8 +122,38 @@ where
         .backoff(watch_backoff())
         .modify(trim)
         .reflect(writer)
+        .filter(move |event| std::future::ready(event.as_ref().map_or(true, &mut triggers)))
         .touched_objects();
     (store, stream.boxed())
+}
+
+/// Every change triggers a reconcile.
+fn every<K>(_: &watcher::Event<K>) -> bool {
+    true
+}
+
+/// Which changes of a claim trigger a reconcile: all but one that changed nothing besides the
+/// controller's own condition, so that the condition a reconcile writes does not start another.
+fn claim_changes() -> impl FnMut(&watcher::Event<PersistentVolumeClaim>) -> bool + Send + 'static {
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    move |event| match event {
+        watcher::Event::Apply(claim) => {
+            let fingerprint = fingerprint_besides_own_condition(claim);
+            seen.insert(claim.uid().unwrap_or_default(), fingerprint) != Some(fingerprint)
+        }
+        watcher::Event::InitApply(claim) => {
+            seen.insert(
+                claim.uid().unwrap_or_default(),
+                fingerprint_besides_own_condition(claim),
+            );
+            true
+        }
+        watcher::Event::Delete(claim) => {
+            seen.remove(&claim.uid().unwrap_or_default());
+            true
+        }
+        watcher::Event::Init | watcher::Event::InitDone => true,
+    }
 }
 
 /// Retries of a broken watch: 0.5 s doubling up to 2.5 s, each with up to as much again of

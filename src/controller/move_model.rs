@@ -86,10 +86,7 @@ struct World {
 }
 
 fn stamp_of((to, over): (u8, u32)) -> MoveStamp {
-    MoveStamp {
-        endpoint: server(to).to_string(),
-        over_pv_version: over.to_string(),
-    }
+    MoveStamp::new(server(to).to_string(), over.to_string())
 }
 
 fn pointing(object: &Object) -> Pointing {

@@ -282,10 +282,7 @@ mod tests {
     fn at(last: u8, stamp: Option<(u8, &str)>) -> Pointing {
         Pointing {
             server: Some(NfsEndpoint::new([10, 0, 0, last].into(), 2049)),
-            stamp: stamp.map(|(to, over)| MoveStamp {
-                endpoint: format!("10.0.0.{to}:2049"),
-                over_pv_version: over.into(),
-            }),
+            stamp: stamp.map(|(to, over)| MoveStamp::new(format!("10.0.0.{to}:2049"), over)),
         }
     }
 
@@ -410,10 +407,7 @@ mod tests {
             (
                 "an older move on the PV, decided over the same version (a lagging cache): held",
                 PvSight {
-                    stamp: Some(MoveStamp {
-                        endpoint: "10.0.0.1:2049".into(),
-                        over_pv_version: "7".into(),
-                    }),
+                    stamp: Some(MoveStamp::new("10.0.0.1:2049", "7")),
                     ..pv_at(1, "8", true)
                 },
                 [in_flight.clone(), at(1, None)],
@@ -424,10 +418,7 @@ mod tests {
             (
                 "a move decided before the PV's last one: a stale writer, repaired",
                 PvSight {
-                    stamp: Some(MoveStamp {
-                        endpoint: "10.0.0.1:2049".into(),
-                        over_pv_version: "8".into(),
-                    }),
+                    stamp: Some(MoveStamp::new("10.0.0.1:2049", "8")),
                     ..pv_at(1, "9", true)
                 },
                 [in_flight.clone(), at(1, None)],

@@ -10,12 +10,13 @@ use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 
 use super::book::Standing;
+use super::condition;
 use super::context::Context;
 use super::plan::{Current, Drift, Held, MoveStep, Plan, PvSight, move_step};
 use super::service::{EnsuredService, ensure_service};
 use crate::deadline::{TimedOut, within};
 use crate::kube_client::Refusal;
-use crate::names::CONTROLLER_FIELD_MANAGER;
+use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER};
 use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
 use crate::sharedvolume::endpoints::write_endpoints_over;
@@ -60,10 +61,14 @@ impl ReconcileError {
 #[derive(Debug, PartialEq)]
 pub enum Outcome {
     Skipped(Skip),
-    Invalid(&'static str),
+    Invalid(Invalid),
     Shared {
         mount_endpoint: String,
         published: bool,
+        /// The NFS server behind it, `IP:port`.
+        server: String,
+        /// The last agent's move of it, as stamped on the PV.
+        moved: Option<MoveStamp>,
     },
     /// Served, but something keeps changing its objects: the repair waits this long.
     RepairDeferred(Duration),
@@ -95,6 +100,11 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
     if let Err(err) = &result {
         tell_refusal(&claim, err, &ctx).await;
     }
+    let filters = &ctx.settings.filters;
+    let known_ours = !filters.storage_classes.is_empty() || !filters.csi_drivers.is_empty();
+    if let Some(stated) = condition::stated(&result, &claim, known_ours) {
+        state_on_claim(&claim, &stated, &ctx).await;
+    }
     tracing::debug!(claim = %ClaimKey::of(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
     result.map(|outcome| match outcome {
         Outcome::RepairDeferred(wait) | Outcome::MoveHeld(wait) => Action::requeue(wait),
@@ -124,6 +134,29 @@ async fn tell_refusal(claim: &PersistentVolumeClaim, err: &ReconcileError, ctx: 
             .warning_once(&claim.object_ref(&()), "WriteRefused", "Reconcile", note)
             .await;
     }
+}
+
+/// Writes what the claim's condition should state, unless it states it already. A failed write
+/// is logged (and told on the claim when no retry can change it): the next reconcile tries again.
+async fn state_on_claim(claim: &PersistentVolumeClaim, stated: &condition::Stated, ctx: &Context) {
+    let Some(condition) = condition::to_write(claim, stated, k8s_openapi::jiff::Timestamp::now()) else {
+        return;
+    };
+    let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+    let claims = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), namespace);
+    let name = claim.metadata.name.as_deref().unwrap_or_default();
+    let written = within(
+        ctx.settings.reconcile_timeout,
+        condition::apply(&claims, name, &condition),
+    )
+    .await;
+    let err = match written {
+        Ok(Ok(())) => return,
+        Ok(Err(err)) => ReconcileError::Kube(err),
+        Err(timed_out) => timed_out.into(),
+    };
+    tracing::warn!(claim = %ClaimKey::of(claim), error = %err, "cannot write the claim's {CLAIM_CONDITION_TYPE} condition");
+    tell_refusal(claim, &err, ctx).await;
 }
 
 /// A claim found to be a shared volume this controller serves, with what it was found from.
@@ -337,6 +370,8 @@ async fn publish_mount_endpoint(
         return Ok(Outcome::Shared {
             mount_endpoint,
             published: false,
+            server: shared.server.to_string(),
+            moved: MoveStamp::read(pv.metadata.annotations.as_ref()),
         });
     }
     if created && let Some(previous) = &volume.mount_endpoint {
@@ -360,6 +395,8 @@ async fn publish_mount_endpoint(
     Ok(Outcome::Shared {
         mount_endpoint,
         published: true,
+        server: shared.server.to_string(),
+        moved: MoveStamp::read(pv.metadata.annotations.as_ref()),
     })
 }
 
@@ -430,10 +467,10 @@ async fn report_invalid(ctx: &Context, claim: &PersistentVolumeClaim, invalid: I
             &claim.object_ref(&()),
             invalid.reason,
             "ReconcileSharedVolume",
-            invalid.message,
+            invalid.message.clone(),
         )
         .await;
-    Outcome::Invalid(invalid.reason)
+    Outcome::Invalid(invalid)
 }
 
 /// The PV, from the cache when it holds it (what triggered the reconcile is always there), else
@@ -653,10 +690,12 @@ mod tests {
         (outcome, seen)
     }
 
-    fn served_at_published_address() -> Outcome {
+    fn served_at_published_address(server: &str) -> Outcome {
         Outcome::Shared {
             mount_endpoint: "10.96.0.10:2049".into(),
             published: false,
+            server: server.into(),
+            moved: None,
         }
     }
 
@@ -666,7 +705,7 @@ mod tests {
         let service = service_at(&shared_of(&pv), "10.96.0.10", CLAIM_UID);
         let script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
         let (outcome, _) = reconcile_against(script).await;
-        assert_eq!(outcome, served_at_published_address());
+        assert_eq!(outcome, served_at_published_address("192.0.2.1:2049"));
     }
 
     #[tokio::test]
@@ -676,10 +715,9 @@ mod tests {
         let mut script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
         script.push(answer(&format!("POST {EVENTS}"), 201, json!({})));
         let (outcome, seen) = reconcile_against(script).await;
-        assert_eq!(
-            outcome,
-            Outcome::Invalid("ServiceNameTaken"),
-            "nothing but the Warning is written"
+        assert!(
+            matches!(&outcome, Outcome::Invalid(invalid) if invalid.reason == "ServiceNameTaken"),
+            "nothing but the Warning is written: {outcome:?}"
         );
         assert_eq!(event_reason(seen.bodies.last().unwrap()), "ServiceNameTaken");
     }
@@ -709,7 +747,7 @@ mod tests {
         let (outcome, seen) = reconcile_against(script).await;
         assert_eq!(
             outcome,
-            served_at_published_address(),
+            served_at_published_address("192.0.2.1:2049"),
             "clients keep the address they mount"
         );
         for asked in [&seen.bodies[4], &seen.bodies[5]] {
@@ -730,7 +768,7 @@ mod tests {
         let (outcome, seen) = reconcile_against(script).await;
         assert_eq!(
             outcome,
-            served_at_published_address(),
+            served_at_published_address("[fd00::5]:2049"),
             "the Service is neither deleted nor rewritten"
         );
         let warning = seen.bodies.last().unwrap();

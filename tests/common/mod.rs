@@ -243,6 +243,19 @@ impl TestEnv {
             .expect("bind claim")
     }
 
+    /// Waits until the claim's SharedVolumeReady condition has `status` and `reason`, and returns
+    /// its message.
+    pub async fn claim_condition_becomes(&self, claim: &str, status: &str, reason: &str) -> String {
+        let what = format!("claim {claim} condition SharedVolumeReady={status} ({reason})");
+        eventually(&what, Duration::from_secs(30), || async {
+            let pvc = self.api::<PersistentVolumeClaim>().get(claim).await.unwrap();
+            let conditions = pvc.status?.conditions?;
+            let condition = conditions.into_iter().find(|c| c.type_ == "SharedVolumeReady")?;
+            (condition.status == status && condition.reason.as_deref() == Some(reason)).then_some(condition.message?)
+        })
+        .await
+    }
+
     /// Sets (or, with `None`, removes) one annotation of a PV.
     pub async fn annotate_pv(&self, pv_name: &str, key: &str, value: Option<&str>) {
         self.pvs()
