@@ -8,6 +8,8 @@
 #   hack/cluster.sh env [DIR]    print `export KUBECONFIG=...`
 #   SVC_SERVICE_CIDR=10.96.0.0/16,fd00:10:96::/108 hack/cluster.sh up DIR
 #                                a dual-stack service range (default: IPv4 10.96.0.0/16 only)
+#   SVC_EVENT_TTL=15s hack/cluster.sh up DIR
+#                                events expire sooner than Kubernetes's default (1h)
 #   hack/cluster.sh restart NAME [DIR]
 #                                stop one of etcd, kube-apiserver, kube-controller-manager and start
 #                                it again as it was (etcd keeps its data): for the fault tests
@@ -184,7 +186,7 @@ POLICY
     --service-cluster-ip-range "${SVC_SERVICE_CIDR:-10.96.0.0/16}" --allow-privileged \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --enable-priority-and-fairness=false --profiling=false \
+    --enable-priority-and-fairness=false --profiling=false --event-ttl "${SVC_EVENT_TTL:-1h}" \
     --endpoint-reconciler-type none \
     --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
     --audit-log-format json --audit-log-maxbackup 1 --audit-log-maxsize 200

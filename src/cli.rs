@@ -40,6 +40,10 @@ pub struct CommonArgs {
     /// bounds every call by --operations-timeout anyway).
     #[arg(long, env = "KUBE_API_TIMEOUT", global = true)]
     pub kube_api_timeout: Option<Duration>,
+    /// A standing Warning (bad input that stays bad) is posted again this often while it lasts, so
+    /// that it outlives the API server's event TTL (`--event-ttl`, 1h by default): keep it shorter.
+    #[arg(long, env = "WARNING_REPEAT_INTERVAL", default_value = "30m", global = true)]
+    pub warning_repeat_interval: Duration,
     /// Piraeus and klog: log verbosity (0–1 info, 2–4 debug, 5+ trace). Use --log-level.
     #[arg(long = "v", value_name = "LEVEL", global = true)]
     pub verbosity: Option<u8>,
@@ -55,6 +59,28 @@ pub enum Command {
     Controller(ControllerArgs),
     /// DRBD HA agent: one per node, fail-over, taints and endpoints that follow the primary.
     Agent(AgentArgs),
+    /// Checks an installation (what `helm test` runs): the leader Lease held and fresh, every
+    /// agent pod ready, the admission policies bound. Exits non-zero when a check fails.
+    Selftest(SelftestArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SelftestArgs {
+    /// The release's namespace: its Lease and its agent pods.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// The controller's leader Lease; unset: not checked (no controller installed).
+    #[arg(long, env = "LEASE_NAME")]
+    pub lease_name: Option<String>,
+    /// Label selector of the agent pods; unset: not checked (no agent installed).
+    #[arg(long, env = "AGENT_SELECTOR")]
+    pub agent_selector: Option<String>,
+    /// Admission policies that must exist and be bound with Deny (comma-separated).
+    #[arg(long, env = "POLICIES", value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Bound of one agent's `/readyz` request.
+    #[arg(long, env = "TIMEOUT", default_value = "5s")]
+    pub timeout: Duration,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

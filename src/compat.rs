@@ -187,6 +187,8 @@ pub fn apply(cli: &mut Cli) -> Result<Vec<String>, String> {
                 warnings.push(format!("--{flag} has no effect: use --log-format and --log-level"));
             }
         }
+        // New: no flags of the systems it replaces.
+        Command::Selftest(_) => {}
     }
     Ok(warnings)
 }

@@ -20,6 +20,7 @@ mod kube_client;
 mod metrics;
 mod names;
 mod producer;
+mod selftest;
 mod sharedvolume;
 mod shutdown;
 mod telemetry;
@@ -49,6 +50,10 @@ use crate::cli::Command;
 
 /// Runs the chosen subcommand until it fails or a termination signal arrives.
 pub async fn run(cli: Cli) -> Result<()> {
+    if let Command::Selftest(args) = cli.command {
+        let client = kube_client::connect(&cli.common, false).await?;
+        return selftest::run(args, client).await;
+    }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
         admin_addr = %cli.common.admin_addr,
@@ -71,12 +76,15 @@ pub async fn run(cli: Cli) -> Result<()> {
         match cli.command {
             Command::Controller(args) => {
                 let config = kube_client::config(&cli.common, true).await?;
-                controller::run(args, config, registry, probes.clone(), shutdown.clone()).await
+                let events = events::EventSettings::of(&cli.common);
+                controller::run(args, config, registry, probes.clone(), shutdown.clone(), events).await
             }
             Command::Agent(args) => {
                 let client = kube_client::connect(&cli.common, false).await?;
-                agent::run(args, client, registry, probes.clone(), shutdown.clone()).await
+                let events = events::EventSettings::of(&cli.common);
+                agent::run(args, client, registry, probes.clone(), shutdown.clone(), events).await
             }
+            Command::Selftest(_) => anyhow::bail!("selftest runs without the admin server"),
         }
     }
     .await;

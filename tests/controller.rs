@@ -3,10 +3,11 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::process::Process;
-use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving};
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -629,6 +630,123 @@ async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_
         env.pv_annotation(&four, MOUNT_ENDPOINT).await.as_deref(),
         Some(four_mount.as_str())
     );
+    controller.stop().await;
+    env.remove_chart_permissions(&cluster.kubeconfig());
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn the_claim_states_its_shared_endpoint_through_each_state() {
+    let env = common::setup("ctl-condition").await;
+    // Limited to the CSI driver the test's volumes use: a claim still waiting is known to be ours.
+    let controller = start_controller(&env, &["--csi-driver", "linstor.csi.linbit.com"]).await;
+    let (_, pv) = env.bound_rwx_claim("data", BTreeMap::new()).await;
+    let pv = pv.metadata.name.unwrap();
+    // Someone else's condition on the claim (the resizer's) is theirs to keep.
+    let resizing = json!({"status": {"conditions": [{"type": "Resizing", "status": "True"}]}});
+    env.api::<PersistentVolumeClaim>()
+        .patch_status("data", &PatchParams::default(), &Patch::Merge(resizing))
+        .await
+        .unwrap();
+
+    let pending = env
+        .claim_condition_becomes("data", "False", "WaitingForNfsServer")
+        .await;
+    assert!(pending.contains(SERVICE_ENDPOINT), "{pending}");
+
+    env.annotate_pv(&pv, SERVICE_ENDPOINT, Some("192.0.2.90:2049")).await;
+    let mount = published(&env, &pv, None).await;
+    let ready = env.claim_condition_becomes("data", "True", "Served").await;
+    assert!(ready.contains(&mount) && ready.contains("192.0.2.90:2049"), "{ready}");
+    let describe = common::helm::run(tool("kubectl").args(["describe", "pvc", "data", "-n", &env.ns]));
+    let describe = String::from_utf8_lossy(&describe.stdout);
+    assert!(
+        describe.contains("SharedVolumeReady") && describe.contains(&mount),
+        "{describe}"
+    );
+
+    // An agent's move, as the agent stamps it: the node and the time are told.
+    let stamp = r#"{"endpoint":"192.0.2.91:2049","overPvVersion":"1","node":"node-b","at":"2026-11-25T19:00:00Z"}"#;
+    let moved = json!({"metadata": {"annotations": {SERVICE_ENDPOINT: "192.0.2.91:2049", "storageos.com/nfs-endpoint-move": stamp}}});
+    env.pvs()
+        .patch(&pv, &PatchParams::default(), &Patch::Merge(moved))
+        .await
+        .unwrap();
+    let after_move = env.claim_condition_becomes("data", "True", "ServedAfterMove").await;
+    assert!(
+        after_move.contains("node-b") && after_move.contains("2026-11-25T19:00:00Z") && after_move.contains(&mount),
+        "{after_move}"
+    );
+
+    env.annotate_pv(&pv, SERVICE_ENDPOINT, Some("nfs.example.com:2049"))
+        .await;
+    let broken = env
+        .claim_condition_becomes("data", "False", "InvalidServiceEndpoint")
+        .await;
+    assert!(broken.contains("nfs.example.com"), "{broken}");
+
+    let pvc = env.api::<PersistentVolumeClaim>().get("data").await.unwrap();
+    let status = pvc.status.unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Bound"), "the phase is the binder's");
+    let types: Vec<String> = status.conditions.unwrap().into_iter().map(|c| c.type_).collect();
+    assert!(types.contains(&"Resizing".to_owned()), "{types:?}");
+    let managers: Vec<String> = pvc
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.subresource.as_deref() == Some("status"))
+        .filter_map(|m| m.manager)
+        .collect();
+    assert!(
+        managers.contains(&"shared-volume-controller".to_owned()),
+        "{managers:?}"
+    );
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_standing_warning_outlives_the_event_ttl() {
+    // Events live 15 s on this control plane (1 h by default); the claim stays broken longer.
+    let cluster = common::cluster::PrivateCluster::up_with("eventttl", &[("SVC_EVENT_TTL", "15s")]);
+    let env = common::setup_on(cluster.client().await, "ctl-event-ttl").await;
+    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
+    let args = [
+        "controller",
+        "--watch-namespace",
+        &env.ns,
+        "--leader-elect",
+        "false",
+        "--warning-repeat-interval",
+        "5s",
+        "--resync-interval",
+        "2s",
+    ];
+    let controller = Process::start_with_env(
+        &format!("{}-controller", env.ns),
+        &args,
+        &[("KUBECONFIG", kubeconfig.as_str())],
+    );
+    controller.wait_ready().await;
+    env.bound_rwx_claim("broken", serving("nfs.example.com:2049")).await;
+    let first = env.wait_for_events("broken", "InvalidServiceEndpoint").await;
+    let posted = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let standing = env.events("broken", "InvalidServiceEndpoint").await;
+    assert!(
+        !standing.is_empty(),
+        "the Warning first posted {:?} ago ({:?}) expired and was not posted again",
+        posted.elapsed(),
+        first[0].metadata.name
+    );
+    let repeats = standing
+        .iter()
+        .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+        .sum::<i32>();
+    assert!(repeats >= 2, "posted again while it stands: {repeats}");
     controller.stop().await;
     env.remove_chart_permissions(&cluster.kubeconfig());
     env.cleanup().await;

@@ -27,6 +27,8 @@ use crate::names::AGENT_FIELD_MANAGER;
 
 #[derive(Clone, Debug)]
 pub struct ExecutorSettings {
+    /// This agent's node: moves are stamped with it.
+    pub node: String,
     pub dry_run: bool,
     pub grace_period_seconds: u32,
     pub operations_timeout: Duration,
@@ -195,9 +197,12 @@ impl Executor {
         // An action of this scope no longer decided has taken effect (or its cause went away):
         // when it is needed again, it is carried out at once.
         let cooldown = self.settings.cooldown;
+        // A report that still holds is told again before the API server's event TTL drops it.
+        let repeat = self.events.warning_repeat_interval();
         let undecided = |key: &ActionKey| Scope::of(key) == scope && !decided.contains(key);
         self.recent.retain(|key, (at, remembered)| {
-            !undecided(key) && (*remembered == Remembered::WhileDecided || now.duration_since(*at) < cooldown)
+            let age = now.duration_since(*at);
+            !undecided(key) && ((*remembered == Remembered::WhileDecided && age < repeat) || age < cooldown)
         });
         self.backoff.retain(|key, _| !undecided(key));
         if scope == Scope::Publications {
@@ -321,7 +326,7 @@ impl Executor {
         match action {
             Action::Refused { action: refused, why } => return self.refusal(about, refused.failing_over(), why),
             // A report, not a write: told once while the same evidence holds.
-            Action::HoldFailOver { .. } | Action::HoldEvacuation { .. } => {
+            Action::HoldFailOver { .. } | Action::HoldEvacuation { .. } | Action::WarnCoexistence { .. } => {
                 if let Action::HoldFailOver { .. } = action {
                     self.metrics.held_fail_overs.inc();
                 }
@@ -514,6 +519,7 @@ impl Executor {
                     claim,
                     endpoint,
                     over_version,
+                    node: &self.settings.node,
                 },
             )
             .await?
@@ -523,9 +529,10 @@ impl Executor {
                     "only the service endpoint was published, the endpoints are left to the controller: {why}"
                 ))),
             },
-            Action::HoldFailOver { .. } | Action::HoldEvacuation { .. } | Action::Refused { .. } => {
-                Outcome::Skipped("nothing to write".into())
-            }
+            Action::HoldFailOver { .. }
+            | Action::HoldEvacuation { .. }
+            | Action::WarnCoexistence { .. }
+            | Action::Refused { .. } => Outcome::Skipped("nothing to write".into()),
         };
         Ok(outcome)
     }
@@ -645,6 +652,7 @@ mod tests {
     fn stub_executor(drbd: MockDrbdSource, dry_run: bool) -> (Executor, AgentMetrics) {
         let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
         let settings = ExecutorSettings {
+            node: "node-b".into(),
             dry_run,
             grace_period_seconds: 10,
             operations_timeout: Duration::from_secs(5),

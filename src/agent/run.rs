@@ -27,7 +27,7 @@ use super::source::{DrbdChange, DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
-use crate::events::EventSink;
+use crate::events::{EventSettings, EventSink};
 use crate::metrics::{AgentMetrics, set_to_now};
 use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
@@ -38,6 +38,7 @@ pub async fn run(
     registry: Registry,
     probes: Probes,
     shutdown: Shutdown,
+    event_settings: EventSettings,
 ) -> Result<()> {
     let metrics = AgentMetrics::register(&registry)?;
     metrics.zero(&Action::KINDS);
@@ -85,7 +86,11 @@ pub async fn run(
     }
     tracing::info!("Kubernetes caches synced");
     heartbeat.api.answered();
-    let rounds = Rounds::new(&args, client, drbd, heartbeat, metrics, probes, freshness);
+    let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone()))
+        .with_timeout(timeout)
+        .with(event_settings);
+    let health = Health { probes, freshness };
+    let rounds = Rounds::new(&args, client, drbd, heartbeat, metrics, events, health);
     rounds.run(&cache, kube_changes, drbd_changes, &shutdown).await;
     let _ = heartbeat_task.await;
     tracing::info!(node = %args.node_name, "agent stopped");
@@ -107,6 +112,12 @@ fn log_start(args: &AgentArgs, satellite_namespace: &str) {
     );
 }
 
+/// What the agent's probes answer from: readiness, and the freshness of its DRBD reads (liveness).
+struct Health {
+    probes: Probes,
+    freshness: Freshness,
+}
+
 /// The loop's parts and what it carries from one round to the next.
 struct Rounds {
     node: String,
@@ -116,8 +127,7 @@ struct Rounds {
     heartbeat: Heartbeat,
     executor: Executor,
     metrics: AgentMetrics,
-    probes: Probes,
-    freshness: Freshness,
+    health: Health,
     settings: DecisionSettings,
     status_interval: Duration,
     reconcile_interval: Duration,
@@ -149,11 +159,10 @@ impl Rounds {
         drbd: Arc<dyn DrbdSource>,
         heartbeat: Heartbeat,
         metrics: AgentMetrics,
-        probes: Probes,
-        freshness: Freshness,
+        events: EventSink,
+        health: Health,
     ) -> Self {
         let timeout = *args.operations_timeout;
-        let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone())).with_timeout(timeout);
         let guard = FailOverGuard::new(
             &client,
             &args.lease_namespace,
@@ -177,8 +186,7 @@ impl Rounds {
             heartbeat,
             executor,
             metrics,
-            probes,
-            freshness,
+            health,
             settings: decision_settings(args),
             status_interval: *args.drbd_status_interval,
             reconcile_interval: *args.reconcile_interval,
@@ -296,7 +304,7 @@ impl Rounds {
                 self.quorum_read = true;
                 self.check_described(&state);
                 record_resources(&self.metrics, &state);
-                self.freshness.mark_read();
+                self.health.freshness.mark_read();
                 set_to_now(&self.metrics.drbd_last_read);
                 self.drbd_state = Some((state, Instant::now()));
             }
@@ -348,12 +356,14 @@ impl Rounds {
             .drbd_state
             .clone()
             .filter(|(_, read_at)| read_at.elapsed() <= usable_for);
-        self.probes.set_ready(fresh.is_some());
+        self.health.probes.set_ready(fresh.is_some());
         let Some((state, read_at)) = fresh else { return };
         let state = &state;
         let snapshot = cache.snapshot();
         // Publications first, from the cache alone: they wait for nothing about the peers.
         let cached = observe(&self.node, self.node_ip, state.clone(), &snapshot);
+        let piraeus_here = i64::try_from(cached.piraeus_ha_controllers.len()).unwrap_or(i64::MAX);
+        self.metrics.piraeus_ha_controllers.set(piraeus_here);
         let mut publications = decide::publications(&cached, &self.settings, &mut self.timers);
         let now = Instant::now();
         if now >= self.next_resync {
@@ -442,6 +452,7 @@ fn decision_settings(args: &AgentArgs) -> DecisionSettings {
 
 fn executor_settings(args: &AgentArgs) -> ExecutorSettings {
     ExecutorSettings {
+        node: args.node_name.clone(),
         dry_run: args.dry_run,
         grace_period_seconds: args.grace_period_seconds,
         operations_timeout: *args.operations_timeout,

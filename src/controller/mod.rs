@@ -4,6 +4,7 @@
 
 mod book;
 pub mod cache;
+mod condition;
 mod context;
 mod fence;
 mod leader;
@@ -28,7 +29,7 @@ use prometheus::Registry;
 
 use crate::admin::Probes;
 use crate::cli::{ControllerArgs, VolumeBackendKind};
-use crate::events::EventSink;
+use crate::events::{EventSettings, EventSink};
 use crate::metrics::{ControllerMetrics, set_to_now};
 use crate::names::{CONTROLLER_NAME, managed_selector};
 use crate::sharedvolume::{claim::bound_claim, classify};
@@ -48,6 +49,7 @@ pub async fn run(
     registry: Registry,
     probes: Probes,
     shutdown: Shutdown,
+    event_settings: EventSettings,
 ) -> Result<()> {
     tracing::info!(
         volume_backend = ?args.volume_backend,
@@ -83,7 +85,7 @@ pub async fn run(
         error_requeue: *args.api_retry_interval,
         max_error_requeue: *args.max_retry_interval,
     };
-    let events = EventSink::new(client.clone(), CONTROLLER_NAME, Some(args.identity.clone()));
+    let events = EventSink::new(client.clone(), CONTROLLER_NAME, Some(args.identity.clone())).with(event_settings);
     let ctx = Arc::new(Context::new(client.clone(), backend, settings, metrics.clone(), events));
 
     let watchdog = Watchdog::new(*args.reconcile_timeout + Duration::from_secs(30));
