@@ -31,6 +31,7 @@ pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_
 pub const AGENT_EVENTS2_MISMATCHES: &str = "storageos_drbd_agent_events2_mismatches_total";
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
+pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
 
 /// Reconcile-duration buckets, 1 ms to 30 s.
 const RECONCILE_BUCKETS: &[f64] = &[
@@ -209,6 +210,8 @@ pub struct AgentMetrics {
     /// Objects the agent's watches delivered, by `watch` (pvs, pods, attachments, nodes,
     /// satellites, leases): what the cluster around it costs the agent.
     pub watch_events: IntCounterVec,
+    /// Pods of Piraeus's own HA Controller running on this node: both act on the same taints.
+    pub piraeus_ha_controllers: IntGauge,
 }
 
 impl AgentMetrics {
@@ -276,6 +279,11 @@ impl AgentMetrics {
                 registry,
                 AGENT_HELD_FAIL_OVERS,
                 "Fail-overs held because a peer whose link dropped is shown alive and serving.",
+            )?,
+            piraeus_ha_controllers: int_gauge(
+                registry,
+                AGENT_PIRAEUS_HA_CONTROLLERS,
+                "Pods of Piraeus's HA Controller running on this node; it acts on the same taints, pods and attachments (turn it off).",
             )?,
         })
     }

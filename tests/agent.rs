@@ -33,6 +33,8 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     })
     .await;
     let cluster_ip = env.cluster_ip(&pv).await.unwrap();
+    let told = env.claim_condition_becomes("data", "True", "Served").await;
+    assert!(told.contains(&mount) && told.contains(&nodes[0].endpoint()), "{told}");
     eventually("the slice at node a", WAIT, || async {
         (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
     })
@@ -83,6 +85,8 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     })
     .await;
     let rewrite = promoted_at.elapsed();
+    let told = env.claim_condition_becomes("data", "True", "ServedAfterMove").await;
+    assert!(told.contains(&format!("on node {}", nodes[1].name)), "{told}");
     eprintln!(
         "fail-over figures: node lost → taint + force-delete + attachment deleted in {fail_over:?} \
          (fail-over timeout 1s); DRBD role change → EndpointSlice at the new primary in {rewrite:?}"
@@ -349,4 +353,42 @@ async fn a_drain_waits_for_a_replica_that_can_take_over() {
     nodes[0].set(&[resource(&pv, "Primary", true, &peers)]);
     wait_for_eviction(&env, "server").await;
     teardown(env, vec![a]).await;
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn the_agent_warns_when_piraeus_ha_controller_runs_on_its_node() {
+    let (env, nodes, _pv) = three_nodes("agent-piraeus").await;
+    let b = &nodes[1];
+    let agent = env.start_agent(b, &[]).await;
+    let gauge = "storageos_drbd_agent_piraeus_ha_controller_pods";
+    assert_eq!(agent.metric(gauge).await, 0.0);
+    // A pod of piraeus-operator v2's HA Controller DaemonSet on another node: not this agent's.
+    let piraeus = json!({"app.kubernetes.io/component": "ha-controller"});
+    let elsewhere = json!({"name": "none", "emptyDir": {}});
+    env.running_pod_with(
+        "ha-controller-a",
+        &nodes[0].name,
+        elsewhere.clone(),
+        json!({}),
+        piraeus.clone(),
+    )
+    .await;
+    env.running_pod_with("ha-controller-b", &b.name, elsewhere, json!({}), piraeus)
+        .await;
+    let warning = cluster_events(&env, &b.name, "PiraeusHaControllerRunning").await;
+    assert_eq!(warning[0].type_.as_deref(), Some("Warning"));
+    let note = warning[0].note.clone().unwrap();
+    assert!(
+        note.contains("ha-controller-b")
+            && !note.contains("ha-controller-a")
+            && note.contains("highAvailabilityController"),
+        "{note}"
+    );
+    eventually("the gauge at 1", WAIT, || async {
+        (agent.metric(gauge).await == 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(drbd_taints(&env, &b.name).await, None, "a warning, nothing else");
+    teardown(env, vec![agent]).await;
 }

@@ -78,6 +78,13 @@ pub enum Action {
         resource: String,
         pv: String,
     },
+    /// Piraeus's own HA Controller runs on this node and acts on the same taints, pods and
+    /// attachments: said so, nothing else.
+    WarnCoexistence {
+        node: String,
+        /// Its pods here, `namespace/name`.
+        pods: Vec<String>,
+    },
     /// An action the blast-radius guard would not take.
     Refused {
         action: Box<Action>,
@@ -113,6 +120,7 @@ pub enum ActionKey {
         evidence: String,
     },
     HoldEvacuation(String),
+    WarnCoexistence(Vec<String>),
     Refused(Box<ActionKey>),
 }
 
@@ -137,7 +145,7 @@ impl From<&PodView> for PodRef {
 
 impl Action {
     /// Every value [`Action::kind`] returns (metrics start each at 0).
-    pub const KINDS: [&'static str; 9] = [
+    pub const KINDS: [&'static str; 10] = [
         "taint",
         "untaint",
         "evict",
@@ -147,6 +155,7 @@ impl Action {
         "publish",
         "hold_fail_over",
         "hold_evacuation",
+        "warn_coexistence",
     ];
 
     /// What the executor remembers an action by while it stays decided: what it does, to which
@@ -190,6 +199,7 @@ impl Action {
                 evidence: evidence.clone(),
             },
             Self::HoldEvacuation { resource, .. } => ActionKey::HoldEvacuation(resource.clone()),
+            Self::WarnCoexistence { pods, .. } => ActionKey::WarnCoexistence(pods.clone()),
             Self::Refused { action, .. } => ActionKey::Refused(Box::new(action.key())),
         }
     }
@@ -214,6 +224,7 @@ impl Action {
             Self::PublishServiceEndpoint { .. } => "publish",
             Self::HoldFailOver { .. } => "hold_fail_over",
             Self::HoldEvacuation { .. } => "hold_evacuation",
+            Self::WarnCoexistence { .. } => "warn_coexistence",
             Self::Refused { action, .. } => action.kind(),
         }
     }
@@ -239,6 +250,12 @@ impl Action {
             Self::HoldEvacuation { node, resource, .. } => {
                 format!("hold the evacuation of DRBD resource {resource} from node {node}")
             }
+            Self::WarnCoexistence { node, pods } => {
+                format!(
+                    "warn that Piraeus's HA Controller runs on node {node} ({})",
+                    pods.join(", ")
+                )
+            }
             Self::Refused { action, .. } => format!("refused to {}", action.describe()),
         }
     }
@@ -256,6 +273,9 @@ impl Action {
             Self::HoldFailOver { .. } => "one disconnected link is not evidence that the peer lost the volume",
             Self::HoldEvacuation { .. } => {
                 "no connected peer has an UpToDate replica to take the primary role over: evicting its consumers would stop the volume; bring a replica up to date or add one"
+            }
+            Self::WarnCoexistence { .. } => {
+                "it acts on the same drbd.linbit.com/ taints, evicts the same pods and deletes the same VolumeAttachments, without this agent's evidence rules or blast-radius guard: turn it off (piraeus-operator v2: LinstorCluster spec.highAvailabilityController.enabled: false; the standalone chart: helm uninstall it)"
             }
             Self::Refused { why, .. } => why,
         }
@@ -319,6 +339,7 @@ impl Action {
             Self::PublishServiceEndpoint { .. } => (EventType::Normal, "ServiceEndpointMoved"),
             Self::HoldFailOver { .. } => (EventType::Normal, "FailOverHeld"),
             Self::HoldEvacuation { .. } => (EventType::Warning, "EvacuationHeld"),
+            Self::WarnCoexistence { .. } => (EventType::Warning, "PiraeusHaControllerRunning"),
             Self::Refused { .. } => (EventType::Warning, "FailOverRefused"),
         }
     }
@@ -337,7 +358,9 @@ impl Action {
             | Self::PublishServiceEndpoint { pv, .. }
             | Self::HoldFailOver { pv, .. }
             | Self::HoldEvacuation { pv, .. } => reference::<PersistentVolume>(None, pv, None),
-            Self::ForceSecondary { node, pv: None, .. } => reference::<Node>(None, node, None),
+            Self::ForceSecondary { node, pv: None, .. } | Self::WarnCoexistence { node, .. } => {
+                reference::<Node>(None, node, None)
+            }
             Self::Refused { action, .. } => action.target(),
         }
     }
@@ -480,6 +503,10 @@ mod tests {
                 node: node(),
                 resource: "r".into(),
                 pv: "pv".into(),
+            },
+            Action::WarnCoexistence {
+                node: node(),
+                pods: vec!["piraeus-datastore/ha-controller-x".into()],
             },
         ];
         let kinds: Vec<&str> = every_variant.iter().map(Action::kind).collect();

@@ -109,7 +109,37 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
         agent_nodes,
         // The shell's fresh reads say how the API server answered (`super::peers`).
         api_answering_since: None,
+        piraeus_ha_controllers: piraeus_ha_controllers(node, &snapshot.pods),
     }
+}
+
+/// The labels that tell a pod of Piraeus's HA Controller: piraeus-operator v2's DaemonSet, and
+/// the chart of the standalone piraeus-ha-controller. [`trim_pod`] keeps these keys.
+const PIRAEUS_HA_CONTROLLER_LABELS: [(&str, &str); 2] = [
+    ("app.kubernetes.io/component", "ha-controller"),
+    ("app.kubernetes.io/name", "piraeus-ha-controller"),
+];
+
+/// The pods of Piraeus's HA Controller that run on `node` (`namespace/name`).
+fn piraeus_ha_controllers(node: &str, pods: &[Arc<Pod>]) -> Vec<String> {
+    let mut found: Vec<String> = pods
+        .iter()
+        .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none() && is_running(pod))
+        .filter(|pod| {
+            let labels = pod.labels();
+            PIRAEUS_HA_CONTROLLER_LABELS
+                .iter()
+                .any(|(key, value)| labels.get(*key).map(String::as_str) == Some(*value))
+        })
+        .map(|pod| format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()))
+        .collect();
+    found.sort();
+    found
+}
+
+fn is_running(pod: &Pod) -> bool {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
 }
 
 /// LINSTOR node name → Kubernetes node name, from the satellite pods.
@@ -287,7 +317,8 @@ pub fn trim_attachment(attachment: &mut VolumeAttachment) {
 /// Drops what the decisions never read from a cached Pod, to keep the cache small.
 pub fn trim_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
-    pod.labels_mut().clear();
+    pod.labels_mut()
+        .retain(|k, _| PIRAEUS_HA_CONTROLLER_LABELS.iter().any(|(key, _)| key == k));
     pod.annotations_mut().retain(|k, _| k == IGNORE_FAIL_OVER_ANNOTATION);
     if let Some(spec) = pod.spec.as_mut() {
         spec.containers.clear();

@@ -89,6 +89,8 @@ pub struct Observed {
     /// Since when the API server has answered this agent without a failure in between; `None`
     /// while it does not, or before the round's reads.
     pub api_answering_since: Option<Instant>,
+    /// Pods of Piraeus's own HA Controller running on this node (`namespace/name`).
+    pub piraeus_ha_controllers: Vec<String>,
 }
 
 /// Timers kept by the shell between rounds.

@@ -163,6 +163,7 @@ pub(crate) fn kinds(actions: &[Action]) -> Vec<String> {
             Action::PublishServiceEndpoint { pv, endpoint, .. } => format!("publish {pv} {endpoint}"),
             Action::HoldFailOver { node, .. } => format!("hold {node}"),
             Action::HoldEvacuation { resource, .. } => format!("hold evacuation {resource}"),
+            Action::WarnCoexistence { pods, .. } => format!("warn coexistence {}", pods.join(",")),
             Action::Refused { action, .. } => format!("refused {}", kinds(&[(**action).clone()])[0]),
         })
         .collect()

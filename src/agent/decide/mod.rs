@@ -3,6 +3,7 @@
 //! [`Action`]s to take. One file per rule; [`decide`] runs them in order. The shell fetches the
 //! observations and carries out the actions; nothing here does I/O.
 
+mod coexistence;
 mod demotion;
 mod evacuation;
 mod fail_over;
@@ -72,7 +73,8 @@ pub fn publications(observed: &Observed, settings: &DecisionSettings, timers: &m
 /// Everything but the publications: force-IO evictions, demotions, evacuation, this node's
 /// taints, fail-overs of lost peers.
 pub fn steps(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers, now: Instant) -> Vec<Action> {
-    let mut actions = force_io::evictions(observed);
+    let mut actions = coexistence::warnings(observed);
+    actions.extend(force_io::evictions(observed));
     actions.extend(demotion::demotions(observed, settings, timers, now));
     actions.extend(evacuation::evictions(observed, settings));
     if !settings.disable_node_taints {
