@@ -81,7 +81,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
         .map(|o| o["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(policies.len(), 6, "{policies:?}");
+    assert_eq!(policies.len(), 7, "{policies:?}");
     for policy in &policies {
         let binding = find(&defaults, "ValidatingAdmissionPolicyBinding", policy);
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
@@ -144,7 +144,6 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         "agent.adminAddress=0.0.0.0",
         "metrics.serviceMonitor.enabled=true",
         "metrics.serviceMonitor.labels.release=prometheus",
-        "metrics.podMonitor.enabled=true",
         "dashboard.label=grafana_dashboard_custom",
         "dashboard.labelValue=yes",
         "controller.podDisruptionBudget.enabled=false",
@@ -201,7 +200,8 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     );
     let monitor = find(&custom, "ServiceMonitor", "demo-shared-volume-controller-controller");
     assert_eq!(monitor["metadata"]["labels"]["release"], "prometheus");
-    let pod_monitor = find(&custom, "PodMonitor", "demo-shared-volume-controller-agent");
+    let pod_monitors = template(&["metrics.podMonitor.enabled=true"]);
+    let pod_monitor = find(&pod_monitors, "PodMonitor", "demo-shared-volume-controller-agent");
     for endpoint in [
         &pod_monitor["spec"]["podMetricsEndpoints"][0],
         &monitor["spec"]["endpoints"][0],
@@ -386,8 +386,9 @@ fn readme_install_command(release: &str, namespace: &str) -> std::process::Comma
         .and_then(|rest| rest.split("```").next())
         .expect("a sh block in the install section");
     assert!(
-        block.starts_with("helm install shared-volume charts/shared-volume-controller"),
-        "{block}"
+        block.contains("pod-security.kubernetes.io/enforce=privileged")
+            && block.contains("\nhelm install shared-volume charts/shared-volume-controller"),
+        "the namespace is labelled for the agent, then the chart installed: {block}"
     );
     let command = block
         .replacen(
@@ -808,4 +809,368 @@ async fn what_an_attacker_tries_is_refused(env: &TestEnv, controller_sa: &str, a
     let _ = Api::<VolumeAttachment>::all(admin.clone())
         .delete(&foreign_attachment, &DeleteParams::default())
         .await;
+}
+
+/// `helm template` with `sets`, expected to fail with a message containing `says`.
+fn refused_with(sets: &[&str], says: &str) {
+    let mut helm = tool("helm");
+    helm.args(["template", "demo", CHART]);
+    for set in sets {
+        helm.args(["--set", set]);
+    }
+    let refused = helm.output().unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains(says),
+        "{sets:?} must be refused with {says:?}: {stderr}"
+    );
+}
+
+#[test]
+#[ignore = "needs helm: run `make test`"]
+fn the_chart_fits_a_cluster_through_its_escape_hatches() {
+    // Both monitors would scrape every target twice: refused, saying why.
+    refused_with(
+        &["metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true"],
+        "scraped twice",
+    );
+    refused_with(&["controller.image.digest=latest"], "/controller/image/digest");
+
+    let custom = template(&[
+        "controller.image.registry=mirror.example.com/",
+        "controller.image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "agent.image.registry=mirror.example.com",
+        "controller.extraEnv[0].name=HTTPS_PROXY",
+        "controller.extraEnv[0].value=http://proxy:3128",
+        "agent.extraEnv[0].name=SSL_CERT_FILE",
+        "agent.extraEnv[0].value=/etc/ca/ca.crt",
+        "agent.extraVolumes[0].name=ca",
+        "agent.extraVolumes[0].configMap.name=corporate-ca",
+        "agent.extraVolumeMounts[0].name=ca",
+        "agent.extraVolumeMounts[0].mountPath=/etc/ca",
+        "controller.extraVolumes[0].name=ca",
+        "controller.extraVolumes[0].configMap.name=corporate-ca",
+        "controller.extraVolumeMounts[0].name=ca",
+        "controller.extraVolumeMounts[0].mountPath=/etc/ca",
+        "agent.updateStrategy.rollingUpdate.maxUnavailable=10%",
+        "controller.topologySpreadConstraints[0].maxSkew=1",
+        "controller.topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+        "controller.topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway",
+        "controller.serviceAccount.annotations.iam\\.example\\.com/role=svc",
+        "agent.serviceAccount.annotations.iam\\.example\\.com/role=agent",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.namespace=monitoring",
+        "metrics.serviceMonitor.scrapeTimeout=10s",
+        "metrics.serviceMonitor.relabelings[0].targetLabel=cluster",
+        "metrics.serviceMonitor.relabelings[0].replacement=east",
+        "metrics.serviceMonitor.metricRelabelings[0].action=drop",
+        "metrics.serviceMonitor.metricRelabelings[0].regex=process_.*",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.prometheusRule.disabledAlerts[0]=SharedVolumeAgentDryRun",
+        "metrics.prometheusRule.agentSelector=job=\"my-agents\"",
+    ]);
+    let deployment =
+        &find(&custom, "Deployment", "demo-shared-volume-controller-controller")["spec"]["template"]["spec"];
+    let controller = &deployment["containers"][0];
+    assert_eq!(
+        controller["image"],
+        "mirror.example.com/ghcr.io/storageos/shared-volume-controller@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    );
+    assert_eq!(env_value(controller, "HTTPS_PROXY"), Some("http://proxy:3128"));
+    assert_eq!(controller["volumeMounts"][0]["mountPath"], "/etc/ca");
+    assert_eq!(deployment["volumes"][0]["configMap"]["name"], "corporate-ca");
+    assert_eq!(
+        deployment["topologySpreadConstraints"][0]["topologyKey"],
+        "topology.kubernetes.io/zone"
+    );
+    let daemonset = find(&custom, "DaemonSet", "demo-shared-volume-controller-agent");
+    assert_eq!(
+        daemonset["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"],
+        "10%"
+    );
+    let agent_pod = &daemonset["spec"]["template"]["spec"];
+    let agent = &agent_pod["containers"][0];
+    assert_eq!(
+        agent["image"],
+        "mirror.example.com/ghcr.io/storageos/shared-volume-agent:0.1.0"
+    );
+    assert_eq!(env_value(agent, "SSL_CERT_FILE"), Some("/etc/ca/ca.crt"));
+    let mounts: Vec<&str> = agent["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(mounts, ["dev", "drbd-run", "ca"], "the agent's own mounts stay");
+    assert_eq!(agent_pod["volumes"].as_array().unwrap().len(), 3);
+    for (account, role) in [("controller", "svc"), ("agent", "agent")] {
+        let sa = find(
+            &custom,
+            "ServiceAccount",
+            &format!("demo-shared-volume-controller-{account}"),
+        );
+        assert_eq!(sa["metadata"]["annotations"]["iam.example.com/role"], role);
+    }
+    let monitor = find(&custom, "ServiceMonitor", "demo-shared-volume-controller-agent");
+    assert_eq!(monitor["metadata"]["namespace"], "monitoring");
+    assert_eq!(monitor["spec"]["namespaceSelector"]["matchNames"], json!(["storage"]));
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(endpoint["scrapeTimeout"], "10s");
+    assert_eq!(
+        endpoint["relabelings"][0]["targetLabel"], "node",
+        "the node label first"
+    );
+    assert_eq!(endpoint["relabelings"][1]["targetLabel"], "cluster");
+    assert_eq!(endpoint["metricRelabelings"][0]["action"], "drop");
+    let rule = find(&custom, "PrometheusRule", "demo-shared-volume-controller");
+    let alerts: Vec<&Value> = rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert!(
+        alerts.iter().all(|a| a["alert"] != "SharedVolumeAgentDryRun"),
+        "switched off"
+    );
+    let agent_down = alerts.iter().find(|a| a["alert"] == "SharedVolumeAgentDown").unwrap();
+    assert_eq!(
+        agent_down["expr"], "up{job=\"my-agents\"} == 0",
+        "the selector as given"
+    );
+    let chart: Value = serde_yaml::from_str(&std::fs::read_to_string(format!("{CHART}/Chart.yaml")).unwrap()).unwrap();
+    let version = chart["version"].as_str().unwrap();
+    assert_eq!(
+        agent_down["annotations"]["runbook_url"],
+        format!(
+            "https://github.com/storageos/shared-volume-controller/blob/v{version}/docs/reference/alerts.md#sharedvolumeagentdown"
+        ),
+        "runbooks of the installed version"
+    );
+
+    // `helm test`: the selftest pod, and an account that only reads what it checks.
+    let defaults = template(&[]);
+    let selftest = find(&defaults, "Pod", "demo-shared-volume-controller-selftest");
+    assert_eq!(selftest["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let args: Vec<&str> = selftest["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "selftest");
+    assert!(args.contains(&"--lease-name=shared-volume-controller"), "{args:?}");
+    assert!(
+        args.contains(&"--agent-selector=app.kubernetes.io/name=shared-volume-controller,app.kubernetes.io/instance=demo,app.kubernetes.io/component=agent"),
+        "{args:?}"
+    );
+    let policies = args.iter().find(|a| a.starts_with("--policies=")).unwrap();
+    assert_eq!(policies.split(',').count(), 7, "{policies}");
+    let role = find(&defaults, "Role", "demo-shared-volume-controller-selftest");
+    let verbs: Vec<&Value> = role["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["verbs"].as_array().unwrap())
+        .collect();
+    assert!(
+        verbs.iter().all(|v| *v == "get" || *v == "list"),
+        "read only: {verbs:?}"
+    );
+    assert!(
+        !template(&["helmTest.enabled=false"])
+            .iter()
+            .any(|o| o["metadata"]["name"] == "demo-shared-volume-controller-selftest")
+    );
+}
+
+/// The `helm test` pod's arguments, as the chart renders them for `release` in `namespace`.
+fn selftest_args(release: &str, namespace: &str) -> Vec<String> {
+    let rendered = run(tool("helm").args([
+        "template",
+        release,
+        CHART,
+        "--namespace",
+        namespace,
+        "--show-only",
+        "templates/tests/selftest.yaml",
+    ]));
+    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&rendered.stdout))
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .collect();
+    let pod = objects.iter().find(|o| o["kind"] == "Pod").expect("the selftest pod");
+    pod["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Runs the binary with `args` (as the test pod would, but as the admin): (passed, output).
+fn selftest(args: &[String], namespace: &str) -> (bool, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_shared-volume-controller"))
+        .args(args)
+        .env("POD_NAMESPACE", namespace)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), text)
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn helm_test_passes_on_a_working_install_and_names_what_is_broken() {
+    let (env, nodes, _pv) = common::drbd::three_nodes("selftest").await;
+    let release = env.release();
+    let args = selftest_args(&release, &env.ns);
+    let controller = env.start_as(
+        "controller",
+        &format!("{}-controller", env.ns),
+        &["controller", "--watch-namespace", &env.ns, "--lease-namespace", &env.ns],
+        &[],
+    );
+    controller.wait_ready().await;
+    // The agents as the DaemonSet's pods would be seen: the chart's selector labels, their
+    // address and admin port (the test's processes listen on loopback).
+    let mut agents = Vec::new();
+    for node in &nodes[..2] {
+        let agent = env.start_agent(node, &[]).await;
+        let labels = json!({
+            "app.kubernetes.io/name": "shared-volume-controller",
+            "app.kubernetes.io/instance": release,
+            "app.kubernetes.io/component": "agent",
+        });
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("agent-{}", node.name), "labels": labels},
+            "spec": {"nodeName": node.name, "containers": [{"name": "agent", "image": "agent",
+                "ports": [{"name": "admin", "containerPort": agent.admin.port()}]}]},
+        }))
+        .unwrap();
+        let pods = env.api::<k8s_openapi::api::core::v1::Pod>();
+        pods.create(&Default::default(), &pod).await.unwrap();
+        let status = json!({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}});
+        pods.patch_status(
+            &pod.metadata.name.clone().unwrap(),
+            &Default::default(),
+            &kube::api::Patch::Merge(status),
+        )
+        .await
+        .unwrap();
+        agents.push(agent);
+    }
+    // The leader Lease may take a renewal to appear.
+    let passed = eventually("a passing selftest", WAIT, || async {
+        let (passed, output) = selftest(&args, &env.ns);
+        passed.then_some(output)
+    })
+    .await;
+    assert!(passed.contains("all 10 checks passed"), "{passed}");
+
+    // An agent down, and a policy unbound: both named.
+    let stopped = agents.remove(1);
+    stopped.stop().await;
+    let binding = format!("{release}-shared-volume-controller-leases");
+    run(tool("kubectl").args(["delete", "validatingadmissionpolicybinding", &binding]));
+    let (passed, output) = selftest(&args, &env.ns);
+    assert!(!passed, "{output}");
+    let failures: Vec<&str> = output.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert_eq!(failures.len(), 2, "{output}");
+    assert!(failures[0].contains(&format!("agent-{}", nodes[1].name)), "{output}");
+    assert!(
+        failures[1].contains(&binding) && failures[1].contains("no binding"),
+        "{output}"
+    );
+    agents.push(controller);
+    env.remove_chart_permissions(&common::accounts::admin_kubeconfig());
+    common::drbd::teardown(env, agents).await;
+}
+
+/// A pod built from a rendered pod template, created with `--dry-run=server` in `namespace`:
+/// the admission verdict without a scheduler or kubelet. `Err` holds the refusal.
+fn admitted(template: &Value, namespace: &str, name: &str) -> Result<(), String> {
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"]},
+        "spec": template["spec"],
+    });
+    let file = std::env::temp_dir().join(format!("svc-psa-{namespace}-{name}.json"));
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let output = tool("kubectl")
+        .args(["create", "--dry-run=server", "-o", "name", "-f"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn in_a_baseline_namespace_the_agent_is_refused_and_notes_say_so() {
+    let env = common::setup("chart-psa").await;
+    let release = format!("psa-{}", env.id);
+    let label = |level: &str| {
+        run(tool("kubectl").args([
+            "label",
+            "namespace",
+            &env.ns,
+            &format!("pod-security.kubernetes.io/enforce={level}"),
+            "--overwrite",
+        ]));
+    };
+    label("baseline");
+    let installed = run(tool("helm").args(["install", &release, CHART, "--namespace", &env.ns]));
+    let notes = String::from_utf8_lossy(&installed.stdout);
+    assert!(
+        notes.contains("WARNING: Pod Security") && notes.contains("\"baseline\""),
+        "NOTES warn that the agent will not run: {notes}"
+    );
+    let manifest = run(tool("helm").args(["get", "manifest", &release, "--namespace", &env.ns]));
+    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&manifest.stdout))
+        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+        .filter(|doc: &Value| !doc.is_null())
+        .collect();
+    let agent = &find(
+        &objects,
+        "DaemonSet",
+        &format!("{release}-shared-volume-controller-agent"),
+    )["spec"]["template"];
+    let controller = &find(
+        &objects,
+        "Deployment",
+        &format!("{release}-shared-volume-controller-controller"),
+    )["spec"]["template"];
+
+    // What the DaemonSet controller would meet creating the agent's pods here.
+    let refusal = admitted(agent, &env.ns, "agent").expect_err("baseline refuses the agent");
+    for says in [
+        "violates PodSecurity \"baseline:latest\"",
+        "hostNetwork",
+        "hostPath",
+        "NET_ADMIN",
+    ] {
+        assert!(refusal.contains(says), "{says}: {refusal}");
+    }
+    admitted(controller, &env.ns, "controller").expect("the controller fits baseline");
+    label("restricted");
+    admitted(controller, &env.ns, "controller").expect("and restricted");
+    label("privileged");
+    admitted(agent, &env.ns, "agent").expect("privileged admits the agent");
+    let upgraded = run(tool("helm").args(["upgrade", &release, CHART, "--namespace", &env.ns]));
+    assert!(
+        !String::from_utf8_lossy(&upgraded.stdout).contains("WARNING: Pod Security"),
+        "no warning once the namespace is privileged"
+    );
+    run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
+    env.cleanup().await;
 }

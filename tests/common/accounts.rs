@@ -25,7 +25,7 @@ pub fn admin_kubeconfig() -> String {
 
 impl TestEnv {
     /// The release whose accounts this test's processes act as.
-    fn release(&self) -> String {
+    pub fn release(&self) -> String {
         format!("e2e-{}", self.id)
     }
 

@@ -31,8 +31,31 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-%s" (include "svc.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* An image reference: [registry/]repository, then @digest when pinned, else :tag. */}}
 {{- define "svc.image" -}}
-{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- $repository := .image.repository -}}
+{{- with .image.registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}{{ end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repository .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One monitor endpoint's optional knobs: pass the serviceMonitor or podMonitor values. */}}
+{{- define "svc.monitorKnobs" -}}
+{{- with .scrapeTimeout }}
+scrapeTimeout: {{ . }}
+{{- end }}
+relabelings:
+  # Which node a series comes from (the agent's figures are per node).
+  - {sourceLabels: [__meta_kubernetes_pod_node_name], targetLabel: node}
+  {{- with .relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .metricRelabelings }}
+metricRelabelings: {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* Flags as environment variables: `fail-over-timeout: 5s` → FAIL_OVER_TIMEOUT=5s. */}}
