@@ -12,7 +12,8 @@ use common::prometheus::{dashboard, dashboard_queries};
 use serde_json::{Value, json};
 
 const ALERT_TESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/alerts/rules.test.yaml");
-const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
+const ALERTS_PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/alerts.md");
+const LINT_EXCLUSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/.lint");
 const METRICS_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs");
 
 /// The values `tests/alerts/rules.test.yaml` was written for.
@@ -71,24 +72,6 @@ fn assert_exported(exprs: &[&str], what: &str) {
     );
 }
 
-/// GitHub's anchors of the README's headings.
-fn readme_anchors() -> BTreeSet<String> {
-    std::fs::read_to_string(README)
-        .unwrap()
-        .lines()
-        .filter(|line| line.starts_with('#'))
-        .map(|line| {
-            line.trim_start_matches('#')
-                .trim()
-                .to_lowercase()
-                .chars()
-                .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
-                .map(|c| if c == ' ' { '-' } else { c })
-                .collect()
-        })
-        .collect()
-}
-
 #[test]
 #[ignore = "needs helm and promtool: run `make test`"]
 fn the_alerts_fire_when_they_should_and_only_then() {
@@ -129,7 +112,7 @@ fn the_alerts_fire_when_they_should_and_only_then() {
     }
 
     // What on-call reads, and where the runbook is.
-    let anchors = readme_anchors();
+    let anchors = common::docs::anchors(std::path::Path::new(ALERTS_PAGE));
     let mut exprs = Vec::new();
     for alert in alerts(rule) {
         let name = alert["alert"].as_str().unwrap();
@@ -140,7 +123,7 @@ fn the_alerts_fire_when_they_should_and_only_then() {
         let anchor = runbook.rsplit_once('#').map(|(_, anchor)| anchor).unwrap_or_default();
         assert!(
             anchors.contains(anchor),
-            "{name}'s runbook {runbook} names no heading of README.md"
+            "{name}'s runbook {runbook} names no heading of docs/reference/alerts.md"
         );
         assert!(
             ["critical", "warning", "info"].contains(&alert["labels"]["severity"].as_str().unwrap_or_default()),
@@ -173,7 +156,10 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
         .iter()
         .map(|v| v["name"].as_str().unwrap())
         .collect();
-    assert_eq!(variables, ["datasource", "cluster", "namespace", "job", "instance"]);
+    assert_eq!(
+        variables,
+        ["datasource", "cluster", "namespace", "job", "instance", "node"]
+    );
     let cluster = &dashboard["templating"]["list"][1];
     assert_eq!(
         cluster["hide"], 2,
@@ -184,7 +170,7 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
     assert!(queries.len() > 20, "{} queries", queries.len());
     let mut exprs = Vec::new();
     for (title, expr) in &queries {
-        for variable in ["cluster", "namespace", "job", "instance"] {
+        for variable in ["cluster", "namespace", "job", "instance", "node"] {
             // Every selector of the query carries every scope, so two releases never mix.
             let selectors = expr.matches('{').count();
             let scoped = expr.matches(&format!("{variable}=~\"${variable}\"")).count();
@@ -197,7 +183,12 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
     }
     assert_exported(&exprs, "dashboard panels");
 
-    for panel in dashboard["panels"].as_array().unwrap() {
+    for panel in dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] != "row")
+    {
         assert!(
             panel["fieldConfig"]["defaults"]["unit"].is_string(),
             "panel {} has a unit",
@@ -219,6 +210,274 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
     assert!(
         links
             .iter()
-            .any(|link| link["url"].as_str().unwrap().contains("README.md"))
+            .any(|link| link["url"].as_str().unwrap().contains("docs/reference/alerts.md"))
     );
+}
+
+/// One finding of a dashboard-linter rule: (rule, panel title or "" for the dashboard, what).
+type Finding = (&'static str, String, String);
+
+/// The rules of Grafana's dashboard-linter (github.com/grafana/dashboard-linter), each by the
+/// linter's name, over the dashboard: what each finds.
+fn lint(dashboard: &Value) -> Vec<Finding> {
+    let mut found: Vec<Finding> = Vec::new();
+    let mut finding = |rule: &'static str, panel: &str, what: String| found.push((rule, panel.to_owned(), what));
+    if dashboard["editable"] != false {
+        finding("uneditable-dashboard", "", "the dashboard is editable".into());
+    }
+    let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let variable = |name: &str| variables.iter().find(|v| v["name"] == name);
+    match variable("datasource") {
+        Some(v) if v["type"] == "datasource" && v["query"] == "prometheus" && v["label"] == "Data source" => {}
+        other => finding(
+            "template-datasource-rule",
+            "",
+            format!("datasource variable: {other:?}"),
+        ),
+    }
+    for (rule, name) in [("template-job-rule", "job"), ("template-instance-rule", "instance")] {
+        match variable(name) {
+            Some(v)
+                if v["type"] == "query"
+                    && v["datasource"]["uid"] == "${datasource}"
+                    && v["multi"] == true
+                    && v["includeAll"] == true
+                    && v["allValue"] == ".+" => {}
+            other => finding(rule, "", format!("{name} variable: {other:?}")),
+        }
+    }
+    let labels = ["cluster", "namespace", "job", "instance", "node"];
+    for v in variables.iter().filter(|v| v["type"] == "query") {
+        if v["refresh"] != 2 {
+            finding(
+                "template-on-time-change-reload-rule",
+                "",
+                format!("{} refreshes on {}", v["name"], v["refresh"]),
+            );
+        }
+        let query = v["query"]["query"].as_str().unwrap_or_default();
+        let label = query
+            .rsplit_once(',')
+            .map(|(_, l)| l.trim().trim_end_matches(')'))
+            .unwrap_or_default();
+        if !labels.contains(&label) {
+            finding(
+                "template-label-promql-rule",
+                "",
+                format!("{}: label {label:?}", v["name"]),
+            );
+        }
+    }
+    for panel in dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] != "row")
+    {
+        let title = panel["title"].as_str().unwrap_or_default();
+        if title.is_empty() || panel["description"].as_str().unwrap_or_default().is_empty() {
+            finding(
+                "panel-title-description-rule",
+                title,
+                "no title or no description".into(),
+            );
+        }
+        let ds = &panel["datasource"]["uid"];
+        if ds != "${datasource}" && ds != "$datasource" {
+            finding("panel-datasource-rule", title, format!("datasource {ds}"));
+        }
+        let units = ["short", "s", "ms", "ops", "percentunit", "bytes", "bool_yes_no", "none"];
+        if !units.contains(&panel["fieldConfig"]["defaults"]["unit"].as_str().unwrap_or_default()) {
+            finding(
+                "panel-units-rule",
+                title,
+                format!("unit {}", panel["fieldConfig"]["defaults"]["unit"]),
+            );
+        }
+        let targets = panel["targets"].as_array().cloned().unwrap_or_default();
+        if targets.is_empty() {
+            finding("panel-no-targets-rule", title, "no queries".into());
+        }
+        for expr in targets.iter().filter_map(|t| t["expr"].as_str()) {
+            lint_expr(expr, title, &mut finding);
+        }
+    }
+    found
+}
+
+fn lint_expr(expr: &str, title: &str, finding: &mut impl FnMut(&'static str, &str, String)) {
+    for (rule, matcher) in [
+        ("target-job-rule", "job=~\"$job\""),
+        ("target-instance-rule", "instance=~\"$instance\""),
+    ] {
+        if expr.matches('{').count() != expr.matches(matcher).count() {
+            finding(rule, title, format!("a selector without {matcher}: {expr}"));
+        }
+    }
+    // Every range of a rate-like function is $__rate_interval.
+    for function in ["rate(", "irate(", "increase("] {
+        for (at, _) in expr.match_indices(function) {
+            if at > 0 && expr.as_bytes()[at - 1].is_ascii_alphanumeric() {
+                continue; // irate( inside "rate(" matching, or a longer name
+            }
+            let range = expr[at..]
+                .split_once('[')
+                .and_then(|(_, r)| r.split_once(']'))
+                .map(|(r, _)| r);
+            if range != Some("$__rate_interval") {
+                finding(
+                    "target-rate-interval-rule",
+                    title,
+                    format!("{function}…[{range:?}] in {expr}"),
+                );
+            }
+        }
+    }
+    // A counter is only ever read through rate() or increase().
+    for counter in expr
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|w| w.ends_with("_total") || w.ends_with("_bucket"))
+    {
+        let at = expr.find(counter).unwrap();
+        let before = &expr[..at];
+        if !(before.ends_with("rate(") || before.ends_with("increase(")) {
+            finding(
+                "target-counter-agg-rule",
+                title,
+                format!("{counter} not under rate() or increase(): {expr}"),
+            );
+        }
+    }
+}
+
+/// The exclusions of `grafana/.lint`: (rule, panel title, or "" for the whole rule).
+fn lint_exclusions() -> Vec<(String, String)> {
+    let file: Value = serde_yaml::from_str(&std::fs::read_to_string(LINT_EXCLUSIONS).unwrap()).unwrap();
+    let mut excluded = Vec::new();
+    for (rule, exclusion) in file["exclusions"].as_object().unwrap() {
+        assert!(
+            exclusion["reason"].as_str().is_some_and(|r| r.len() > 20),
+            "{rule}: say why"
+        );
+        let entries = exclusion["entries"].as_array().cloned().unwrap_or_default();
+        if entries.is_empty() {
+            excluded.push((rule.clone(), String::new()));
+        }
+        for entry in entries {
+            excluded.push((rule.clone(), entry["panel"].as_str().unwrap_or_default().to_owned()));
+        }
+    }
+    excluded
+}
+
+#[test]
+fn the_dashboard_passes_the_dashboard_linters_rules() {
+    let excluded = lint_exclusions();
+    let findings: Vec<Finding> = lint(&dashboard())
+        .into_iter()
+        .filter(|(rule, panel, _)| !excluded.iter().any(|(r, p)| r == rule && (p.is_empty() || p == panel)))
+        .collect();
+    assert!(findings.is_empty(), "dashboard-linter findings:\n{findings:#?}");
+    // Every exclusion is still needed: one that excuses nothing hides the next real finding.
+    let raw = lint(&dashboard());
+    for (rule, panel) in &excluded {
+        assert!(
+            raw.iter()
+                .any(|(r, p, _)| r == rule && (panel.is_empty() || p == panel)),
+            "grafana/.lint excuses {rule} on {panel:?}, which no longer needs it"
+        );
+    }
+    // The rules find what they are for.
+    let mut broken = dashboard();
+    broken["editable"] = json!(true);
+    broken["panels"][1]["targets"][0]["expr"] = json!("rate(storageos_drbd_agent_actions_total{job=~\"$job\"}[5m])");
+    let rules: BTreeSet<&str> = lint(&broken).iter().map(|(rule, _, _)| *rule).collect();
+    for rule in [
+        "uneditable-dashboard",
+        "target-rate-interval-rule",
+        "target-instance-rule",
+    ] {
+        assert!(
+            rules.contains(rule),
+            "{rule} finds nothing in a dashboard that breaks it: {rules:?}"
+        );
+    }
+}
+
+#[test]
+fn the_top_row_turns_red_when_it_should() {
+    let dashboard = dashboard();
+    let panel = |title: &str| {
+        dashboard["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["title"] == title)
+            .unwrap_or_else(|| panic!("a panel {title}"))
+            .clone()
+    };
+    /// The color of `value` by the panel's thresholds.
+    fn color(thresholds: &Value, value: f64) -> String {
+        let mut color = String::new();
+        for step in thresholds["steps"].as_array().unwrap() {
+            if step["value"].is_null() || step["value"].as_f64().unwrap() <= value {
+                color = step["color"].as_str().unwrap().to_owned();
+            }
+        }
+        color
+    }
+    let leaders = panel("Controller leaders");
+    let thresholds = &leaders["fieldConfig"]["defaults"]["thresholds"];
+    let colors: Vec<String> = [0.0, 1.0, 2.0, 3.0].iter().map(|v| color(thresholds, *v)).collect();
+    assert_eq!(colors, ["red", "green", "red", "red"]);
+    assert!(
+        leaders["fieldConfig"]["defaults"]["mappings"]
+            .to_string()
+            .contains("No leader")
+    );
+    let waiting = &panel("Claims waiting for a mount endpoint")["fieldConfig"]["defaults"]["thresholds"];
+    assert_eq!(
+        (color(waiting, 0.0), color(waiting, 1.0)),
+        ("green".into(), "red".into())
+    );
+    assert_ne!(
+        color(
+            &panel("Agents in dry run")["fieldConfig"]["defaults"]["thresholds"],
+            1.0
+        ),
+        "green"
+    );
+    let alive = panel("HA agents alive");
+    assert_eq!(
+        color(&alive["fieldConfig"]["defaults"]["thresholds"], 0.0),
+        "red",
+        "no agent alive"
+    );
+    let down = &alive["fieldConfig"]["overrides"][0];
+    assert_eq!(down["matcher"]["options"], "down");
+    assert_eq!(color(&down["properties"][0]["value"], 1.0), "red", "an agent down");
+    let rows: Vec<&str> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["type"] == "row")
+        .map(|p| p["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(rows, ["Overview", "Shared-volume controller", "HA agents", "Processes"]);
+    let legends: Vec<&str> = dashboard_queries_legends(&dashboard);
+    assert!(
+        legends.iter().all(|l| !l.contains("{{instance}}")),
+        "legends name nodes: {legends:?}"
+    );
+    assert!(legends.iter().any(|l| l.contains("{{node}}")), "{legends:?}");
+}
+
+fn dashboard_queries_legends(dashboard: &Value) -> Vec<&str> {
+    dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+        .filter_map(|t| t["legendFormat"].as_str())
+        .collect()
 }

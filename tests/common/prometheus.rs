@@ -83,7 +83,7 @@ impl Prometheus {
         let dashboard = dashboard();
         let queries = dashboard_queries(&dashboard);
         for (title, expr) in &queries {
-            let expr = ["$cluster", "$namespace", "$job", "$instance"]
+            let expr = ["$cluster", "$namespace", "$job", "$instance", "$node"]
                 .iter()
                 .fold(expr.clone(), |expr, variable| expr.replace(variable, ".*"))
                 .replace("$__rate_interval", "1m")
