@@ -8,7 +8,7 @@ test:
 demo:
 	hack/demo.sh
 
-# End-to-end figures against the bare floor, full size, on a fresh control plane (see README).
+# End-to-end figures against the bare floor, full size, on a fresh control plane (docs/explanation/performance.md).
 bench:
 	hack/with-cluster.sh cargo bench --locked --bench scale
 

@@ -26,6 +26,9 @@ step "the Dockerfile's build stage has what it needs (hack/check-image-build.sh)
 hack/check-image-build.sh
 step "the chart's README is generated from its values (hack/chart-docs.sh --check)"
 hack/chart-docs.sh --check
+step "the plain Prometheus rules file is the chart's alerts (hack/prometheus-rules.sh --check)"
+hack/prometheus-rules.sh --check
+promtool check rules docs/reference/prometheus-rules.yaml
 
 step "cargo test (unit and end-to-end, on a fresh control plane; the fault soak for 45 s)"
 # The soak replays one seed here; `make soak` draws a new one each run.

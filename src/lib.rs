@@ -1,7 +1,7 @@
 //! shared-volume-controller: stable NFS addresses for ReadWriteMany volumes replicated with DRBD.
 //!
 //! Two loops share this crate: the shared-volume controller (`controller` subcommand) and the
-//! per-node DRBD HA agent (`agent` subcommand). See `README.md` for how they fit together.
+//! per-node DRBD HA agent (`agent` subcommand). See `docs/explanation/how-it-works.md` for how they fit together.
 //!
 //! Every module is private; the crate's public surface is the list of re-exports below: what the
 //! binary needs ([`Cli`], [`run`], the StorageOS flag mapping, logging), and the pure pieces the

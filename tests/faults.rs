@@ -3,7 +3,7 @@
 //! volume ends up published, nothing is duplicated or orphaned, and one replica writes at a time.
 //!
 //! Sizes are small in the test command; `SVC_FAULTS_LONG=1` runs the long version (see the
-//! README's "What it guarantees").
+//! docs/explanation/guarantees.md).
 
 mod common;
 

@@ -6,6 +6,7 @@ pub mod accounts;
 pub mod audit;
 pub mod cluster;
 pub mod datapath;
+pub mod docs;
 pub mod drbd;
 pub mod helm;
 pub mod outage;

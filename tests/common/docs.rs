@@ -1,0 +1,119 @@
+//! The project's Markdown as GitHub shows it: the anchors of a page's headings, and the links in
+//! a text (relative, or to this repository on GitHub at any ref) resolved to a file and an anchor.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// How this repository's files are linked from outside it (alerts, the dashboard, Chart.yaml).
+pub const REPOSITORY_URL: &str = "https://github.com/storageos/shared-volume-controller/blob/";
+
+/// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`.
+pub fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (a repeated heading gets `-1`, `-2`, … as on
+/// GitHub); headings inside fenced code blocks are not headings.
+pub fn anchors(path: &Path) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    let mut anchors = BTreeSet::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code || !line.starts_with('#') {
+            continue;
+        }
+        let base = slug(line.trim_start_matches('#'));
+        let count = seen.entry(base.clone()).or_default();
+        anchors.insert(if *count == 0 {
+            base.clone()
+        } else {
+            format!("{base}-{count}")
+        });
+        *count += 1;
+    }
+    anchors
+}
+
+/// The targets of the Markdown links `[text](target)` in `text`, outside fenced code blocks.
+pub fn markdown_links(text: &str) -> Vec<String> {
+    let mut links = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            links.push(after[..end].to_owned());
+            rest = &after[end..];
+        }
+    }
+    links
+}
+
+/// The links to this repository on GitHub (`…/blob/<ref>/<path>#anchor`) anywhere in `text`.
+pub fn repository_urls(text: &str) -> Vec<String> {
+    let mut urls = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(REPOSITORY_URL) {
+        let url: String = rest[at..]
+            .chars()
+            .take_while(|c| !c.is_whitespace() && !"\"'`)<>,".contains(*c))
+            .collect();
+        rest = &rest[at + url.len()..];
+        urls.push(url);
+    }
+    urls
+}
+
+/// Why `link`, found in `from`, leads nowhere; `None` when it resolves (or leaves the repository).
+pub fn broken(from: &Path, link: &str) -> Option<String> {
+    let (file, anchor) = match link.strip_prefix(REPOSITORY_URL) {
+        // `<ref>/<path>`: the ref is the version the link is for; the path must exist here.
+        Some(at_ref) => {
+            let path = at_ref.split_once('/')?.1;
+            let (path, anchor) = path.split_once('#').unwrap_or((path, ""));
+            (Path::new(ROOT).join(path), anchor)
+        }
+        None if link.contains("://") || link.starts_with("mailto:") => return None,
+        None => {
+            let (path, anchor) = link.split_once('#').unwrap_or((link, ""));
+            let file = if path.is_empty() {
+                from.to_path_buf()
+            } else {
+                from.parent().unwrap().join(path)
+            };
+            (file, anchor)
+        }
+    };
+    if !file.exists() {
+        return Some(format!("{link}: no file {}", shown(&file)));
+    }
+    if !anchor.is_empty() && file.extension().is_some_and(|e| e == "md") && !anchors(&file).contains(anchor) {
+        return Some(format!("{link}: {} has no heading #{anchor}", shown(&file)));
+    }
+    None
+}
+
+fn shown(path: &Path) -> String {
+    let path: PathBuf = path.components().collect();
+    path.strip_prefix(ROOT).unwrap_or(&path).display().to_string()
+}

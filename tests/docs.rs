@@ -1,0 +1,156 @@
+//! The documentation a first-time installer reads: a README short enough to read, every link and
+//! anchor in the docs, and every link into them from the chart, the dashboard, the alerts and the
+//! tests, resolved; the changelog and the chart's `artifacthub.io/changes` saying the same.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::docs::{ROOT, broken, markdown_links, repository_urls};
+
+/// Every Markdown page of the project (the generated chart README included).
+fn pages() -> Vec<PathBuf> {
+    let mut pages: Vec<PathBuf> = [
+        "README.md",
+        "ARCHITECTURE.md",
+        "CHANGELOG.md",
+        "charts/shared-volume-controller/README.md",
+    ]
+    .iter()
+    .map(|p| Path::new(ROOT).join(p))
+    .collect();
+    let mut dirs = vec![Path::new(ROOT).join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                pages.push(path);
+            }
+        }
+    }
+    pages.sort();
+    pages
+}
+
+/// Files outside the docs that link into them: the chart (values, templates, metadata), the
+/// dashboard, the alert tests and the sources.
+fn linking_files() -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs: Vec<PathBuf> = ["charts", "grafana", "tests/alerts", "src", "hack"]
+        .iter()
+        .map(|d| Path::new(ROOT).join(d))
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn every_link_and_anchor_in_the_docs_resolves() {
+    let mut broken_links = Vec::new();
+    let pages = pages();
+    assert!(pages.len() > 12, "{pages:?}");
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        for link in markdown_links(&text).into_iter().chain(repository_urls(&text)) {
+            if let Some(why) = broken(page, &link) {
+                broken_links.push(format!("{}: {why}", page.strip_prefix(ROOT).unwrap().display()));
+            }
+        }
+    }
+    assert!(broken_links.is_empty(), "broken links:\n{}", broken_links.join("\n"));
+}
+
+#[test]
+fn every_link_into_the_docs_from_the_chart_dashboard_and_alerts_resolves() {
+    let mut broken_links = Vec::new();
+    let mut checked = 0;
+    for file in linking_files() {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for url in repository_urls(&text) {
+            checked += 1;
+            if let Some(why) = broken(&file, &url) {
+                broken_links.push(format!("{}: {why}", file.strip_prefix(ROOT).unwrap().display()));
+            }
+        }
+    }
+    assert!(checked > 10, "only {checked} links found");
+    assert!(broken_links.is_empty(), "broken links:\n{}", broken_links.join("\n"));
+}
+
+#[test]
+fn the_readme_is_short_and_leads_to_the_docs() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(lines <= 200, "README.md has {lines} lines: move detail into docs/");
+    for needed in [
+        "## Prerequisites",
+        "## Install on a cluster",
+        "## Verify one RWX claim end to end",
+        "## Two commands",
+        "docs/",
+    ] {
+        assert!(readme.contains(needed), "README.md lacks {needed:?}");
+    }
+    let install = readme.find("## Install on a cluster").unwrap();
+    assert!(
+        readme.find("## Prerequisites").unwrap() < install,
+        "prerequisites come before the install command"
+    );
+}
+
+#[test]
+fn the_changelog_and_the_charts_changes_say_the_same() {
+    let changelog = std::fs::read_to_string(Path::new(ROOT).join("CHANGELOG.md")).unwrap();
+    let chart: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(Path::new(ROOT).join("charts/shared-volume-controller/Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    let version = chart["version"].as_str().unwrap();
+    let section = changelog
+        .split("\n## ")
+        .find(|s| s.starts_with(version))
+        .unwrap_or_else(|| panic!("CHANGELOG.md has no section for chart version {version}"));
+    let logged: Vec<(String, String)> = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("- "))
+        .map(|l| {
+            let (kind, description) = l.split_once(": ").expect("- kind: description");
+            (kind.to_owned(), description.to_owned())
+        })
+        .collect();
+    let changes: Vec<serde_yaml::Value> =
+        serde_yaml::from_str(chart["annotations"]["artifacthub.io/changes"].as_str().unwrap()).unwrap();
+    let annotated: Vec<(String, String)> = changes
+        .iter()
+        .map(|c| {
+            (
+                c["kind"].as_str().unwrap().to_owned(),
+                c["description"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        annotated, logged,
+        "Chart.yaml's artifacthub.io/changes is CHANGELOG.md's {version} section"
+    );
+    let kinds = ["added", "changed", "deprecated", "removed", "fixed", "security"];
+    assert!(
+        logged.iter().all(|(kind, _)| kinds.contains(&kind.as_str())),
+        "{logged:?}"
+    );
+    let license = std::fs::read_to_string(Path::new(ROOT).join("LICENSE")).unwrap();
+    assert!(license.contains("Apache License") && license.contains("Version 2.0"));
+}
