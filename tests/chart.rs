@@ -948,6 +948,37 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
         "runbooks of the installed version"
     );
 
+    let own = template(&[
+        "metrics.prometheusRule.enabled=true",
+        "metrics.prometheusRule.controllerSelector=job=\"my-controller\"",
+        "metrics.prometheusRule.runbookUrl=https://wiki.example.com/storage",
+        "metrics.podMonitor.enabled=true",
+        "metrics.podMonitor.scrapeTimeout=5s",
+        "metrics.podMonitor.metricRelabelings[0].action=drop",
+    ]);
+    let rule = find(&own, "PrometheusRule", "demo-shared-volume-controller");
+    let no_leader = &rule["spec"]["groups"][0]["rules"][0];
+    assert!(
+        no_leader["expr"]
+            .as_str()
+            .unwrap()
+            .contains("storageos_shared_volume_controller_leader{job=\"my-controller\"}"),
+        "{no_leader}"
+    );
+    assert_eq!(
+        no_leader["annotations"]["runbook_url"],
+        "https://wiki.example.com/storage#sharedvolumecontrollernoleader"
+    );
+    let pod_monitor = find(&own, "PodMonitor", "demo-shared-volume-controller-controller");
+    let endpoint = &pod_monitor["spec"]["podMetricsEndpoints"][0];
+    assert_eq!(endpoint["scrapeTimeout"], "5s");
+    assert_eq!(endpoint["metricRelabelings"][0]["action"], "drop");
+    assert_eq!(
+        pod_monitor["metadata"]["namespace"], "storage",
+        "the release namespace by default"
+    );
+    assert!(pod_monitor["spec"]["namespaceSelector"].is_null());
+
     // `helm test`: the selftest pod, and an account that only reads what it checks.
     let defaults = template(&[]);
     let selftest = find(&defaults, "Pod", "demo-shared-volume-controller-selftest");

@@ -679,6 +679,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_standing_report_is_told_again_each_repeat_interval() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let told = Arc::new(AtomicUsize::new(0));
+        let service = tower::service_fn({
+            let told = told.clone();
+            move |request: http::Request<kube::client::Body>| {
+                if request.uri().path().contains("/events") {
+                    told.fetch_add(1, Ordering::SeqCst);
+                }
+                async { Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(b"{}")))) }
+            }
+        });
+        let client = Client::new(service, "default");
+        let repeat = Duration::from_millis(200);
+        let events = EventSink::new(client.clone(), "test", None).with(crate::events::EventSettings {
+            warning_repeat_interval: repeat,
+            remembered_warnings: 10,
+        });
+        let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
+        let settings = ExecutorSettings {
+            cooldown: Duration::ZERO,
+            ..stub_executor(MockDrbdSource::new(), false).0.settings
+        };
+        let mut executor = Executor::new(client, Arc::new(MockDrbdSource::new()), events, metrics, settings, None);
+        let warning = Action::WarnCoexistence {
+            node: "node-b".into(),
+            pods: vec!["piraeus-datastore/ha-controller-x".into()],
+        };
+        let now = Instant::now();
+        executor
+            .run(Scope::Steps, vec![warning.clone()], now, &no_nodes())
+            .await;
+        executor
+            .run(Scope::Steps, vec![warning.clone()], now, &no_nodes())
+            .await;
+        assert_eq!(told.load(Ordering::SeqCst), 1, "told once while it stands");
+        tokio::time::sleep(repeat + Duration::from_millis(50)).await;
+        executor.run(Scope::Steps, vec![warning], now, &no_nodes()).await;
+        assert_eq!(told.load(Ordering::SeqCst), 2, "told again after the repeat interval");
+    }
+
+    #[tokio::test]
     async fn an_action_done_is_not_repeated_while_it_stays_decided() {
         let mut drbd = MockDrbdSource::new();
         drbd.expect_force_secondary()
