@@ -667,8 +667,8 @@ async fn mass_move(n: usize) -> Vec<Figure> {
         .filter(|(labels, _)| labels.contains("resource=\"persistentvolumes\""))
         .map(|(_, count)| *count as u64)
         .sum();
-    // The events and whatever the controller still writes land within a second.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The events land within a second; the claims' conditions once each move is 3 s old.
+    tokio::time::sleep(Duration::from_secs(5)).await;
     let grew = grown(&before, &writes(&env.client).await);
     for (labels, delta) in &grew {
         println!("P9 writes: {delta:>6} {labels}");
@@ -725,13 +725,14 @@ async fn mass_move(n: usize) -> Vec<Figure> {
         },
         Figure {
             id: "P9",
-            what: "API writes per moved volume (PV, Endpoints, EndpointSlice, Event; apiserver counter)".into(),
+            what: "API writes per moved volume (PV, Endpoints, EndpointSlice, Event, the claim's condition; apiserver counter)"
+                .into(),
             n,
             product: per_volume,
             floor: None,
             unit: "writes",
-            target: "≤ 4".into(),
-            met: per_volume <= 4.0,
+            target: "≤ 5".into(),
+            met: per_volume <= 5.0,
         },
         Figure {
             id: "P9",

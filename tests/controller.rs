@@ -6,6 +6,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use common::cluster::PrivateCluster;
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Service};
@@ -21,6 +22,20 @@ async fn start_controller(env: &TestEnv, extra: &[&str]) -> Process {
     let mut args = vec!["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
     args.extend_from_slice(extra);
     let process = env.start_as("controller", &env.ns, &args, &[]);
+    process.wait_ready().await;
+    process
+}
+
+/// Like [`start_controller`], on a control plane of the test's own, as the chart's account there.
+async fn start_controller_on(cluster: &PrivateCluster, env: &TestEnv, extra: &[&str]) -> Process {
+    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
+    let mut args = vec!["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
+    args.extend_from_slice(extra);
+    let process = Process::start_with_env(
+        &format!("{}-controller", env.ns),
+        &args,
+        &[("KUBECONFIG", kubeconfig.as_str())],
+    );
     process.wait_ready().await;
     process
 }
@@ -590,18 +605,10 @@ async fn only_the_leader_writes_and_a_standby_takes_over() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_slice() {
     // A dual-stack cluster whose primary family is IPv4, of the test's own.
-    let cluster =
-        common::cluster::PrivateCluster::up_with("dualstack", &[("SVC_SERVICE_CIDR", "10.96.0.0/16,fd00:10:96::/108")]);
+    let cluster = PrivateCluster::up_with("dualstack", &[("SVC_SERVICE_CIDR", "10.96.0.0/16,fd00:10:96::/108")]);
     let env = common::setup_on(cluster.client().await, "ctl-dualstack").await;
     // As the chart's controller: replacing a slice needs a permission the chart must grant.
-    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
-    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let controller = Process::start_with_env(
-        &format!("{}-controller", env.ns),
-        &args,
-        &[("KUBECONFIG", kubeconfig.as_str())],
-    );
-    controller.wait_ready().await;
+    let controller = start_controller_on(&cluster, &env, &[]).await;
 
     // An IPv6 NFS server gets an IPv6 ClusterIP, although the cluster's first family is IPv4.
     let (six, six_mount) = shared_claim(&env, "six", "[fd00:20::5]:2049").await;
@@ -711,26 +718,10 @@ async fn the_claim_states_its_shared_endpoint_through_each_state() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn a_standing_warning_outlives_the_event_ttl() {
     // Events live 15 s on this control plane (1 h by default); the claim stays broken longer.
-    let cluster = common::cluster::PrivateCluster::up_with("eventttl", &[("SVC_EVENT_TTL", "15s")]);
+    let cluster = PrivateCluster::up_with("eventttl", &[("SVC_EVENT_TTL", "15s")]);
     let env = common::setup_on(cluster.client().await, "ctl-event-ttl").await;
-    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
-    let args = [
-        "controller",
-        "--watch-namespace",
-        &env.ns,
-        "--leader-elect",
-        "false",
-        "--warning-repeat-interval",
-        "5s",
-        "--resync-interval",
-        "2s",
-    ];
-    let controller = Process::start_with_env(
-        &format!("{}-controller", env.ns),
-        &args,
-        &[("KUBECONFIG", kubeconfig.as_str())],
-    );
-    controller.wait_ready().await;
+    let repeat = ["--warning-repeat-interval", "5s", "--resync-interval", "2s"];
+    let controller = start_controller_on(&cluster, &env, &repeat).await;
     env.bound_rwx_claim("broken", serving("nfs.example.com:2049")).await;
     let first = env.wait_for_events("broken", "InvalidServiceEndpoint").await;
     let posted = std::time::Instant::now();

@@ -194,6 +194,12 @@ async fn demo() {
         ));
     }
 
+    let told = env.claim_condition_becomes(CLAIMS[0], "True", "ServedAfterMove").await;
+    story.say(format!(
+        "kubectl describe pvc {}: SharedVolumeReady True (ServedAfterMove): {told}",
+        CLAIMS[0]
+    ));
+
     story.chapter("6. Reconcile duration, from the controller's /metrics");
     let (_, metrics) = controller.get("/metrics").await.expect("controller metrics");
     for q in [0.5, 0.9, 0.99] {

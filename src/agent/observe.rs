@@ -34,10 +34,7 @@ pub struct Snapshot {
 pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &Snapshot) -> Observed {
     let nodes: BTreeMap<String, NodeView> = snapshot.nodes.iter().map(|n| (n.name_any(), node_view(n))).collect();
     let node_ip = node_ip
-        .or_else(|| {
-            let own = snapshot.nodes.iter().find(|n| n.name_any() == node)?;
-            internal_ip(own)
-        })
+        .or_else(|| own_internal_ip(node, snapshot))
         .map(|ip| ip.to_string());
     // The local resources' PVs first, so that only the pods of their claims are looked at closely.
     let local: HashSet<&str> = drbd.resources.iter().map(|r| r.name.as_str()).collect();
@@ -140,6 +137,11 @@ fn piraeus_ha_controllers(node: &str, pods: &[Arc<Pod>]) -> Vec<String> {
 
 fn is_running(pod: &Pod) -> bool {
     pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+}
+
+/// This node's InternalIP, from its Node.
+fn own_internal_ip(node: &str, snapshot: &Snapshot) -> Option<IpAddr> {
+    internal_ip(snapshot.nodes.iter().find(|n| n.name_any() == node)?)
 }
 
 /// LINSTOR node name → Kubernetes node name, from the satellite pods.

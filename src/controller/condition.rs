@@ -4,6 +4,8 @@
 //! Written with server-side apply under the controller's field manager, and only when it says
 //! something new: a converged claim costs no write.
 
+use std::time::Duration;
+
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, PersistentVolumeClaimCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -66,11 +68,6 @@ pub fn stated(
             };
             Stated::new(true, reason, message)
         }
-        Outcome::MoveHeld(_) => Stated::new(
-            true,
-            "Moving",
-            "an agent is moving the NFS server's endpoints to a new primary; clients keep the address they mount".into(),
-        ),
         Outcome::RepairDeferred(_) => Stated::new(
             true,
             "ManagedFieldsContested",
@@ -88,9 +85,26 @@ pub fn stated(
         Outcome::Skipped(Skip::NotBound) if known_ours => {
             Stated::new(false, "NotBound", "the claim is not bound to a volume yet".into())
         }
-        Outcome::Skipped(_) => return None,
+        // A move in flight lasts a round trip: the condition says where it went once it landed.
+        Outcome::MoveHeld(_) | Outcome::Skipped(_) => return None,
     };
     Some(stated)
+}
+
+/// How long after an agent's move its claim's condition waits to be written: a node's loss moves
+/// hundreds of volumes at once, and their conditions then queue behind the endpoint writes clients
+/// wait for instead of competing with them.
+pub const MOVE_SETTLE: Duration = Duration::from_secs(3);
+
+/// For a claim an agent moved less than [`MOVE_SETTLE`] ago (by the time in its stamp), how much
+/// longer its condition waits; `None`: write it now.
+pub fn settling(result: &Result<Outcome, ReconcileError>, now: Timestamp) -> Option<Duration> {
+    let Ok(Outcome::Shared { moved: Some(stamp), .. }) = result else {
+        return None;
+    };
+    let at: Timestamp = stamp.at.as_deref()?.parse().ok()?;
+    let age = Duration::try_from(now.duration_since(at)).ok()?;
+    MOVE_SETTLE.checked_sub(age).filter(|wait| !wait.is_zero())
 }
 
 /// A fingerprint of everything about a claim but its version, its managed fields and the
@@ -222,10 +236,10 @@ mod tests {
                 Some((true, "ServedAfterMove")),
             ),
             (
-                "a move held",
-                Ok(Outcome::MoveHeld(std::time::Duration::from_secs(2))),
+                "a move in flight: said once it landed",
+                Ok(Outcome::MoveHeld(Duration::from_secs(2))),
                 false,
-                Some((true, "Moving")),
+                None,
             ),
             ("bad input", invalid, false, Some((false, "ServiceNameTaken"))),
             (
@@ -282,6 +296,33 @@ mod tests {
         assert_eq!(fingerprint(&plain), fingerprint(&ours));
         assert_ne!(fingerprint(&plain), fingerprint(&resizing));
         assert_ne!(fingerprint(&plain), fingerprint(&relabelled));
+    }
+
+    #[test]
+    fn a_fresh_move_is_stated_once_it_settled() {
+        let now: Timestamp = "2026-11-25T19:00:10Z".parse().unwrap();
+        let moved_at = |at: &str| {
+            served(Some(MoveStamp {
+                at: Some(at.into()),
+                ..MoveStamp::new("192.0.2.7:2049", "8")
+            }))
+        };
+        assert_eq!(
+            settling(&moved_at("2026-11-25T19:00:09Z"), now),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(settling(&moved_at("2026-11-25T19:00:00Z"), now), None, "settled");
+        assert_eq!(
+            settling(&moved_at("2026-11-25T19:00:30Z"), now),
+            None,
+            "a clock ahead: now"
+        );
+        assert_eq!(settling(&moved_at("garbage"), now), None);
+        assert_eq!(
+            settling(&served(Some(MoveStamp::new("192.0.2.7:2049", "8"))), now),
+            None
+        );
+        assert_eq!(settling(&served(None), now), None);
     }
 
     #[test]

@@ -100,15 +100,13 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
     if let Err(err) = &result {
         tell_refusal(&claim, err, &ctx).await;
     }
-    let filters = &ctx.settings.filters;
-    let known_ours = !filters.storage_classes.is_empty() || !filters.csi_drivers.is_empty();
-    if let Some(stated) = condition::stated(&result, &claim, known_ours) {
-        state_on_claim(&claim, &stated, &ctx).await;
-    }
+    let state_later = state_on_claim(&claim, &result, &ctx).await;
     tracing::debug!(claim = %ClaimKey::of(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
     result.map(|outcome| match outcome {
         Outcome::RepairDeferred(wait) | Outcome::MoveHeld(wait) => Action::requeue(wait),
-        _ => Action::requeue(ctx.settings.resync_interval),
+        _ => Action::requeue(state_later.map_or(ctx.settings.resync_interval, |wait| {
+            wait.min(ctx.settings.resync_interval)
+        })),
     })
 }
 
@@ -136,12 +134,23 @@ async fn tell_refusal(claim: &PersistentVolumeClaim, err: &ReconcileError, ctx: 
     }
 }
 
-/// Writes what the claim's condition should state, unless it states it already. A failed write
-/// is logged (and told on the claim when no retry can change it): the next reconcile tries again.
-async fn state_on_claim(claim: &PersistentVolumeClaim, stated: &condition::Stated, ctx: &Context) {
-    let Some(condition) = condition::to_write(claim, stated, k8s_openapi::jiff::Timestamp::now()) else {
-        return;
-    };
+/// Writes what the claim's condition should state after `result`, unless it states it already,
+/// or, for a move an agent made a moment ago, returns how long to wait before writing it (see
+/// [`condition::settling`]). A failed write is logged (and told on the claim when no retry can
+/// change it): the next reconcile tries again.
+async fn state_on_claim(
+    claim: &PersistentVolumeClaim,
+    result: &Result<Outcome, ReconcileError>,
+    ctx: &Context,
+) -> Option<Duration> {
+    let filters = &ctx.settings.filters;
+    let known_ours = !filters.storage_classes.is_empty() || !filters.csi_drivers.is_empty();
+    let stated = condition::stated(result, claim, known_ours)?;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let condition = condition::to_write(claim, &stated, now)?;
+    if let Some(wait) = condition::settling(result, now) {
+        return Some(wait);
+    }
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     let claims = Api::<PersistentVolumeClaim>::namespaced(ctx.client.clone(), namespace);
     let name = claim.metadata.name.as_deref().unwrap_or_default();
@@ -151,12 +160,13 @@ async fn state_on_claim(claim: &PersistentVolumeClaim, stated: &condition::State
     )
     .await;
     let err = match written {
-        Ok(Ok(())) => return,
+        Ok(Ok(())) => return None,
         Ok(Err(err)) => ReconcileError::Kube(err),
         Err(timed_out) => timed_out.into(),
     };
     tracing::warn!(claim = %ClaimKey::of(claim), error = %err, "cannot write the claim's {CLAIM_CONDITION_TYPE} condition");
     tell_refusal(claim, &err, ctx).await;
+    None
 }
 
 /// A claim found to be a shared volume this controller serves, with what it was found from.

@@ -25,15 +25,7 @@ pub fn anchors(path: &Path) -> BTreeSet<String> {
     let text = std::fs::read_to_string(path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut anchors = BTreeSet::new();
-    let mut in_code = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code || !line.starts_with('#') {
-            continue;
-        }
+    for line in outside_code(&text).filter(|line| line.starts_with('#')) {
         let base = slug(line.trim_start_matches('#'));
         let count = seen.entry(base.clone()).or_default();
         anchors.insert(if *count == 0 {
@@ -49,15 +41,7 @@ pub fn anchors(path: &Path) -> BTreeSet<String> {
 /// The targets of the Markdown links `[text](target)` in `text`, outside fenced code blocks.
 pub fn markdown_links(text: &str) -> Vec<String> {
     let mut links = Vec::new();
-    let mut in_code = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            continue;
-        }
+    for line in outside_code(text) {
         let mut rest = line;
         while let Some(at) = rest.find("](") {
             let after = &rest[at + 2..];
@@ -67,6 +51,18 @@ pub fn markdown_links(text: &str) -> Vec<String> {
         }
     }
     links
+}
+
+/// The lines of Markdown `text` outside fenced code blocks.
+fn outside_code(text: &str) -> impl Iterator<Item = &str> {
+    let mut in_code = false;
+    text.lines().filter(move |line| {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            return false;
+        }
+        !in_code
+    })
 }
 
 /// The links to this repository on GitHub (`…/blob/<ref>/<path>#anchor`) anywhere in `text`.

@@ -356,7 +356,15 @@ where
 // The controller never deletes; DELETEs seen meanwhile are the namespace controller and the
 // garbage collector cleaning up after the tests that ran before this one.
 pub const WRITE_VERBS: [&str; 4] = ["POST", "PUT", "PATCH", "APPLY"];
-pub const WATCHED_RESOURCES: [&str; 5] = ["services", "endpoints", "endpointslices", "persistentvolumes", "events"];
+/// What the loops write: their objects, the PVs' annotations, events and the claims' condition.
+pub const WATCHED_RESOURCES: [&str; 6] = [
+    "services",
+    "endpoints",
+    "endpointslices",
+    "persistentvolumes",
+    "events",
+    "persistentvolumeclaims",
+];
 
 /// Write requests the apiserver has served so far for the resources the controller touches, by
 /// its `apiserver_request_total` counter, keyed by the sample's labels.
