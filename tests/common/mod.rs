@@ -356,15 +356,28 @@ where
 // The controller never deletes; DELETEs seen meanwhile are the namespace controller and the
 // garbage collector cleaning up after the tests that ran before this one.
 pub const WRITE_VERBS: [&str; 4] = ["POST", "PUT", "PATCH", "APPLY"];
-/// What the loops write: their objects, the PVs' annotations, events and the claims' condition.
+/// What the loops write, as `resource` or `resource/subresource`: their objects, the PVs'
+/// annotations, events and the claims' condition (a claim's status only: the PVC protection
+/// controller updates the claims of the namespaces earlier tests left behind).
 pub const WATCHED_RESOURCES: [&str; 6] = [
     "services",
     "endpoints",
     "endpointslices",
     "persistentvolumes",
     "events",
-    "persistentvolumeclaims",
+    "persistentvolumeclaims/status",
 ];
+
+/// Whether an `apiserver_request_total` sample is about `watched` (`resource` or
+/// `resource/subresource`).
+fn about(line: &str, watched: &str) -> bool {
+    match watched.split_once('/') {
+        Some((resource, sub)) => {
+            line.contains(&format!("resource=\"{resource}\"")) && line.contains(&format!("subresource=\"{sub}\""))
+        }
+        None => line.contains(&format!("resource=\"{watched}\"")),
+    }
+}
 
 /// Write requests the apiserver has served so far for the resources the controller touches, by
 /// its `apiserver_request_total` counter, keyed by the sample's labels.
@@ -381,11 +394,7 @@ pub async fn requests(client: &Client, verbs: &[&str]) -> BTreeMap<String, f64> 
         .lines()
         .filter(|line| line.starts_with("apiserver_request_total{"))
         .filter(|line| verbs.iter().any(|verb| line.contains(&format!("verb=\"{verb}\""))))
-        .filter(|line| {
-            WATCHED_RESOURCES
-                .iter()
-                .any(|resource| line.contains(&format!("resource=\"{resource}\"")))
-        })
+        .filter(|line| WATCHED_RESOURCES.iter().any(|watched| about(line, watched)))
         .filter_map(|line| {
             let (labels, value) = line.rsplit_once(' ')?;
             Some((labels.to_owned(), value.parse().ok()?))
