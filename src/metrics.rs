@@ -31,6 +31,7 @@ pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_
 pub const AGENT_EVENTS2_MISMATCHES: &str = "storageos_drbd_agent_events2_mismatches_total";
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
+pub const AGENT_FAIL_OVER_DURATION: &str = "storageos_drbd_agent_fail_over_duration_seconds";
 pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
 
 /// Reconcile-duration buckets, 1 ms to 30 s.
@@ -78,9 +79,17 @@ fn register<M: prometheus::core::Collector + Clone + 'static>(registry: &Registr
 
 /// Registers a histogram over [`RECONCILE_BUCKETS`] (1 ms to 30 s).
 fn histogram(registry: &Registry, name: &str, help: &str) -> Result<Histogram> {
-    let opts = HistogramOpts::new(name, help).buckets(RECONCILE_BUCKETS.to_vec());
+    histogram_of(registry, name, help, RECONCILE_BUCKETS)
+}
+
+fn histogram_of(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Result<Histogram> {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
     register(registry, Histogram::with_opts(opts)?)
 }
+
+/// Fail-over buckets, 0.5 s to 10 minutes: an agent's fail-over takes seconds, one left to
+/// Kubernetes's own timers minutes.
+const FAIL_OVER_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0];
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
     register(registry, IntCounterVec::new(Opts::new(name, help), labels)?)
@@ -195,6 +204,8 @@ pub struct AgentMetrics {
     pub fail_overs: IntCounterVec,
     /// From reading a Primary role to the rewritten Endpoints and EndpointSlice.
     pub endpoint_rewrite: Histogram,
+    /// One volume's fail-over by this agent, from the first sign of loss to its last step done.
+    pub fail_over_duration: Histogram,
     /// One read of the DRBD state (`drbdsetup status` and `show`), failed or not: every
     /// fail-over and endpoint move waits for one.
     pub drbd_read: Histogram,
@@ -240,6 +251,12 @@ impl AgentMetrics {
                 registry,
                 AGENT_ENDPOINT_REWRITE,
                 "Time from reading this node's Primary role to the rewritten endpoints.",
+            )?,
+            fail_over_duration: histogram_of(
+                registry,
+                AGENT_FAIL_OVER_DURATION,
+                "One volume's fail-over by this agent, from the first sign of loss (its peer disconnected while a pod there wrote to it) to its last step seen done (nothing of it left on the lost node).",
+                FAIL_OVER_BUCKETS,
             )?,
             drbd_read: histogram(
                 registry,

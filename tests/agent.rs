@@ -69,6 +69,28 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     })
     .await;
     let fail_over = failed_at.elapsed();
+    // The agent that failed node a over reports how long the volume's fail-over took.
+    let durations = eventually("a fail-over duration observed", WAIT, || async {
+        let mut count = 0.0;
+        let mut sum = 0.0;
+        for agent in &agents {
+            count += agent
+                .metric("storageos_drbd_agent_fail_over_duration_seconds_count")
+                .await;
+            sum += agent
+                .metric("storageos_drbd_agent_fail_over_duration_seconds_sum")
+                .await;
+        }
+        (count >= 1.0).then_some((count, sum))
+    })
+    .await;
+    let (count, sum) = durations;
+    assert!(count <= 2.0, "one volume, reported by the agents that tainted: {count}");
+    let took = sum / count;
+    assert!(
+        (1.0..fail_over.as_secs_f64() + 5.0).contains(&took),
+        "from the first sign of loss to the last step: {took:.2} s (fail-over timeout 1 s, steps done after {fail_over:?})"
+    );
     cluster_events(&env, &nodes[0].name, "NodeStorageQuorumLost").await;
     env.wait_for_events("app", "VolumeWithoutQuorum").await;
     assert_eq!(

@@ -19,6 +19,7 @@ use super::error::AgentError;
 use super::follow::{Followed, Move, publish_and_follow};
 use super::guard::{FailOverGuard, Reservation};
 use super::source::DrbdSource;
+use super::view::FailOverDone;
 use crate::deadline::within;
 use crate::events::EventSink;
 use crate::kube_client::api_status;
@@ -139,6 +140,9 @@ pub struct Executor {
     backoff: HashMap<ActionKey, Backoff>,
     /// UIDs of the VolumeAttachments deleted: none is deleted twice.
     deleted_attachments: Mutex<HashSet<String>>,
+    /// The nodes this agent failed over (it put the fail-over taint): their volumes' fail-over
+    /// durations are this agent's to report. At most one entry per node.
+    failed_over: Mutex<HashSet<String>>,
 }
 
 /// Which of a round's actions one [`Executor::run`] carries out: the publications go first, on
@@ -177,6 +181,7 @@ impl Executor {
             recent: HashMap::new(),
             backoff: HashMap::new(),
             deleted_attachments: Mutex::default(),
+            failed_over: Mutex::default(),
         }
     }
 
@@ -476,7 +481,13 @@ impl Executor {
                 node,
                 cause: Cause::FailOver,
                 ..
-            } => self.metrics.fail_overs.with_label_values(&[node]).inc(),
+            } => {
+                self.metrics.fail_overs.with_label_values(&[node]).inc();
+                self.failed_over
+                    .lock()
+                    .expect("failed-over nodes poisoned")
+                    .insert(node.clone());
+            }
             Action::PublishServiceEndpoint { .. } if followed => self
                 .metrics
                 .endpoint_rewrite
@@ -535,6 +546,16 @@ impl Executor {
             | Action::Refused { .. } => Outcome::Skipped("nothing to write".into()),
         };
         Ok(outcome)
+    }
+
+    /// Records the fail-overs finished since the last round, those of nodes this agent failed
+    /// over (every agent that saw the loss sees them finish; the one that tainted reports them).
+    pub fn record_fail_overs_done(&self, done: impl IntoIterator<Item = FailOverDone>) {
+        let failed_over = self.failed_over.lock().expect("failed-over nodes poisoned");
+        for done in done.into_iter().filter(|d| failed_over.contains(&d.node)) {
+            tracing::info!(resource = %done.resource, node = %done.node, took = ?done.took, "fail-over done");
+            self.metrics.fail_over_duration.observe(done.took.as_secs_f64());
+        }
     }
 
     async fn delete_attachment(&self, attachment: &super::view::AttachmentView) -> Result<Outcome, kube::Error> {

@@ -390,6 +390,8 @@ impl Rounds {
         self.reported = stated;
         observed.api_answering_since = self.heartbeat.api.answering_since();
         let (observed, actions) = self.fresh_steps(observed).await;
+        self.executor
+            .record_fail_overs_done(self.timers.fail_overs_done.drain(..));
         let actions = without_steps_over_a_stale_state(actions, read_at.elapsed(), 2 * self.status_interval);
         if !actions.is_empty() {
             tracing::debug!(?actions, "decided");

@@ -103,6 +103,20 @@ pub struct Timers {
     /// The resources this node served (as the primary of a shared volume) at the last decision;
     /// `None` before the first.
     pub serving: Option<BTreeSet<String>>,
+    /// Fail-overs finished since the shell last took them: a volume's fail-over from the first
+    /// sign of loss to its last step seen done.
+    pub fail_overs_done: Vec<FailOverDone>,
+}
+
+/// One volume's fail-over, finished: nothing of it is left on the lost node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FailOverDone {
+    pub resource: String,
+    /// The lost node.
+    pub node: String,
+    /// From the first sign of loss (the peer seen disconnected while a pod there wrote to the
+    /// volume) to the round that found its pods and attachments gone.
+    pub took: std::time::Duration,
 }
 
 impl Timers {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use super::{DecisionSettings, is_movable, volumes_with_quorum};
 use crate::agent::action::{Action, Cause};
 use crate::agent::drbd::Resource;
-use crate::agent::view::{NodeView, Observed, PodView, Timers, VolumeView};
+use crate::agent::view::{FailOverDone, NodeView, Observed, PodView, Timers, VolumeView};
 use crate::names::{LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER};
 use crate::volume::NfsEndpoint;
 
@@ -68,8 +68,20 @@ pub(super) fn fail_overs(
             }
         }
     }
-    // Timers of peers that reconnected, lost their consumers, or whose resource went away reset.
-    timers.fail_over.retain(|key, _| live_timers.contains(key));
+    // Timers of peers that reconnected, lost their consumers, or whose resource went away reset;
+    // a peer still away whose node the fail-over tainted lost its consumers to the fail-over.
+    let ended: Vec<((String, String), Instant)> = timers
+        .fail_over
+        .iter()
+        .filter(|(key, _)| !live_timers.contains(key))
+        .map(|(key, started)| (key.clone(), *started))
+        .collect();
+    for ((resource, peer), started) in ended {
+        timers.fail_over.remove(&(resource.clone(), peer.clone()));
+        if let Some(done) = finished(observed, &resource, &peer, now.duration_since(started)) {
+            timers.fail_overs_done.push(done);
+        }
+    }
     holds.extend(guard_fail_overs(observed, settings, by_node));
     holds
 }
@@ -85,6 +97,19 @@ fn writes_there(volume: &VolumeView, node: &str) -> bool {
 /// has not finished, or an attachment (its steps remove them one round after another).
 fn still_holds(volume: &VolumeView, node: &str) -> bool {
     volume.pods.iter().any(|p| p.node == node && !p.finished) || volume.attachments.iter().any(|a| a.node == node)
+}
+
+/// The fail-over of `resource` from `peer` as finished, when its timer ended with the peer still
+/// disconnected and its node tainted by a fail-over (not a peer that came back).
+fn finished(observed: &Observed, resource: &str, peer: &str, took: std::time::Duration) -> Option<FailOverDone> {
+    let resource_here = observed.drbd.resources.iter().find(|r| r.name == resource)?;
+    let link = resource_here.connections.iter().find(|c| c.name == peer)?;
+    let node = observed.kube_node(peer);
+    (!link.is_connected() && tainted_by_fail_over(observed, node)).then(|| FailOverDone {
+        resource: resource.to_owned(),
+        node: node.to_owned(),
+        took,
+    })
 }
 
 /// Whether the peer's node carries the taint a fail-over put there: the fail-over was under way
@@ -323,6 +348,39 @@ mod tests {
             unreachable!()
         };
         assert_eq!(*value, TAINT_BY_FAIL_OVER);
+    }
+
+    #[test]
+    fn a_fail_over_is_done_once_nothing_of_it_is_left_on_the_lost_node() {
+        let t0 = Instant::now();
+        let mut timers = Timers::new();
+        let lost = primary_lost();
+        decide(&lost, &settings(), &mut timers, t0);
+        decide(&lost, &settings(), &mut timers, t0 + Duration::from_secs(5));
+        assert!(timers.fail_overs_done.is_empty(), "steps decided, not yet seen done");
+        // The cache shows the steps done: the node tainted, its pod and attachment gone.
+        let mut done = lost.clone();
+        done.nodes
+            .extend([node_with("node-a", false, &[(LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER)])]);
+        let volume = done.volumes.get_mut("pvc-1").unwrap();
+        volume.pods.clear();
+        volume.attachments.clear();
+        decide(&done, &settings(), &mut timers, t0 + Duration::from_millis(6500));
+        assert_eq!(
+            timers.fail_overs_done,
+            [FailOverDone {
+                resource: "pvc-1".into(),
+                node: "node-a".into(),
+                took: Duration::from_millis(6500),
+            }]
+        );
+        // A peer that came back was not failed over: no duration.
+        let mut timers = Timers::new();
+        decide(&lost, &settings(), &mut timers, t0);
+        let mut back = lost.clone();
+        back.drbd.resources[0].connections[0].connection_state = "Connected".into();
+        decide(&back, &settings(), &mut timers, t0 + Duration::from_secs(2));
+        assert!(timers.fail_overs_done.is_empty());
     }
 
     #[test]
