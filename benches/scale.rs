@@ -814,7 +814,7 @@ async fn nfs_outage(sizes: &Sizes) -> Vec<Figure> {
     let mut outages = Vec::new();
     for run in 0..sizes.nfs_fail_overs {
         let env = common::setup(&format!("bench-nfs-{run}")).await;
-        let outage = common::outage::client_through_a_fail_over(&env, &|_| {}).await;
+        let outage = common::outage::client_through_a_fail_over(&env, common::datapath::NfsGrace::Off, &|_| {}).await;
         println!("P8 run {run}: {outage}");
         outages.push(outage.total);
         env.cleanup().await;

@@ -11,6 +11,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::datapath::NfsGrace;
 use common::drbd::{cluster_events, drbd_taints, healthy, lost, slice_addresses};
 use common::outage::client_through_a_fail_over;
 use common::process::sample_value;
@@ -244,7 +245,7 @@ async fn demo() {
 
     story.chapter("9. A real NFS client through the ClusterIP, across a fail-over");
     let nfs = common::setup("demo-nfs").await;
-    let outage = client_through_a_fail_over(&nfs, &|line| story.say(line)).await;
+    let outage = client_through_a_fail_over(&nfs, NfsGrace::Off, &|line| story.say(line)).await;
     story.say(outage.to_string());
     nfs.cleanup().await;
     story.say("namespaces, links, NAT rules and NFS servers removed");

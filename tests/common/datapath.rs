@@ -50,10 +50,59 @@ struct NodeLink {
     server: Option<Child>,
 }
 
+/// How the NFS servers treat a restart: NFSv4's grace period, in which a new server lets clients
+/// reclaim the state they held and refuses new state (a client's OPEN: `NFS4ERR_GRACE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NfsGrace {
+    /// `Graceless = true`: no grace period; clients' locks and open state are not protected
+    /// across a server move. The lease is 10 s.
+    Off,
+    /// Grace on, with its recovery records on the replicated volume (they move with it).
+    On { lease_seconds: u32, grace_seconds: u32 },
+}
+
+impl NfsGrace {
+    /// The `NFSv4` block of ganesha's configuration.
+    fn ganesha_block(self, recovery: &Path) -> String {
+        let recovery = recovery.display();
+        match self {
+            Self::Off => format!(
+                "NFSv4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {recovery}; Lease_Lifetime = 10; }}"
+            ),
+            Self::On {
+                lease_seconds,
+                grace_seconds,
+            } => format!(
+                "NFSv4 {{ Graceless = false; Grace_Period = {grace_seconds}; Lease_Lifetime = {lease_seconds}; \
+                 RecoveryBackend = fs; RecoveryRoot = {recovery}; }}"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for NfsGrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Off => write!(f, "nfs-ganesha with grace off (Graceless = true, lease 10 s)"),
+            Self::On {
+                lease_seconds,
+                grace_seconds,
+            } => write!(
+                f,
+                "nfs-ganesha with grace on (lease {lease_seconds} s, grace {grace_seconds} s, recovery records on the replicated volume)"
+            ),
+        }
+    }
+}
+
 pub struct DataPath {
     dir: PathBuf,
     /// The replicated volume's contents, which every node's NFS server exports in turn.
     pub export_dir: PathBuf,
+    /// The NFS servers' recovery records, on the replicated volume beside the export.
+    recovery_dir: PathBuf,
+    /// How the NFS servers started from now on treat a restart.
+    pub grace: NfsGrace,
     pub nodes: Vec<SimNode>,
     links: Vec<NodeLink>,
     sink: NodeLink,
@@ -227,6 +276,8 @@ impl DataPath {
         let _ = std::fs::remove_dir_all(&dir);
         let export_dir = dir.join("export");
         std::fs::create_dir_all(&export_dir).unwrap();
+        let recovery_dir = dir.join("nfs-recovery");
+        std::fs::create_dir_all(&recovery_dir).unwrap();
 
         let sink = NodeLink::create(format!("{PREFIX}-{}-sink", env.id), format!("{PREFIX}{}s", env.id), 0);
         fence("-I");
@@ -272,6 +323,8 @@ impl DataPath {
         let mut path = Self {
             dir,
             export_dir,
+            recovery_dir,
+            grace: NfsGrace::Off,
             nodes,
             links,
             sink,
@@ -304,17 +357,17 @@ impl DataPath {
     pub fn start_nfs(&mut self, index: usize) {
         let link = &mut self.links[index];
         let state = self.dir.join(&link.netns);
-        std::fs::create_dir_all(state.join("recovery")).unwrap();
+        std::fs::create_dir_all(&state).unwrap();
         let config = state.join("ganesha.conf");
         std::fs::write(
             &config,
             format!(
                 "NFS_CORE_PARAM {{ Protocols = 4; NFS_Port = 2049; Enable_NLM = false; Enable_RQUOTA = false; Bind_addr = {ip}; }}\n\
-                 NFSv4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {recovery}; Lease_Lifetime = 10; }}\n\
+                 {v4}\n\
                  EXPORT {{ Export_Id = 1; Path = {export}; Pseudo = {EXPORT}; Access_Type = RW; Squash = No_Root_Squash; \
                  SecType = sys; Protocols = 4; Transports = TCP; FSAL {{ Name = VFS; }} }}\n",
                 ip = link.ip,
-                recovery = state.join("recovery").display(),
+                v4 = self.grace.ganesha_block(&self.recovery_dir),
                 export = self.export_dir.display(),
             ),
         )

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::datapath::{DataPath, fenced_packets, nfs_read, nfs_write};
+use super::datapath::{DataPath, NfsGrace, fenced_packets, nfs_read, nfs_write};
 use super::drbd::{LOST_QUORUM, healthy, lost, no_labels, slice_addresses};
 use super::{MOUNT_ENDPOINT, TestEnv, serving};
 
@@ -94,6 +94,8 @@ pub struct Outage {
     /// Client operations, and how many of them worked.
     pub operations: usize,
     pub succeeded: usize,
+    /// The NFS servers' configuration it was measured with.
+    pub grace: NfsGrace,
 }
 
 impl std::fmt::Display for Outage {
@@ -101,7 +103,7 @@ impl std::fmt::Display for Outage {
         let ms = |d: Duration| d.as_millis();
         write!(
             f,
-            "client-visible outage {} ms = fail-over {} ms + promotion {} ms + endpoint rewrite {} ms + kube-proxy {} ms + client retry and NFS reconnect {} ms (its pace: one write every {} ms, each given 2 s)",
+            "client-visible outage {} ms = fail-over {} ms + promotion {} ms + endpoint rewrite {} ms + kube-proxy {} ms + client retry and NFS reconnect {} ms (its pace: one write every {} ms, each given 2 s; {})",
             ms(self.total),
             ms(self.fail_over),
             ms(self.promotion),
@@ -109,6 +111,7 @@ impl std::fmt::Display for Outage {
             ms(self.programming),
             ms(self.reconnect),
             ms(CLIENT_PERIOD),
+            self.grace,
         )
     }
 }
@@ -116,9 +119,11 @@ impl std::fmt::Display for Outage {
 /// Three netns-backed nodes, the controller and an agent each, one claim served from node a;
 /// a client writing through the ClusterIP while node a is lost and node b takes over. Asserts
 /// that the address never changed and that every write the client was told succeeded is there.
-/// `say` narrates.
-pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> Outage {
+/// `say` narrates. The NFS servers run with `grace`; each write is a new client (libnfs's
+/// `nfs-cp`), which during a grace period cannot open a file until it ends.
+pub async fn client_through_a_fail_over(env: &TestEnv, grace: NfsGrace, say: &dyn Fn(String)) -> Outage {
     let mut path = DataPath::up(env, &["a", "b", "c"]).await;
+    path.grace = grace;
     let (a, b) = (path.nodes[0].ip.clone(), path.nodes[1].ip.clone());
     let (_, pv) = env.bound_rwx_claim("data", serving(&path.nodes[0].endpoint())).await;
     let pv = pv.metadata.name.unwrap();
@@ -127,7 +132,7 @@ pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> 
         .await;
     path.start_nfs(0);
     say(format!(
-        "nodes a, b, c are network namespaces at {a}, {b}, {}; NFS server (nfs-ganesha) on a; kube-proxy (iptables) running",
+        "nodes a, b, c are network namespaces at {a}, {b}, {}; NFS server ({grace}) on a; kube-proxy (iptables) running",
         path.nodes[2].ip
     ));
 
@@ -242,6 +247,7 @@ pub async fn client_through_a_fail_over(env: &TestEnv, say: &dyn Fn(String)) -> 
         reconnect: reconnected.saturating_duration_since(programmed),
         operations: operations.len(),
         succeeded: succeeded.len(),
+        grace,
     };
     let fenced = fenced_packets();
     say(format!(
