@@ -48,6 +48,53 @@ struct NodeLink {
     host_link: String,
     ip: String,
     server: Option<Child>,
+    /// Where a promoter sends the NFS server it started.
+    promoter: Option<std::sync::mpsc::Receiver<Child>>,
+}
+
+/// One node's NFS server, ready to start: in the node's network namespace, with its configuration.
+struct NfsServer {
+    netns: String,
+    config: PathBuf,
+    state: PathBuf,
+    address: SocketAddr,
+}
+
+impl NfsServer {
+    /// Starts nfs-ganesha and waits until it accepts connections.
+    fn start(self) -> Child {
+        let server = Command::new("ip")
+            .args(["netns", "exec", &self.netns, "ganesha.nfsd", "-F", "-N", "NIV_EVENT"])
+            .arg("-f")
+            .arg(&self.config)
+            .arg("-L")
+            .arg(self.state.join("ganesha.log"))
+            .arg("-p")
+            .arg(self.state.join("ganesha.pid"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start ganesha.nfsd (Debian package nfs-ganesha)");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect_timeout(&self.address, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "NFS server of {} not listening after 20 s; see {}",
+                self.netns,
+                self.state.join("ganesha.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+}
+
+/// The role of `resource` in a fake drbdsetup's status file, if it is there.
+fn role_of(status: &Path, resource: &str) -> Option<String> {
+    let text = std::fs::read_to_string(status).ok()?;
+    let resources: Vec<serde_json::Value> = serde_json::from_str(&text).ok()?;
+    let found = resources.iter().find(|r| r["name"] == resource)?;
+    Some(found["role"].as_str()?.to_owned())
 }
 
 /// How the NFS servers treat a restart: NFSv4's grace period, in which a new server lets clients
@@ -171,6 +218,7 @@ impl NodeLink {
             host_link,
             ip,
             server: None,
+            promoter: None,
         }
     }
 
@@ -355,7 +403,13 @@ impl DataPath {
     /// Starts node `index`'s NFS server over the shared export, as promotion would, and waits
     /// until it accepts connections.
     pub fn start_nfs(&mut self, index: usize) {
-        let link = &mut self.links[index];
+        let server = self.nfs_server(index).start();
+        self.links[index].server = Some(server);
+    }
+
+    /// What starting node `index`'s NFS server takes: its configuration written, its command.
+    fn nfs_server(&self, index: usize) -> NfsServer {
+        let link = &self.links[index];
         let state = self.dir.join(&link.netns);
         std::fs::create_dir_all(&state).unwrap();
         let config = state.join("ganesha.conf");
@@ -372,30 +426,44 @@ impl DataPath {
             ),
         )
         .unwrap();
-        let server = Command::new("ip")
-            .args(["netns", "exec", &link.netns, "ganesha.nfsd", "-F", "-N", "NIV_EVENT"])
-            .arg("-f")
-            .arg(&config)
-            .arg("-L")
-            .arg(state.join("ganesha.log"))
-            .arg("-p")
-            .arg(state.join("ganesha.pid"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start ganesha.nfsd (Debian package nfs-ganesha)");
-        link.server = Some(server);
-        let address: SocketAddr = format!("{}:2049", link.ip).parse().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "NFS server of {} not listening after 20 s; see {}",
-                link.netns,
-                state.join("ganesha.log").display()
-            );
-            std::thread::sleep(Duration::from_millis(50));
+        NfsServer {
+            netns: link.netns.clone(),
+            config,
+            state,
+            address: format!("{}:2049", link.ip).parse().unwrap(),
         }
+    }
+
+    /// A stand-in for drbd-reactor's promoter on node `index`: it watches the node's DRBD state
+    /// (what the fake drbdsetup reports) and starts the node's NFS server once `resource` is
+    /// Primary there, as a promoter starts nfs-ganesha on promotion. [`DataPath::promoted`]
+    /// takes the server it started.
+    pub fn start_promoter(&mut self, index: usize, resource: &str) {
+        let server = self.nfs_server(index);
+        let status = self.nodes[index].dir.join("status.json");
+        let resource = resource.to_owned();
+        let (started, promoted) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while Instant::now() < deadline {
+                if role_of(&status, &resource).as_deref() == Some("Primary") {
+                    let _ = started.send(server.start());
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        self.links[index].promoter = Some(promoted);
+    }
+
+    /// Waits until node `index`'s promoter started its NFS server, and keeps it.
+    pub fn promoted(&mut self, index: usize) {
+        let link = &mut self.links[index];
+        let promoter = link.promoter.take().expect("a promoter on that node");
+        let server = promoter
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("the promoter of {} started no NFS server", link.netns));
+        link.server = Some(server);
     }
 
     /// Node `index` is lost: its NFS server stops and its link goes down.

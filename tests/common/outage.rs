@@ -83,7 +83,8 @@ pub struct Outage {
     pub total: Duration,
     /// Failure → the agents failed the node over (the fail-over timeout and the decision).
     pub fail_over: Duration,
-    /// → the new primary's NFS server up and DRBD Primary there (the storage's part).
+    /// → DRBD Primary on the new node and its NFS server up, started by the promoter on the role
+    /// change (the storage's part).
     pub promotion: Duration,
     /// → the EndpointSlice at the new primary (the agent's endpoint rewrite).
     pub rewrite: Duration,
@@ -166,6 +167,8 @@ pub async fn client_through_a_fail_over(env: &TestEnv, grace: NfsGrace, say: &dy
         CLIENT_PERIOD.as_millis()
     ));
 
+    // Node b's server starts when DRBD promotes it there, as a drbd-reactor promoter's would.
+    path.start_promoter(1, &pv);
     let client = Client::start(cluster_ip.clone(), scratch.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     agents.remove(0).stop().await;
@@ -179,10 +182,10 @@ pub async fn client_through_a_fail_over(env: &TestEnv, grace: NfsGrace, say: &dy
     })
     .await;
     let failed_over = Instant::now();
-    path.start_nfs(1);
     lost(&path.nodes, &[&pv], 0, Some(1));
+    path.promoted(1);
     let promoted = Instant::now();
-    say("agents failed node a over; node b promoted: DRBD Primary and its NFS server up".into());
+    say("agents failed node a over; DRBD promoted node b and its promoter started the NFS server there".into());
     until("the EndpointSlice at node b", || async {
         slice_addresses(env, &pv).await == [b.clone()]
     })
