@@ -6,8 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::drbd::{
-    FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
-    resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint,
+    FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, fail_over_durations, healthy, lost,
+    no_labels, pod_state, resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction,
+    wait_for_taint,
 };
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -70,21 +71,7 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     .await;
     let fail_over = failed_at.elapsed();
     // The agent that failed node a over reports how long the volume's fail-over took.
-    let durations = eventually("a fail-over duration observed", WAIT, || async {
-        let mut count = 0.0;
-        let mut sum = 0.0;
-        for agent in &agents {
-            count += agent
-                .metric("storageos_drbd_agent_fail_over_duration_seconds_count")
-                .await;
-            sum += agent
-                .metric("storageos_drbd_agent_fail_over_duration_seconds_sum")
-                .await;
-        }
-        (count >= 1.0).then_some((count, sum))
-    })
-    .await;
-    let (count, sum) = durations;
+    let (count, sum) = fail_over_durations(&agents, 1).await;
     assert!(count <= 2.0, "one volume, reported by the agents that tainted: {count}");
     let took = sum / count;
     assert!(

@@ -174,19 +174,7 @@ async fn demo() {
         attachments.len()
     ));
     cluster_events(&env, &nodes[0].name, "NodeStorageQuorumLost").await;
-    let (count, sum) = eventually("the fail-overs' durations", WAIT, || async {
-        let (mut count, mut sum) = (0.0, 0.0);
-        for agent in &agents {
-            count += agent
-                .metric("storageos_drbd_agent_fail_over_duration_seconds_count")
-                .await;
-            sum += agent
-                .metric("storageos_drbd_agent_fail_over_duration_seconds_sum")
-                .await;
-        }
-        (count >= CLAIMS.len() as f64).then_some((count, sum))
-    })
-    .await;
+    let (count, sum) = common::drbd::fail_over_durations(&agents, CLAIMS.len()).await;
     story.say(format!(
         "storageos_drbd_agent_fail_over_duration_seconds: {count} volumes failed over, {:.2} s each on average, from the first sign of loss to the last step done",
         sum / count

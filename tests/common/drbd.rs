@@ -430,6 +430,24 @@ pub async fn app_on_node_a(test: &str) -> (TestEnv, Vec<SimNode>, String) {
     (env, nodes, pv)
 }
 
+/// Waits until the `agents` together have observed at least `volumes` fail-over durations, and
+/// returns (how many, their sum in seconds).
+pub async fn fail_over_durations(agents: &[Process], volumes: usize) -> (f64, f64) {
+    eventually("the fail-overs' durations", Duration::from_secs(30), || async {
+        let (mut count, mut sum) = (0.0, 0.0);
+        for agent in agents {
+            count += agent
+                .metric("storageos_drbd_agent_fail_over_duration_seconds_count")
+                .await;
+            sum += agent
+                .metric("storageos_drbd_agent_fail_over_duration_seconds_sum")
+                .await;
+        }
+        (count >= volumes as f64).then_some((count, sum))
+    })
+    .await
+}
+
 pub async fn teardown(env: TestEnv, processes: Vec<Process>) {
     for process in processes {
         process.stop().await;
