@@ -381,6 +381,7 @@ async fn soak() {
         }
     }
     soak.env.remove_chart_permissions(&soak.cluster.kubeconfig());
+    let left = left_behind(&soak.env.id).await;
     println!(
         "soak: {total} faults ({}), {} violations, converged in {converged} s, seed {seed}",
         by_kind.join(", "),
@@ -391,6 +392,25 @@ async fn soak() {
         converged, "never",
         "not converged within {CONVERGE_BOUND:?} of the last fault"
     );
+    assert!(left.is_empty(), "processes of the soak's nodes outlived it: {left:?}");
+}
+
+/// The processes still running that belong to the nodes of test `id` (the agents' `drbdsetup
+/// events2`, whose agent a crash fault killed), once they have had a moment to notice.
+async fn left_behind(id: &str) -> Vec<String> {
+    let node_dirs = format!("svc-e2e-drbd-{id}-");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut left = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(&node_dirs) {
+            left.push(cmdline.trim().to_owned());
+        }
+    }
+    left
 }
 
 /// Something to undo at a time: a process to start again, a link to mend, a node to bring back.
