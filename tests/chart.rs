@@ -5,7 +5,7 @@
 mod common;
 
 use common::drbd::{NODE_LABEL, resource, slice_addresses};
-use common::helm::{CHART, find, run, template};
+use common::helm::{CHART, alerts, find, objects, run, template};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use serde_json::{Value, json};
@@ -183,15 +183,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         ),
         ("agent.flags.fail-over-timeout=five", "/agent/flags/fail-over-timeout"),
     ] {
-        let refused = tool("helm")
-            .args(["template", "demo", CHART, "--set", typo])
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&refused.stderr);
-        assert!(
-            !refused.status.success() && stderr.contains(says),
-            "{typo} must be refused with {says:?}: {stderr}"
-        );
+        refused_with(&[typo], says);
     }
     let single = template(&["controller.replicas=1"]);
     assert!(
@@ -923,12 +915,7 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
     assert_eq!(endpoint["relabelings"][1]["targetLabel"], "cluster");
     assert_eq!(endpoint["metricRelabelings"][0]["action"], "drop");
     let rule = find(&custom, "PrometheusRule", "demo-shared-volume-controller");
-    let alerts: Vec<&Value> = rule["spec"]["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["rules"].as_array().unwrap())
-        .collect();
+    let alerts = alerts(rule);
     assert!(
         alerts.iter().all(|a| a["alert"] != "SharedVolumeAgentDryRun"),
         "switched off"
@@ -1026,9 +1013,7 @@ fn selftest_args(release: &str, namespace: &str) -> Vec<String> {
         "--show-only",
         "templates/tests/selftest.yaml",
     ]));
-    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&rendered.stdout))
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .collect();
+    let objects = objects(&rendered.stdout);
     let pod = objects.iter().find(|o| o["kind"] == "Pod").expect("the selftest pod");
     pod["spec"]["containers"][0]["args"]
         .as_array()
@@ -1167,10 +1152,7 @@ async fn in_a_baseline_namespace_the_agent_is_refused_and_notes_say_so() {
         "NOTES warn that the agent will not run: {notes}"
     );
     let manifest = run(tool("helm").args(["get", "manifest", &release, "--namespace", &env.ns]));
-    let objects: Vec<Value> = serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&manifest.stdout))
-        .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
-        .filter(|doc: &Value| !doc.is_null())
-        .collect();
+    let objects = objects(&manifest.stdout);
     let agent = &find(
         &objects,
         "DaemonSet",

@@ -8,40 +8,10 @@ use std::path::{Path, PathBuf};
 
 use common::docs::{ROOT, broken, markdown_links, repository_urls};
 
-/// Every Markdown page of the project (the generated chart README included).
-fn pages() -> Vec<PathBuf> {
-    let mut pages: Vec<PathBuf> = [
-        "README.md",
-        "ARCHITECTURE.md",
-        "CHANGELOG.md",
-        "charts/shared-volume-controller/README.md",
-    ]
-    .iter()
-    .map(|p| Path::new(ROOT).join(p))
-    .collect();
-    let mut dirs = vec![Path::new(ROOT).join("docs")];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "md") {
-                pages.push(path);
-            }
-        }
-    }
-    pages.sort();
-    pages
-}
-
-/// Files outside the docs that link into them: the chart (values, templates, metadata), the
-/// dashboard, the alert tests and the sources.
-fn linking_files() -> Vec<PathBuf> {
+/// Every file under `dirs` (relative to the repository), at any depth.
+fn files_under(dirs: &[&str]) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    let mut dirs: Vec<PathBuf> = ["charts", "grafana", "tests/alerts", "src", "hack"]
-        .iter()
-        .map(|d| Path::new(ROOT).join(d))
-        .collect();
+    let mut dirs: Vec<PathBuf> = dirs.iter().map(|d| Path::new(ROOT).join(d)).collect();
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -52,7 +22,28 @@ fn linking_files() -> Vec<PathBuf> {
             }
         }
     }
+    files.sort();
     files
+}
+
+/// Every Markdown page of the project (the generated chart README included).
+fn pages() -> Vec<PathBuf> {
+    let top = [
+        "README.md",
+        "ARCHITECTURE.md",
+        "CHANGELOG.md",
+        "charts/shared-volume-controller/README.md",
+    ];
+    let docs = files_under(&["docs"])
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "md"));
+    top.iter().map(|p| Path::new(ROOT).join(p)).chain(docs).collect()
+}
+
+/// Files outside the docs that link into them: the chart (values, templates, metadata), the
+/// dashboard, the alert tests and the sources.
+fn linking_files() -> Vec<PathBuf> {
+    files_under(&["charts", "grafana", "tests/alerts", "src", "hack"])
 }
 
 #[test]

@@ -7,7 +7,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use common::helm::{find, run, template};
+use common::helm::{alerts, find, run, template};
 use common::prometheus::{dashboard, dashboard_queries};
 use serde_json::{Value, json};
 
@@ -21,15 +21,6 @@ const ALERT_VALUES: [&str; 2] = [
     "metrics.prometheusRule.enabled=true",
     "metrics.prometheusRule.alertLabels.team=storage",
 ];
-
-fn alerts(rule: &Value) -> Vec<&Value> {
-    rule["spec"]["groups"]
-        .as_array()
-        .expect("rule groups")
-        .iter()
-        .flat_map(|group| group["rules"].as_array().expect("rules"))
-        .collect()
-}
 
 fn alert_names(rule: &Value) -> BTreeSet<String> {
     alerts(rule)

@@ -122,7 +122,7 @@ fn piraeus_ha_controllers(node: &str, pods: &[Arc<Pod>]) -> Vec<String> {
     let mut found: Vec<String> = pods
         .iter()
         .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node))
-        .filter(|pod| pod.metadata.deletion_timestamp.is_none() && is_running(pod))
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none() && phase(pod) == Some("Running"))
         .filter(|pod| {
             let labels = pod.labels();
             PIRAEUS_HA_CONTROLLER_LABELS
@@ -135,8 +135,8 @@ fn piraeus_ha_controllers(node: &str, pods: &[Arc<Pod>]) -> Vec<String> {
     found
 }
 
-fn is_running(pod: &Pod) -> bool {
-    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref())
 }
 
 /// This node's InternalIP, from its Node.
@@ -244,7 +244,7 @@ pub fn internal_ip(node: &Node) -> Option<IpAddr> {
 /// The pod as a consumer of `claim`.
 fn pod_view(pod: &Pod, claim: &str) -> PodView {
     let volumes = pod.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or_default();
-    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    let phase = phase(pod);
     let mounts = volumes
         .iter()
         .filter_map(|v| v.persistent_volume_claim.as_ref())

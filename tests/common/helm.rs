@@ -30,10 +30,24 @@ pub fn template(sets: &[&str]) -> Vec<Value> {
     for set in sets {
         helm.args(["--set", set]);
     }
-    let rendered = String::from_utf8(run(&mut helm).stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&rendered)
+    objects(&run(&mut helm).stdout)
+}
+
+/// The objects of a YAML stream as helm prints it (`template`, `get manifest`), as JSON values.
+pub fn objects(yaml: &[u8]) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(yaml))
         .map(|doc| Value::deserialize(doc).expect("rendered YAML"))
         .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// Every alert of a rendered PrometheusRule, across its groups.
+pub fn alerts(rule: &Value) -> Vec<&Value> {
+    rule["spec"]["groups"]
+        .as_array()
+        .expect("rule groups")
+        .iter()
+        .flat_map(|group| group["rules"].as_array().expect("rules"))
         .collect()
 }
 
