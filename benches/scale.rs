@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::drbd::{SimNode, demote_others, healthy, lost, promote, slice_addresses};
+use common::drbd::{SimNode, demote_others, healthy, lost, node_monitor_grace_period, promote, slice_addresses};
+use common::node_loss::{OUTCOMES, Timeline, lose_the_primarys_node, side_by_side};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, grown, serving, writes};
 use futures::{StreamExt, stream};
@@ -54,7 +55,7 @@ const FULL: Sizes = Sizes {
     sequential: 200,
     burst: 1000,
     moves: 100,
-    fail_overs: 10,
+    fail_overs: 3,
     nfs_fail_overs: 10,
     cold: 2000,
     pods: 20000,
@@ -100,7 +101,7 @@ async fn main() {
         figures.extend(follow_the_primary(&sizes).await);
     }
     if part("failover") {
-        figures.push(fail_over(&sizes).await);
+        figures.extend(fail_over(&sizes).await);
     }
     if part("nfs") {
         figures.extend(nfs_outage(&sizes).await);
@@ -577,51 +578,73 @@ async fn wait_for_slice(env: &TestEnv, pv: &str, ip: &str) {
     }
 }
 
-/// P3: the primary's node is really lost → its attachment deleted and the endpoints at the new
-/// primary.
-async fn fail_over(sizes: &Sizes) -> Figure {
+/// P3: the primary's node is lost (kubelet, agent and DRBD links at once) with the agents and,
+/// at the same time on nodes of its own, with Kubernetes alone: when each outcome was seen, the
+/// worst of the runs. The "floor" column is Kubernetes alone here; an outcome it never reached
+/// shows `-` and its documented timer.
+async fn fail_over(sizes: &Sizes) -> Vec<Figure> {
     let mut runs = Vec::new();
     for run in 0..sizes.fail_overs {
-        let env = common::setup(&format!("bench-failover-{run}")).await;
-        let nodes = env.sim_nodes(&["a", "b", "c"]).await;
-        let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
-        let pv = pv.name_any();
-        healthy(&nodes, &[&pv], 0);
-        env.running_pod("app", &nodes[0].name, "data", json!({}), json!({}))
-            .await;
-        let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-        let controller = controller(&env);
-        controller.wait_ready().await;
-        wait_for_slice(&env, &pv, &nodes[0].ip).await;
-        let agents = vec![
-            env.start_agent(&nodes[1], &[]).await,
-            env.start_agent(&nodes[2], &[]).await,
-        ];
-        let started = Instant::now();
-        env.set_node_ready(&nodes[0].name, false).await;
-        lost(&nodes, &[&pv], 0, Some(1));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while env.attachment_exists(&attachment).await || slice_addresses(&env, &pv).await != [nodes[1].ip.clone()] {
-            assert!(Instant::now() < deadline, "no fail-over within a minute");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        runs.push(started.elapsed());
-        for process in agents.into_iter().chain([controller]) {
-            process.stop().await;
-        }
-        env.cleanup().await;
+        let with = common::setup(&format!("bench-failover-{run}")).await;
+        let alone = common::setup(&format!("bench-alone-{run}")).await;
+        let settle = Duration::from_secs(10);
+        let pair = tokio::join!(
+            lose_the_primarys_node(&with, true, settle),
+            lose_the_primarys_node(&alone, false, settle)
+        );
+        println!("P3 run {run}:\n{}", side_by_side(&pair.0, &pair.1));
+        runs.push(pair);
+        with.cleanup().await;
+        alone.cleanup().await;
     }
-    let worst = runs.iter().max().copied().unwrap_or_default();
-    Figure {
-        id: "P3",
-        what: format!("fail-over, worst of the runs (fail-over timeout {FAIL_OVER_TIMEOUT:?})"),
-        n: sizes.fail_overs,
-        product: worst.as_secs_f64() * 1000.0,
-        floor: None,
-        unit: "ms",
-        target: "≤ timeout + 1 s".into(),
-        met: worst <= FAIL_OVER_TIMEOUT + Duration::from_secs(1),
-    }
+    let quick = FAIL_OVER_TIMEOUT + Duration::from_secs(1);
+    let grace = node_monitor_grace_period();
+    OUTCOMES
+        .iter()
+        .map(|outcome| {
+            let worst = |pick: fn(&(Timeline, Timeline)) -> &Timeline| {
+                let seen: Option<Vec<Duration>> = runs.iter().map(|r| (outcome.at)(pick(r))).collect();
+                seen.and_then(|all| all.into_iter().max())
+            };
+            let (agents, kubernetes) = (worst(|r| &r.0), worst(|r| &r.1));
+            // The endpoints follow DRBD's promotion at once. The rest waits for Kubernetes: once
+            // the new primary serves, node a holds only NFS clients, which the agents leave alone
+            // on a node Kubernetes still has Ready (it may only have lost its storage links).
+            let (target, met) = match outcome.what {
+                "node NotReady" => {
+                    let bound = grace + Duration::from_secs(10);
+                    (format!("≤ {}s", bound.as_secs()), agents.is_some_and(|at| at <= bound))
+                }
+                "endpoints at the new primary" => {
+                    (format!("≤ {}s", quick.as_secs()), agents.is_some_and(|at| at <= quick))
+                }
+                _ => (
+                    "≤ NotReady + 5 s".to_owned(),
+                    runs.iter().all(|(t, _)| match ((outcome.at)(t), t.not_ready) {
+                        (Some(at), Some(not_ready)) => at <= not_ready + Duration::from_secs(5),
+                        _ => false,
+                    }),
+                ),
+            };
+            let kubernetes_says = match kubernetes {
+                Some(_) => String::new(),
+                None => format!("; Kubernetes alone: {}", outcome.documented),
+            };
+            Figure {
+                id: "P3",
+                what: format!(
+                    "{} after a node loss, worst run (floor: Kubernetes alone{kubernetes_says})",
+                    outcome.what
+                ),
+                n: sizes.fail_overs,
+                product: agents.map_or(f64::NAN, |at| at.as_secs_f64() * 1000.0),
+                floor: kubernetes.map(|at| at.as_secs_f64() * 1000.0),
+                unit: "ms",
+                target,
+                met,
+            }
+        })
+        .collect()
 }
 
 /// P9: a node serving `n` shared volumes is lost and another is promoted for all of them at once,

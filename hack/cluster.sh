@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A real Kubernetes control plane on loopback for the tests and the demo: etcd, kube-apiserver and
-# kube-controller-manager built by hack/tools.sh. No kubelet, no scheduler.
+# kube-controller-manager built by hack/tools.sh. No kubelet, no scheduler: the tests run a fake
+# kubelet per simulated node (tests/common/kubelet.rs) that renews the node's Lease, and Kubernetes's
+# own node-lifecycle controller marks a node NotReady once that stops.
 #
 #   hack/cluster.sh up [DIR]     start; writes DIR/kubeconfig (DIR defaults to $SVC_CLUSTER_DIR or
 #                                ${TMPDIR:-/tmp}/shared-volume-controller-cluster)
@@ -10,6 +12,9 @@
 #                                a dual-stack service range (default: IPv4 10.96.0.0/16 only)
 #   SVC_EVENT_TTL=15s hack/cluster.sh up DIR
 #                                events expire sooner than Kubernetes's default (1h)
+#   SVC_NODE_MONITOR_GRACE_PERIOD=8s SVC_NODE_MONITOR_PERIOD=1s hack/cluster.sh up DIR
+#                                a silent node is marked NotReady sooner than Kubernetes's defaults
+#                                (50s and 5s): `make test` does, the demo and `make bench` do not
 #   hack/cluster.sh restart NAME [DIR]
 #                                stop one of etcd, kube-apiserver, kube-controller-manager and start
 #                                it again as it was (etcd keeps its data): for the fault tests
@@ -23,8 +28,10 @@ log() { printf '[cluster] %s\n' "$*" >&2; }
 
 # Controllers the tests rely on: garbage collection (owner references), EndpointSlice mirroring,
 # namespace deletion, the default ServiceAccount every namespace needs for Pod admission, and the
-# PVC/PV protection finalizers (without them a deleted claim never goes away).
-controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,disruption-controller
+# PVC/PV protection finalizers (without them a deleted claim never goes away), and node loss as
+# Kubernetes decides it: node-lifecycle (NotReady, the unreachable taints) and taint-eviction (pods
+# deleted once their toleration of those taints runs out).
+controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -193,11 +200,15 @@ POLICY
   write_kubeconfig "$api_port"
   wait_for kube-apiserver 90 "$bin/kubectl" --kubeconfig "$dir/kubeconfig" get --raw /readyz
 
-  log "starting kube-controller-manager ($controllers)"
+  local node_monitor=()
+  [[ -n ${SVC_NODE_MONITOR_GRACE_PERIOD:-} ]] &&
+    node_monitor+=(--node-monitor-grace-period "$SVC_NODE_MONITOR_GRACE_PERIOD")
+  [[ -n ${SVC_NODE_MONITOR_PERIOD:-} ]] && node_monitor+=(--node-monitor-period "$SVC_NODE_MONITOR_PERIOD")
+  log "starting kube-controller-manager ($controllers${node_monitor[*]:+ ${node_monitor[*]}})"
   start kube-controller-manager "$bin/kube-controller-manager" \
     --kubeconfig "$dir/kubeconfig" --controllers "$controllers" --leader-elect=false \
     --secure-port 0 --service-account-private-key-file "$pki/sa.key" --root-ca-file "$pki/ca.crt" \
-    --concurrent-gc-syncs 10
+    --concurrent-gc-syncs 10 "${node_monitor[@]}"
   wait_for kube-controller-manager 60 "$bin/kubectl" --kubeconfig "$dir/kubeconfig" \
     get serviceaccount default -n default
   log "up: export KUBECONFIG=$dir/kubeconfig"

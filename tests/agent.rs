@@ -55,12 +55,19 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     }
     assert_eq!(agents[0].get("/healthz").await.map(|r| r.0), Some(200));
 
-    // Node a dies: its agent with it, the node goes NotReady, b and c see it Connecting.
+    // Node a dies: its agent and its kubelet with it; b and c see its DRBD links drop. The agents
+    // act on DRBD's evidence at once: taint, and evict the pod while Kubernetes still has the node
+    // Ready (with no kubelet it stays Terminating). Once Kubernetes marks the node NotReady, the
+    // pod is force-deleted and the attachment released.
     agents.remove(0).stop().await;
-    env.set_node_ready(&nodes[0].name, false).await;
+    nodes[0].kubelet.stop();
     let failed_at = Instant::now();
     lost(&nodes, &[&pv], 0, None);
     wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
+    let tainted = failed_at.elapsed();
+    wait_for_eviction(&env, "app").await;
+    env.wait_not_ready(&nodes[0].name).await;
+    let not_ready = failed_at.elapsed();
     eventually("the pod on node a force-deleted", WAIT, || async {
         pod_state(&env, "app").await.is_none().then_some(())
     })
@@ -70,6 +77,10 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     })
     .await;
     let fail_over = failed_at.elapsed();
+    assert!(
+        tainted < not_ready,
+        "the agents act before Kubernetes decides: {tainted:?} vs {not_ready:?}"
+    );
     // The agent that failed node a over reports how long the volume's fail-over took.
     let (count, sum) = fail_over_durations(&agents, 1).await;
     assert!(count <= 2.0, "one volume, reported by the agents that tainted: {count}");
@@ -97,8 +108,10 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     let told = env.claim_condition_becomes("data", "True", "ServedAfterMove").await;
     assert!(told.contains(&format!("on node {}", nodes[1].name)), "{told}");
     eprintln!(
-        "fail-over figures: node lost → taint + force-delete + attachment deleted in {fail_over:?} \
-         (fail-over timeout 1s); DRBD role change → EndpointSlice at the new primary in {rewrite:?}"
+        "fail-over figures: node lost → tainted in {tainted:?} (fail-over timeout 1s), NotReady in \
+         {not_ready:?} (Kubernetes, grace {:?}), force-delete + attachment deleted in {fail_over:?}; \
+         DRBD role change → EndpointSlice at the new primary in {rewrite:?}",
+        common::drbd::node_monitor_grace_period()
     );
     let endpoints = env
         .api::<k8s_openapi::api::core::v1::Endpoints>()
@@ -248,7 +261,7 @@ async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {
 async fn dry_run_reports_and_writes_nothing_and_the_guard_refuses_taints() {
     let (env, nodes, pv) = app_on_node_a("agent-safety").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    env.set_node_ready(&nodes[0].name, false).await;
+    env.lose_node_and_wait_not_ready(&nodes[0]).await;
     let dry = env.start_agent(&nodes[1], &["--dry-run"]).await;
     lost(&nodes, &[&pv], 0, Some(1));
 
@@ -281,6 +294,7 @@ async fn dry_run_reports_and_writes_nothing_and_the_guard_refuses_taints() {
     dry.stop().await;
 
     // The guard: with node c already tainted, tainting a would leave 2 of 3 nodes tainted.
+    env.add_taint(&nodes[2].name, "example.com/maintenance").await;
     env.add_taint(&nodes[2].name, LOST_QUORUM).await;
     let agent = env.start_agent(&nodes[1], &[]).await;
     cluster_events(&env, &nodes[0].name, "FailOverRefused").await;
@@ -293,9 +307,20 @@ async fn dry_run_reports_and_writes_nothing_and_the_guard_refuses_taints() {
     assert!(!env.taints(&nodes[0].name).await.contains(&LOST_QUORUM.to_string()));
     let taints = env.taints(&nodes[2].name).await;
     assert!(
-        taints.contains(&LOST_QUORUM.to_string()) && taints.contains(&"node.kubernetes.io/not-ready".to_string()),
+        taints.contains(&LOST_QUORUM.to_string()) && taints.contains(&"example.com/maintenance".to_string()),
         "other writers' taints are kept: {taints:?}"
     );
+    eventually(
+        "Kubernetes's own taint on the lost node, beside nothing of ours",
+        WAIT,
+        || async {
+            let taints = env.taints(&nodes[0].name).await;
+            taints
+                .contains(&"node.kubernetes.io/unreachable".to_string())
+                .then_some(())
+        },
+    )
+    .await;
     teardown(env, vec![agent]).await;
 }
 

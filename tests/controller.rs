@@ -606,7 +606,7 @@ async fn only_the_leader_writes_and_a_standby_takes_over() {
 async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_slice() {
     // A dual-stack cluster whose primary family is IPv4, of the test's own.
     let cluster = PrivateCluster::up_with("dualstack", &[("SVC_SERVICE_CIDR", "10.96.0.0/16,fd00:10:96::/108")]);
-    let env = common::setup_on(cluster.client().await, "ctl-dualstack").await;
+    let env = common::setup_on(cluster.config().await, "ctl-dualstack").await;
     // As the chart's controller: replacing a slice needs a permission the chart must grant.
     let controller = start_controller_on(&cluster, &env, &[]).await;
 
@@ -719,7 +719,7 @@ async fn the_claim_states_its_shared_endpoint_through_each_state() {
 async fn a_standing_warning_outlives_the_event_ttl() {
     // Events live 15 s on this control plane (1 h by default); the claim stays broken longer.
     let cluster = PrivateCluster::up_with("eventttl", &[("SVC_EVENT_TTL", "15s")]);
-    let env = common::setup_on(cluster.client().await, "ctl-event-ttl").await;
+    let env = common::setup_on(cluster.config().await, "ctl-event-ttl").await;
     let repeat = ["--warning-repeat-interval", "5s", "--resync-interval", "2s"];
     let controller = start_controller_on(&cluster, &env, &repeat).await;
     env.bound_rwx_claim("broken", serving("nfs.example.com:2049")).await;

@@ -12,7 +12,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::datapath::NfsGrace;
-use common::drbd::{cluster_events, drbd_taints, healthy, lost, slice_addresses};
+use common::drbd::{cluster_events, drbd_taints, healthy, lost, node_monitor_grace_period, slice_addresses};
+use common::node_loss::{lose_the_primarys_node, side_by_side};
 use common::outage::client_through_a_fail_over;
 use common::process::sample_value;
 use common::prometheus::Prometheus;
@@ -21,7 +22,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(60);
+/// Long enough for Kubernetes to mark a lost node NotReady (50 s by default) and the agents to act.
+fn wait() -> Duration {
+    node_monitor_grace_period() + Duration::from_secs(40)
+}
 const CLAIMS: [&str; 3] = ["shared-1", "shared-2", "shared-3"];
 
 struct Story {
@@ -109,16 +113,16 @@ async fn demo() {
     ));
     let mut before = Vec::new();
     for (claim, pv) in CLAIMS.iter().zip(&pvs) {
-        let mount = eventually("a published mount endpoint", WAIT, || {
+        let mount = eventually("a published mount endpoint", wait(), || {
             env.pv_annotation(pv, MOUNT_ENDPOINT)
         })
         .await;
-        let slice = eventually("the EndpointSlice", WAIT, || async {
+        let slice = eventually("the EndpointSlice", wait(), || async {
             let addresses = slice_addresses(&env, pv).await;
             (addresses == [nodes[0].ip.clone()]).then_some(addresses)
         })
         .await;
-        let cluster_ip = eventually("the Service's ClusterIP", WAIT, || env.cluster_ip(pv)).await;
+        let cluster_ip = eventually("the Service's ClusterIP", wait(), || env.cluster_ip(pv)).await;
         story.say(format!(
             "{claim}: Service {pv} ClusterIP {cluster_ip}, EndpointSlice → {}:2049, mount endpoint {mount}",
             slice.join(",")
@@ -134,13 +138,15 @@ async fn demo() {
 
     story.chapter("4. node-a fails");
     agents.remove(0).stop().await;
-    env.set_node_ready(&nodes[0].name, false).await;
+    nodes[0].kubelet.stop();
     lost(&nodes, &resources, 0, None);
     let failed = Instant::now();
-    story.say(
-        "node-a is NotReady and its agent gone; node-b and node-c see its DRBD connections drop (fail-over timeout 1s)",
-    );
-    eventually("the lost-quorum taint", WAIT, || async {
+    story.say(format!(
+        "node-a's kubelet and agent stop; node-b and node-c see its DRBD connections drop (fail-over timeout 1s); \
+         Kubernetes will mark it NotReady after node-monitor-grace-period ({:?})",
+        node_monitor_grace_period()
+    ));
+    eventually("the lost-quorum taint", wait(), || async {
         drbd_taints(&env, &nodes[0].name).await
     })
     .await;
@@ -149,7 +155,25 @@ async fn demo() {
         failed.elapsed().as_secs_f64()
     ));
     let pods: Api<Pod> = env.api();
-    eventually("the pods force-deleted", WAIT, || async {
+    eventually("the pods evicted", wait(), || async {
+        let items = pods.list(&Default::default()).await.unwrap().items;
+        items
+            .iter()
+            .all(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
+    .await;
+    story.say(format!(
+        "+{:.2}s the {} app pods on node-a evicted: Terminating, with no kubelet to finish them",
+        failed.elapsed().as_secs_f64(),
+        CLAIMS.len()
+    ));
+    env.wait_not_ready(&nodes[0].name).await;
+    story.say(format!(
+        "+{:.2}s Kubernetes marks node-a NotReady (its Lease went unrenewed)",
+        failed.elapsed().as_secs_f64()
+    ));
+    eventually("the pods force-deleted", wait(), || async {
         let left = pods.list(&Default::default()).await.unwrap().items.len();
         (left == 0).then_some(())
     })
@@ -159,7 +183,7 @@ async fn demo() {
         failed.elapsed().as_secs_f64(),
         CLAIMS.len()
     ));
-    eventually("the attachments deleted", WAIT, || async {
+    eventually("the attachments deleted", wait(), || async {
         for name in &attachments {
             if env.attachment_exists(name).await {
                 return None;
@@ -184,7 +208,7 @@ async fn demo() {
     lost(&nodes, &resources, 0, Some(1));
     let promoted = Instant::now();
     for ((claim, pv), (cluster_ip, mount)) in CLAIMS.iter().zip(&pvs).zip(&before) {
-        eventually("the EndpointSlice at node-b", WAIT, || async {
+        eventually("the EndpointSlice at node-b", wait(), || async {
             (slice_addresses(&env, pv).await == [nodes[1].ip.clone()]).then_some(())
         })
         .await;
@@ -231,7 +255,29 @@ async fn demo() {
     env.cleanup().await;
     story.say("processes stopped, objects deleted");
 
-    story.chapter("9. A real NFS client through the ClusterIP, across a fail-over");
+    story.chapter("9. The same loss, with the agents and with Kubernetes alone");
+    story.say("two sets of three nodes, one claim each served from node a; node a lost in both at once");
+    let (with, alone) = (common::setup("demo-agents").await, common::setup("demo-alone").await);
+    let settle = Duration::from_secs(10);
+    let (with_agents, kubernetes_alone) = tokio::join!(
+        lose_the_primarys_node(&with, true, settle),
+        lose_the_primarys_node(&alone, false, settle)
+    );
+    assert!(
+        with_agents.endpoints_moved.is_some() && with_agents.attachment_released.is_some(),
+        "with the agents, every step happened"
+    );
+    assert!(
+        kubernetes_alone.not_ready.is_some() && kubernetes_alone.endpoints_moved.is_none(),
+        "Kubernetes alone marked the node NotReady and moved no endpoint"
+    );
+    for line in side_by_side(&with_agents, &kubernetes_alone).lines() {
+        story.say(line);
+    }
+    with.cleanup().await;
+    alone.cleanup().await;
+
+    story.chapter("10. A real NFS client through the ClusterIP, across a fail-over");
     let nfs = common::setup("demo-nfs").await;
     let outage = client_through_a_fail_over(&nfs, NfsGrace::Off, &|line| story.say(line)).await;
     story.say(outage.to_string());

@@ -11,6 +11,7 @@ use common::drbd::{
     LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
     resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint,
 };
+use common::kubelet::Kubelet;
 use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -218,7 +219,10 @@ async fn agents_deciding_at_once_never_pass_the_guard() {
         agent.stop().await;
     }
     for server in &nodes[..4] {
-        env.set_node_ready(&server.name, false).await;
+        server.kubelet.stop();
+    }
+    for server in &nodes[..4] {
+        env.wait_not_ready(&server.name).await;
     }
     set_all("Connecting", "Unknown");
     let refused = eventually("a fail-over refused by the guard", WAIT, || async {
@@ -257,7 +261,7 @@ async fn an_ignored_pod_keeps_its_attachment() {
     env.running_pod("ignored", &nodes[0].name, "data", ignored, no_labels())
         .await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    env.set_node_ready(&nodes[0].name, false).await;
+    env.lose_node_and_wait_not_ready(&nodes[0]).await;
     let agent = env.start_agent(&nodes[1], &[]).await;
     lost(&nodes, &[&pv], 0, None);
     eventually("the pod on node a force-deleted", WAIT, || async {
@@ -283,7 +287,11 @@ async fn a_consumer_outside_the_node_selector_is_not_force_deleted() {
     let node: Node = serde_json::from_value(json!({"metadata": {"name": outside}})).unwrap();
     let node_api: Api<Node> = Api::all(env.client.clone());
     node_api.create(&PostParams::default(), &node).await.unwrap();
-    env.set_node_ready(&outside, true).await;
+    let _kubelet = Kubelet::start(env.config.clone(), &outside);
+    eventually("the outside node Ready", WAIT, || async {
+        env.node_ready(&outside).await.then_some(())
+    })
+    .await;
     env.running_pod("client", &outside, "data", json!({}), no_labels())
         .await;
     let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
@@ -313,7 +321,7 @@ async fn a_consumer_outside_the_node_selector_is_not_force_deleted() {
 async fn no_action_from_stale_drbd_state() {
     let (env, nodes, pv) = app_on_node_a("failover-stale").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    env.set_node_ready(&nodes[0].name, false).await;
+    env.lose_node_and_wait_not_ready(&nodes[0]).await;
     let b = &nodes[1];
     let agent = env
         .start_agent(b, &["--fail-over-timeout", "3s", "--operations-timeout", "2s"])
@@ -384,7 +392,7 @@ async fn a_read_only_consumer_is_left_alone() {
     let volume = json!({"name": "data", "persistentVolumeClaim": {"claimName": "data", "readOnly": true}});
     env.running_pod_with("reader", &nodes[0].name, volume, json!({}), no_labels())
         .await;
-    env.set_node_ready(&nodes[0].name, false).await;
+    env.lose_node_and_wait_not_ready(&nodes[0]).await;
     let agent = env.start_agent(&nodes[1], &[]).await;
     lost(&nodes, &[&pv], 0, None);
     eventually("the read-write pod force-deleted", WAIT, || async {
@@ -407,7 +415,7 @@ async fn readers_alone_start_no_fail_over() {
     env.running_pod_with("reader", &nodes[0].name, volume, json!({}), no_labels())
         .await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    env.set_node_ready(&nodes[0].name, false).await;
+    env.lose_node_and_wait_not_ready(&nodes[0]).await;
     let agent = env.start_agent(&nodes[1], &[]).await;
     lost(&nodes, &[&pv], 0, None);
     // Four fail-over timeouts of the test agents.

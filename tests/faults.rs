@@ -128,7 +128,7 @@ async fn published_claim(env: &TestEnv, claim: &str, endpoint: &str) -> String {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn a_replica_started_while_the_apiserver_is_down_waits_for_it() {
     let cluster = common::cluster::PrivateCluster::up("apiserver-down");
-    let env = common::setup_on(cluster.client().await, "flt-down").await;
+    let env = common::setup_on(cluster.config().await, "flt-down").await;
     let lease = "controller.flags.lease-name=svc-leader";
     let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[lease]);
     cluster.kill("kube-apiserver");
@@ -381,7 +381,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
     let cluster = common::cluster::PrivateCluster::up("restart");
-    let env = common::setup_on(cluster.client().await, "flt-restart").await;
+    let env = common::setup_on(cluster.config().await, "flt-restart").await;
     let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
     let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
     let controller = Process::start_with_env(

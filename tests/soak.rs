@@ -255,27 +255,6 @@ impl Soak {
         self.agents[i] = Some(agent);
     }
 
-    /// The node's kubelet posts its readiness, again and again until the API server takes it
-    /// (it may be restarting): a node the soak has up must not stay NotReady.
-    async fn set_ready(&self, i: usize, ready: bool) {
-        let status = if ready { "True" } else { "Unknown" };
-        let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Soak"}]}});
-        let nodes = Api::<Node>::all(self.env.client.clone());
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while nodes
-            .patch_status(
-                &self.nodes[i].name,
-                &PatchParams::default(),
-                &Patch::Strategic(patch.clone()),
-            )
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < deadline, "the API server took no Node status for 60 s");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    }
-
     /// The scheduler, the kubelets and the attacher: each volume has a Running consumer and an
     /// attachment; what the agents took away comes back on the volume's primary.
     async fn keep_consumers(&self) {
@@ -329,7 +308,7 @@ async fn soak() {
     println!("soak: seed {seed}, {seconds} s (replay with SOAK_SEED={seed})");
     let mut rng = Rng(seed);
     let cluster = PrivateCluster::up("soak");
-    let env = common::setup_on(cluster.client().await, "soak").await;
+    let env = common::setup_on(cluster.config().await, "soak").await;
     let nodes = env.sim_nodes(&NODES).await;
     let mut pvs = Vec::new();
     for v in 0..VOLUMES {
@@ -493,7 +472,7 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
             Undo::Return(i) => {
                 soak.world.up[i] = true;
                 soak.write_world();
-                soak.set_ready(i, true).await;
+                soak.nodes[i].kubelet.resume();
                 soak.start_agent(i);
             }
             Undo::Unhang(i) => {
@@ -592,7 +571,7 @@ async fn inject(
             }
             pending.retain(|(_, undo)| !matches!(undo, Undo::StartAgent(j) if *j == i));
             soak.world.up[i] = false;
-            soak.set_ready(i, false).await;
+            soak.nodes[i].kubelet.stop();
             soak.write_world();
             pending.push((later(rng, 5_000, 12_000), Undo::Return(i)));
         }
@@ -803,6 +782,7 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
     let (truth, pvs) = (soak.truth.clone(), soak.pvs.clone());
     let env = TestEnv {
         client: client.clone(),
+        config: soak.env.config.clone(),
         ns: soak.env.ns.clone(),
         id: soak.env.id.clone(),
     };

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use kube::Client;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 const CLUSTER_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster.sh");
@@ -30,12 +29,11 @@ impl PrivateCluster {
         self.dir.join("kubeconfig").to_string_lossy().into_owned()
     }
 
-    pub async fn client(&self) -> Client {
+    pub async fn config(&self) -> kube::Config {
         let kubeconfig = Kubeconfig::read_from(self.kubeconfig()).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
             .await
-            .unwrap();
-        Client::try_from(config).unwrap()
+            .unwrap()
     }
 
     /// Stops `component` (etcd, kube-apiserver, kube-controller-manager) and starts it again.

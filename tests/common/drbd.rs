@@ -13,6 +13,7 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 
 use super::accounts::admin_kubeconfig;
+use super::kubelet::{Kubelet, shows_ready};
 use super::process::Process;
 use super::{TestEnv, eventually, serving};
 
@@ -24,6 +25,8 @@ pub struct SimNode {
     pub name: String,
     pub ip: String,
     pub dir: PathBuf,
+    /// Renews the node's Lease: `kubelet.stop()` is the node lost, as Kubernetes sees it.
+    pub kubelet: Kubelet,
 }
 
 impl SimNode {
@@ -55,6 +58,16 @@ impl SimNode {
     }
 }
 
+/// How long the control plane lets a silent node pass for Ready: `SVC_NODE_MONITOR_GRACE_PERIOD`
+/// (in seconds, as `hack/cluster.sh` passes it on), else Kubernetes's default, 50 s.
+pub fn node_monitor_grace_period() -> Duration {
+    std::env::var("SVC_NODE_MONITOR_GRACE_PERIOD")
+        .ok()
+        .and_then(|v| v.strip_suffix('s')?.parse().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(50))
+}
+
 fn write_atomically(path: &std::path::Path, contents: &str) {
     let temp = path.with_extension("tmp");
     std::fs::write(&temp, contents).unwrap();
@@ -80,7 +93,8 @@ pub fn resource(name: &str, role: &str, quorum: bool, peers: &[(&str, &str, &str
 }
 
 impl TestEnv {
-    /// Creates Ready Nodes `<id>-<name>` with InternalIP `10.77.0.<n>` and a state directory each.
+    /// Creates Ready Nodes `<id>-<name>` with InternalIP `10.77.0.<n>`, a state directory and a
+    /// fake kubelet each.
     pub async fn sim_nodes(&self, names: &[&str]) -> Vec<SimNode> {
         let at: Vec<(&str, String)> = names
             .iter()
@@ -114,7 +128,8 @@ impl TestEnv {
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(dir.join("proc"), "version: 9.2.0 (fake)\n").unwrap();
-            let node = SimNode { name, ip, dir };
+            let kubelet = Kubelet::start(self.config.clone(), &name);
+            let node = SimNode { name, ip, dir, kubelet };
             node.set(&[]);
             created.push(node);
         }
@@ -182,13 +197,29 @@ impl TestEnv {
         .to_vec()
     }
 
-    pub async fn set_node_ready(&self, node: &str, ready: bool) {
-        let status = if ready { "True" } else { "Unknown" };
-        let patch = json!({"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Test"}]}});
-        Api::<Node>::all(self.client.clone())
-            .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
-            .await
-            .expect("set Node readiness");
+    /// Loses `node` as Kubernetes sees it: its kubelet stops, and this returns once Kubernetes's
+    /// node-lifecycle controller has marked it NotReady, with how long that took.
+    pub async fn lose_node_and_wait_not_ready(&self, node: &SimNode) -> Duration {
+        let stopped = std::time::Instant::now();
+        node.kubelet.stop();
+        self.wait_not_ready(&node.name).await;
+        stopped.elapsed()
+    }
+
+    /// Waits until the node-lifecycle controller has marked `node` NotReady: its grace period
+    /// (`node_monitor_grace_period`) and a margin.
+    pub async fn wait_not_ready(&self, node: &str) {
+        let within = node_monitor_grace_period() + Duration::from_secs(30);
+        eventually(&format!("node {node} NotReady"), within, || async {
+            (!self.node_ready(node).await).then_some(())
+        })
+        .await;
+    }
+
+    /// Whether `node`'s Ready condition is True.
+    pub async fn node_ready(&self, node: &str) -> bool {
+        let node = Api::<Node>::all(self.client.clone()).get(node).await.expect("get Node");
+        shows_ready(&node)
     }
 
     /// The keys of a Node's taints.
@@ -386,8 +417,7 @@ pub async fn cluster_events_now(env: &TestEnv, name: &str, reason: &str) -> Vec<
         .collect()
 }
 
-/// The node's `drbd.linbit.com/*` taints, if any. (New Nodes also carry the apiserver's
-/// `node.kubernetes.io/not-ready`, which stays: no node lifecycle controller runs here.)
+/// The node's `drbd.linbit.com/*` taints, if any (not Kubernetes's own `node.kubernetes.io/*`).
 pub async fn drbd_taints(env: &TestEnv, node: &str) -> Option<Vec<String>> {
     let ours: Vec<String> = env
         .taints(node)

@@ -9,6 +9,8 @@ pub mod datapath;
 pub mod docs;
 pub mod drbd;
 pub mod helm;
+pub mod kubelet;
+pub mod node_loss;
 pub mod outage;
 pub mod process;
 pub mod prometheus;
@@ -33,6 +35,9 @@ pub const NEEDS_CLUSTER: &str = "needs a control plane: run `make test`, or `hac
 
 pub struct TestEnv {
     pub client: Client,
+    /// What `client` was built from: for helpers that need a client of their own (the fake
+    /// kubelets beat on threads of their own).
+    pub config: kube::Config,
     pub ns: String,
     /// Random suffix of the namespace, also used to make cluster-scoped names unique.
     pub id: String,
@@ -44,14 +49,15 @@ pub async fn setup(test: &str) -> TestEnv {
         std::env::var_os("KUBECONFIG").is_some(),
         "KUBECONFIG is not set: {NEEDS_CLUSTER}"
     );
-    let client = Client::try_default()
+    let config = kube::Config::infer()
         .await
         .expect("cannot build a client from KUBECONFIG");
-    setup_on(client, test).await
+    setup_on(config, test).await
 }
 
-/// [`setup`] on the cluster `client` talks to.
-pub async fn setup_on(client: Client, test: &str) -> TestEnv {
+/// [`setup`] on the cluster `config` names.
+pub async fn setup_on(config: kube::Config, test: &str) -> TestEnv {
+    let client = Client::try_from(config.clone()).expect("a client from the kubeconfig");
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
@@ -75,7 +81,7 @@ pub async fn setup_on(client: Client, test: &str) -> TestEnv {
         .create(&PostParams::default(), &namespace)
         .await
         .expect("cannot create the test namespace: is the control plane up?");
-    TestEnv { client, ns, id }
+    TestEnv { client, config, ns, id }
 }
 
 /// A tool from the test tool cache (`SVC_TOOLS_BIN`, set by `make test`), else from PATH.

@@ -1,0 +1,157 @@
+//! A fake kubelet for a simulated node: it posts the node Ready and renews the node's Lease in
+//! `kube-node-lease`, as a real kubelet does, so that Kubernetes's own node-lifecycle controller
+//! (run by `hack/cluster.sh`) decides the node's readiness. Stopping it is how a test loses a node:
+//! the controller marks the node NotReady once the Lease is older than its grace period.
+//!
+//! It beats every second (a real kubelet: every 10 s against a 40 s Lease) on a thread and a client
+//! of its own, so that a test blocked in a subprocess, or a busy runtime, cannot starve it into a
+//! node loss nobody asked for.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
+use serde_json::json;
+
+const BEAT: Duration = Duration::from_secs(1);
+/// One beat's requests give up after this: the API server may be restarting (the fault tests).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
+
+pub struct Kubelet {
+    node: String,
+    config: kube::Config,
+    beating: Mutex<Option<Beating>>,
+}
+
+struct Beating {
+    running: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl Kubelet {
+    /// Starts beating for `node` against the cluster `config` names.
+    pub fn start(config: kube::Config, node: &str) -> Self {
+        let kubelet = Self {
+            node: node.to_owned(),
+            config,
+            beating: Mutex::new(None),
+        };
+        kubelet.resume();
+        kubelet
+    }
+
+    /// The node goes silent: no beat is sent after this returns.
+    pub fn stop(&self) {
+        if let Some(beating) = self.beating.lock().unwrap().take() {
+            beating.running.store(false, Ordering::SeqCst);
+            let _ = beating.thread.join();
+        }
+    }
+
+    /// The node is back: it posts itself Ready again and renews its Lease.
+    pub fn resume(&self) {
+        let mut beating = self.beating.lock().unwrap();
+        if beating.is_some() {
+            return;
+        }
+        let running = Arc::new(AtomicBool::new(true));
+        let (node, config, flag) = (self.node.clone(), self.config.clone(), running.clone());
+        let thread = std::thread::Builder::new()
+            .name(format!("kubelet-{node}"))
+            .spawn(move || beat_until_stopped(config, &node, &flag))
+            .expect("start the fake kubelet's thread");
+        *beating = Some(Beating { running, thread });
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        if let Some(beating) = self.beating.lock().unwrap().take() {
+            beating.running.store(false, Ordering::SeqCst);
+        }
+    }
+}
+
+fn beat_until_stopped(config: kube::Config, node: &str, running: &AtomicBool) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("the fake kubelet's runtime");
+    runtime.block_on(async {
+        let client = Client::try_from(config).expect("the fake kubelet's client");
+        while running.load(Ordering::SeqCst) {
+            // A missed beat is what a real kubelet has too: the next one may land.
+            let _ = tokio::time::timeout(REQUEST_TIMEOUT, beat(&client, node)).await;
+            for _ in 0..10 {
+                if !running.load(Ordering::SeqCst) {
+                    return;
+                }
+                tokio::time::sleep(BEAT / 10).await;
+            }
+        }
+    });
+}
+
+/// One heartbeat: the Lease renewed (owned by the Node, so it goes with it), and the Ready
+/// condition posted when the node does not show it (at start, and after the node was lost).
+async fn beat(client: &Client, node: &str) -> Result<(), kube::Error> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let current = nodes.get(node).await?;
+    let now = Timestamp::now();
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(node.to_owned()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: node.to_owned(),
+                uid: current.uid().unwrap_or_default(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(node.to_owned()),
+            lease_duration_seconds: Some(40),
+            renew_time: Some(MicroTime(now)),
+            ..Default::default()
+        }),
+    };
+    let mut lease = serde_json::to_value(lease).unwrap();
+    lease["apiVersion"] = "coordination.k8s.io/v1".into();
+    lease["kind"] = "Lease".into();
+    Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE)
+        .patch(node, &PatchParams::apply("fake-kubelet").force(), &Patch::Apply(lease))
+        .await?;
+    if !shows_ready(&current) {
+        let ready = NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: Some("KubeletReady".into()),
+            message: Some("kubelet is posting ready status".into()),
+            last_heartbeat_time: Some(Time(now)),
+            last_transition_time: Some(Time(now)),
+        };
+        let patch = json!({"status": {"conditions": [ready]}});
+        nodes
+            .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
+            .await?;
+    }
+    Ok(())
+}
+
+pub fn shows_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True")
+}

@@ -1,0 +1,184 @@
+//! One node loss watched as a user would watch it, for the demo and the benchmark's P3: the
+//! primary's node goes silent (kubelet, agent and DRBD links at once; DRBD promotes node b, as
+//! its promoter would), with the agents running or with Kubernetes alone (no agents; the
+//! controller still serves the claim). Nothing writes the node's readiness: Kubernetes's
+//! node-lifecycle controller decides it from the missing Lease renewals.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::drbd::{drbd_taints, healthy, lost, node_monitor_grace_period, pod_state, slice_addresses};
+use super::process::Process;
+use super::{TestEnv, eventually, serving};
+
+/// When each outcome was first seen, from the moment of the loss; `None`: not within `watched`.
+pub struct Timeline {
+    pub not_ready: Option<Duration>,
+    pub tainted: Option<Duration>,
+    pub pod_deleting: Option<Duration>,
+    pub pod_deleted: Option<Duration>,
+    pub attachment_released: Option<Duration>,
+    pub endpoints_moved: Option<Duration>,
+    pub watched: Duration,
+}
+
+/// One row of the side-by-side table: what, and what Kubernetes documents when it is not seen.
+pub struct Outcome {
+    pub what: &'static str,
+    pub documented: &'static str,
+    pub at: fn(&Timeline) -> Option<Duration>,
+}
+
+pub const OUTCOMES: [Outcome; 6] = [
+    Outcome {
+        what: "node NotReady",
+        documented: "node-monitor-grace-period, 50 s by default",
+        at: |t| t.not_ready,
+    },
+    Outcome {
+        what: "node tainted drbd.linbit.com/lost-quorum",
+        documented: "only the agents put it",
+        at: |t| t.tainted,
+    },
+    Outcome {
+        what: "pod evicted or deleted",
+        documented: "taint-eviction: NotReady + the pod's 300 s toleration of node.kubernetes.io/unreachable",
+        at: |t| t.pod_deleting,
+    },
+    Outcome {
+        what: "pod gone",
+        documented: "never without a kubelet: an evicted pod stays Terminating",
+        at: |t| t.pod_deleted,
+    },
+    Outcome {
+        what: "VolumeAttachment released",
+        documented: "attach-detach: 6 min after the pod's eviction, about 11.5 min after the loss",
+        at: |t| t.attachment_released,
+    },
+    Outcome {
+        what: "endpoints at the new primary",
+        documented: "never: nothing else moves a volume's NFS endpoints",
+        at: |t| t.endpoints_moved,
+    },
+];
+
+/// A claim served from node a with a pod and an attachment there, node a lost, and every outcome
+/// watched until all are seen or, with Kubernetes alone, until NotReady is `after_not_ready` old.
+pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_ready: Duration) -> Timeline {
+    let subnet = if with_agents { 1 } else { 2 };
+    let at: Vec<(&str, String)> = ["a", "b", "c"]
+        .iter()
+        .enumerate()
+        .map(|(i, short)| (*short, format!("10.78.{subnet}.{}", i + 1)))
+        .collect();
+    let nodes = env.sim_nodes_at(&at).await;
+    let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
+    let pv = pv.metadata.name.unwrap();
+    healthy(&nodes, &[&pv], 0);
+    env.running_pod("app", &nodes[0].name, "data", json!({}), json!({}))
+        .await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    let controller = env.start_as(
+        "controller",
+        &format!("{}-controller", env.ns),
+        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+        &[],
+    );
+    controller.wait_ready().await;
+    let wait = Duration::from_secs(60);
+    eventually("the EndpointSlice at node a", wait, || async {
+        (slice_addresses(env, &pv).await == [nodes[0].ip.clone()]).then_some(())
+    })
+    .await;
+    let mut agents: Vec<Process> = Vec::new();
+    if with_agents {
+        for node in &nodes {
+            agents.push(env.start_agent(node, &[]).await);
+        }
+        // As in a cluster, where the agents ran long before the loss: a peer's silence counts
+        // only once the API server has answered an agent for its fail-over timeout and
+        // reconcile interval (1 s + 2 s here).
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        agents.remove(0).stop().await;
+    }
+
+    nodes[0].kubelet.stop();
+    let lost_at = Instant::now();
+    lost(&nodes, &[&pv], 0, Some(1));
+    let cap = node_monitor_grace_period() + after_not_ready + Duration::from_secs(30);
+    let mut timeline = Timeline {
+        not_ready: None,
+        tainted: None,
+        pod_deleting: None,
+        pod_deleted: None,
+        attachment_released: None,
+        endpoints_moved: None,
+        watched: Duration::ZERO,
+    };
+    loop {
+        // Each outcome is timed when its answer came back.
+        let seen = |at: &mut Option<Duration>, yes: bool| {
+            if yes && at.is_none() {
+                *at = Some(lost_at.elapsed());
+            }
+        };
+        let pod = pod_state(env, "app").await;
+        seen(&mut timeline.not_ready, !env.node_ready(&nodes[0].name).await);
+        seen(&mut timeline.tainted, drbd_taints(env, &nodes[0].name).await.is_some());
+        seen(
+            &mut timeline.pod_deleting,
+            pod.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
+        );
+        seen(&mut timeline.pod_deleted, pod.is_none());
+        seen(
+            &mut timeline.attachment_released,
+            !env.attachment_exists(&attachment).await,
+        );
+        seen(
+            &mut timeline.endpoints_moved,
+            slice_addresses(env, &pv).await == [nodes[1].ip.clone()],
+        );
+        let now = lost_at.elapsed();
+        timeline.watched = now;
+        let all_seen = OUTCOMES.iter().all(|o| (o.at)(&timeline).is_some());
+        let long_enough = timeline.not_ready.is_some_and(|at| now >= at + after_not_ready);
+        if (with_agents && all_seen) || (!with_agents && long_enough) || now >= cap {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for process in agents.into_iter().chain([controller]) {
+        process.stop().await;
+    }
+    timeline
+}
+
+/// The table of both runs, one outcome a line.
+pub fn side_by_side(with_agents: &Timeline, alone: &Timeline) -> String {
+    let cell = |timeline: &Timeline, outcome: &Outcome| match (outcome.at)(timeline) {
+        Some(at) => format!("{:.1} s", at.as_secs_f64()),
+        None => format!("not in {:.0} s", timeline.watched.as_secs_f64()),
+    };
+    let mut table = format!(
+        "{:<42} {:>14} {:>16}  {}\n",
+        "after the node's loss", "with the agents", "Kubernetes alone", "Kubernetes documents"
+    );
+    for outcome in &OUTCOMES {
+        let _ = writeln!(
+            table,
+            "{:<42} {:>14} {:>16}  {}",
+            outcome.what,
+            cell(with_agents, outcome),
+            cell(alone, outcome),
+            outcome.documented
+        );
+    }
+    let _ = write!(
+        table,
+        "(node-monitor-grace-period {:?}; the agents' fail-over timeout 1 s)",
+        node_monitor_grace_period()
+    );
+    table
+}
