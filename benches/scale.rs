@@ -587,7 +587,14 @@ async fn fail_over(sizes: &Sizes) -> Vec<Figure> {
     for run in 0..sizes.fail_overs {
         let with = common::setup(&format!("bench-failover-{run}")).await;
         let alone = common::setup(&format!("bench-alone-{run}")).await;
-        let settle = Duration::from_secs(10);
+        // How long Kubernetes alone is watched once NotReady: `SVC_BENCH_ALONE_WATCH` seconds
+        // (330 sees taint-eviction's default 300 s toleration run out), else 10.
+        let settle = Duration::from_secs(
+            std::env::var("SVC_BENCH_ALONE_WATCH")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(10),
+        );
         let pair = tokio::join!(
             lose_the_primarys_node(&with, true, settle),
             lose_the_primarys_node(&alone, false, settle)

@@ -22,13 +22,7 @@ use serde_json::json;
 async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     let (env, nodes, pv) = app_on_node_a("agent-failover").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
-        &[],
-    );
-    controller.wait_ready().await;
+    let controller = env.start_namespace_controller().await;
     let mount = eventually("a published mount endpoint", WAIT, || {
         env.pv_annotation(&pv, MOUNT_ENDPOINT)
     })
@@ -105,8 +99,8 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     })
     .await;
     let rewrite = promoted_at.elapsed();
-    let told = env.claim_condition_becomes("data", "True", "ServedAfterMove").await;
-    assert!(told.contains(&format!("on node {}", nodes[1].name)), "{told}");
+    let on_b = format!("on node {}", nodes[1].name);
+    env.claim_condition_says("data", "True", "ServedAfterMove", &on_b).await;
     eprintln!(
         "fail-over figures: node lost → tainted in {tainted:?} (fail-over timeout 1s), NotReady in \
          {not_ready:?} (Kubernetes, grace {:?}), force-delete + attachment deleted in {fail_over:?}; \

@@ -61,13 +61,7 @@ async fn demo() {
     }
 
     story.chapter("2. The controller and one HA agent per node");
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
-        &[],
-    );
-    controller.wait_ready().await;
+    let controller = env.start_namespace_controller().await;
     story.say(format!(
         "controller ready (admin {}, logs {})",
         controller.admin,
@@ -224,7 +218,10 @@ async fn demo() {
         ));
     }
 
-    let told = env.claim_condition_becomes(CLAIMS[0], "True", "ServedAfterMove").await;
+    let on_b = format!("on node {}", nodes[1].name);
+    let told = env
+        .claim_condition_says(CLAIMS[0], "True", "ServedAfterMove", &on_b)
+        .await;
     story.say(format!(
         "kubectl describe pvc {}: SharedVolumeReady True (ServedAfterMove): {told}",
         CLAIMS[0]

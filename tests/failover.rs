@@ -99,13 +99,7 @@ async fn a_dropped_link_alone_never_takes_down_a_healthy_primary() {
 async fn an_isolated_primary_is_failed_over_and_the_endpoints_follow() {
     let (env, nodes, pv) = app_on_node_a("failover-isolated").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
-        &[],
-    );
-    controller.wait_ready().await;
+    let controller = env.start_namespace_controller().await;
     eventually("the slice at node a", WAIT, || async {
         (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
     })

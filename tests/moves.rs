@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::drbd::{WAIT, healthy, lost, slice_addresses};
-use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually, serving};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Endpoints;
@@ -59,7 +58,7 @@ async fn a_mass_move_never_points_a_slice_back_at_the_lost_node() {
     let pvs = claims_served_at(&env, &nodes[0].endpoint(), VOLUMES).await;
     let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
     healthy(&nodes, &resources, 0);
-    let controller = start_controller(&env).await;
+    let controller = env.start_namespace_controller().await;
     for pv in &pvs {
         eventually("every claim published at node a", WAIT, || async {
             let published = env.pv_annotation(pv, MOUNT_ENDPOINT).await.is_some();
@@ -137,7 +136,7 @@ async fn endpoints_that_land_before_their_pv_are_held_not_put_back() {
     let env = common::setup("moves-held").await;
     let (a, b) = ("192.0.2.31", "192.0.2.32");
     let pvs = claims_served_at(&env, &format!("{a}:2049"), 10).await;
-    let controller = start_controller(&env).await;
+    let controller = env.start_namespace_controller().await;
     for pv in &pvs {
         eventually("every slice at a", WAIT, || async {
             (slice_addresses(&env, pv).await == [a.to_owned()]).then_some(())
@@ -193,17 +192,6 @@ async fn claims_served_at(env: &common::TestEnv, endpoint: &str, n: usize) -> Ve
         .buffered(8)
         .collect()
         .await
-}
-
-async fn start_controller(env: &common::TestEnv) -> Process {
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
-        &[],
-    );
-    controller.wait_ready().await;
-    controller
 }
 
 fn record_slices(env: &common::TestEnv, history: &SliceHistory) -> tokio::task::JoinHandle<()> {

@@ -65,6 +65,19 @@ impl TestEnv {
         path.display().to_string()
     }
 
+    /// The controller for this test's namespace alone, leader election off, as the chart's
+    /// account; once it is ready.
+    pub async fn start_namespace_controller(&self) -> Process {
+        let controller = self.start_as(
+            "controller",
+            &format!("{}-controller", self.ns),
+            &["controller", "--watch-namespace", &self.ns, "--leader-elect", "false"],
+            &[],
+        );
+        controller.wait_ready().await;
+        controller
+    }
+
     /// Starts `shared-volume-controller <args>` (`component`: `controller` or `agent`) as the
     /// chart's account of that component, on the tests' control plane, with extra `env`. A
     /// `--lease-name` among the args is the one the chart is rendered with.

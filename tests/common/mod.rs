@@ -253,12 +253,19 @@ impl TestEnv {
     /// Waits until the claim's SharedVolumeReady condition has `status` and `reason`, and returns
     /// its message.
     pub async fn claim_condition_becomes(&self, claim: &str, status: &str, reason: &str) -> String {
-        let what = format!("claim {claim} condition SharedVolumeReady={status} ({reason})");
+        self.claim_condition_says(claim, status, reason, "").await
+    }
+
+    /// [`TestEnv::claim_condition_becomes`], once its message also contains `text`.
+    pub async fn claim_condition_says(&self, claim: &str, status: &str, reason: &str, text: &str) -> String {
+        let what = format!("claim {claim} condition SharedVolumeReady={status} ({reason}) saying {text:?}");
         eventually(&what, Duration::from_secs(30), || async {
             let pvc = self.api::<PersistentVolumeClaim>().get(claim).await.unwrap();
             let conditions = pvc.status?.conditions?;
             let condition = conditions.into_iter().find(|c| c.type_ == "SharedVolumeReady")?;
-            (condition.status == status && condition.reason.as_deref() == Some(reason)).then_some(condition.message?)
+            let message = condition.message?;
+            (condition.status == status && condition.reason.as_deref() == Some(reason) && message.contains(text))
+                .then_some(message)
         })
         .await
     }

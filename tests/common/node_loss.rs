@@ -7,6 +7,8 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
 use serde_json::json;
 
 use super::drbd::{drbd_taints, healthy, lost, node_monitor_grace_period, pod_state, slice_addresses};
@@ -17,6 +19,8 @@ use super::{TestEnv, eventually, serving};
 pub struct Timeline {
     pub not_ready: Option<Duration>,
     pub tainted: Option<Duration>,
+    /// Kubernetes's own `node.kubernetes.io/unreachable:NoExecute`: the pods' tolerations start.
+    pub unreachable: Option<Duration>,
     pub pod_deleting: Option<Duration>,
     pub pod_deleted: Option<Duration>,
     pub attachment_released: Option<Duration>,
@@ -31,11 +35,16 @@ pub struct Outcome {
     pub at: fn(&Timeline) -> Option<Duration>,
 }
 
-pub const OUTCOMES: [Outcome; 6] = [
+pub const OUTCOMES: [Outcome; 7] = [
     Outcome {
         what: "node NotReady",
         documented: "node-monitor-grace-period, 50 s by default",
         at: |t| t.not_ready,
+    },
+    Outcome {
+        what: "node tainted unreachable:NoExecute",
+        documented: "node-lifecycle, at NotReady (rate-limited per zone)",
+        at: |t| t.unreachable,
     },
     Outcome {
         what: "node tainted drbd.linbit.com/lost-quorum",
@@ -80,13 +89,7 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
     env.running_pod("app", &nodes[0].name, "data", json!({}), json!({}))
         .await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
-        &[],
-    );
-    controller.wait_ready().await;
+    let controller = env.start_namespace_controller().await;
     let wait = Duration::from_secs(60);
     eventually("the EndpointSlice at node a", wait, || async {
         (slice_addresses(env, &pv).await == [nodes[0].ip.clone()]).then_some(())
@@ -111,6 +114,7 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
     let mut timeline = Timeline {
         not_ready: None,
         tainted: None,
+        unreachable: None,
         pod_deleting: None,
         pod_deleted: None,
         attachment_released: None,
@@ -127,6 +131,10 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
         let pod = pod_state(env, "app").await;
         seen(&mut timeline.not_ready, !env.node_ready(&nodes[0].name).await);
         seen(&mut timeline.tainted, drbd_taints(env, &nodes[0].name).await.is_some());
+        seen(
+            &mut timeline.unreachable,
+            unreachable_no_execute(env, &nodes[0].name).await,
+        );
         seen(
             &mut timeline.pod_deleting,
             pod.as_ref().is_none_or(|p| p.metadata.deletion_timestamp.is_some()),
@@ -155,10 +163,19 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
     timeline
 }
 
+async fn unreachable_no_execute(env: &TestEnv, node: &str) -> bool {
+    let node = Api::<Node>::all(env.client.clone()).get(node).await.expect("get Node");
+    node.spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == "node.kubernetes.io/unreachable" && t.effect == "NoExecute")
+}
+
 /// The table of both runs, one outcome a line.
 pub fn side_by_side(with_agents: &Timeline, alone: &Timeline) -> String {
     let cell = |timeline: &Timeline, outcome: &Outcome| match (outcome.at)(timeline) {
-        Some(at) => format!("{:.1} s", at.as_secs_f64()),
+        Some(at) => format!("{:.2} s", at.as_secs_f64()),
         None => format!("not in {:.0} s", timeline.watched.as_secs_f64()),
     };
     let mut table = format!(

@@ -137,13 +137,7 @@ pub async fn client_through_a_fail_over(env: &TestEnv, grace: NfsGrace, say: &dy
         path.nodes[2].ip
     ));
 
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
-        &[],
-    );
-    controller.wait_ready().await;
+    let controller = env.start_namespace_controller().await;
     let mut agents = Vec::new();
     for node in &path.nodes {
         agents.push(env.start_agent(node, &[]).await);
@@ -172,11 +166,12 @@ pub async fn client_through_a_fail_over(env: &TestEnv, grace: NfsGrace, say: &dy
     let client = Client::start(cluster_ip.clone(), scratch.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
     agents.remove(0).stop().await;
+    path.nodes[0].kubelet.stop();
     path.fail(0);
     // From here no operation can succeed until another server answers at the ClusterIP.
     let failed = Instant::now();
     lost(&path.nodes, &[&pv], 0, None);
-    say("node a lost: its agent and NFS server stopped, its link down, DRBD peers disconnected".into());
+    say("node a lost: its kubelet, agent and NFS server stopped, its link down, DRBD peers disconnected".into());
     until("the fail-over taint on node a", || async {
         env.taints(&path.nodes[0].name).await.iter().any(|t| t == LOST_QUORUM)
     })
