@@ -307,7 +307,15 @@ async fn soak() {
         | 1;
     println!("soak: seed {seed}, {seconds} s (replay with SOAK_SEED={seed})");
     let mut rng = Rng(seed);
-    let cluster = PrivateCluster::up("soak");
+    // A lost node is given back after 5-12 s: Kubernetes must decide within that for the soak to
+    // see NotReady nodes at all, so its grace period is 8 s here, as in `make test`, not 50 s.
+    let cluster = PrivateCluster::up_with(
+        "soak",
+        &[
+            ("SVC_NODE_MONITOR_GRACE_PERIOD", "8s"),
+            ("SVC_NODE_MONITOR_PERIOD", "1s"),
+        ],
+    );
     let env = common::setup_on(cluster.config().await, "soak").await;
     let nodes = env.sim_nodes(&NODES).await;
     let mut pvs = Vec::new();
