@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use super::drbd::{drbd_taints, healthy, lost, node_monitor_grace_period, pod_state, slice_addresses};
@@ -43,7 +44,7 @@ pub const OUTCOMES: [Outcome; 7] = [
     },
     Outcome {
         what: "node tainted unreachable:NoExecute",
-        documented: "node-lifecycle, at NotReady (rate-limited per zone)",
+        documented: "node-lifecycle, at NotReady (0.1 node/s per zone)",
         at: |t| t.unreachable,
     },
     Outcome {
@@ -83,6 +84,15 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
         .map(|(i, short)| (*short, format!("10.78.{subnet}.{}", i + 1)))
         .collect();
     let nodes = env.sim_nodes_at(&at).await;
+    // A zone of their own: the node-lifecycle controller rate-limits its NoExecute taints per
+    // zone, and the two runs' losses must not wait on each other's.
+    for node in &nodes {
+        let zone = json!({"metadata": {"labels": {"topology.kubernetes.io/zone": env.ns}}});
+        Api::<Node>::all(env.client.clone())
+            .patch(&node.name, &PatchParams::default(), &Patch::Merge(zone))
+            .await
+            .expect("label the node's zone");
+    }
     let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
     let pv = pv.metadata.name.unwrap();
     healthy(&nodes, &[&pv], 0);
