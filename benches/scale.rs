@@ -583,24 +583,23 @@ async fn wait_for_slice(env: &TestEnv, pv: &str, ip: &str) {
 /// worst of the runs. The "floor" column is Kubernetes alone here; an outcome it never reached
 /// shows `-` and its documented timer.
 async fn fail_over(sizes: &Sizes) -> Vec<Figure> {
+    // How long Kubernetes alone is watched once NotReady: `SVC_BENCH_ALONE_WATCH` seconds (330
+    // sees taint-eviction's default 300 s toleration run out), else 10.
+    let settle = Duration::from_secs(
+        std::env::var("SVC_BENCH_ALONE_WATCH")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10),
+    );
     let mut runs = Vec::new();
     for run in 0..sizes.fail_overs {
-        let with = common::setup(&format!("bench-failover-{run}")).await;
-        let alone = common::setup(&format!("bench-alone-{run}")).await;
-        // How long Kubernetes alone is watched once NotReady: `SVC_BENCH_ALONE_WATCH` seconds
-        // (330 sees taint-eviction's default 300 s toleration run out), else 10.
-        let settle = Duration::from_secs(
-            std::env::var("SVC_BENCH_ALONE_WATCH")
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .unwrap_or(10),
+        let (with_test, alone_test) = (format!("bench-failover-{run}"), format!("bench-alone-{run}"));
+        let ((with, with_agents), (alone, kubernetes_alone)) = tokio::join!(
+            lose_the_primarys_node(&with_test, true, settle),
+            lose_the_primarys_node(&alone_test, false, settle)
         );
-        let pair = tokio::join!(
-            lose_the_primarys_node(&with, true, settle),
-            lose_the_primarys_node(&alone, false, settle)
-        );
-        println!("P3 run {run}:\n{}", side_by_side(&pair.0, &pair.1));
-        runs.push(pair);
+        println!("P3 run {run}:\n{}", side_by_side(&with_agents, &kubernetes_alone));
+        runs.push((with_agents, kubernetes_alone));
         with.cleanup().await;
         alone.cleanup().await;
     }

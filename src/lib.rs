@@ -65,6 +65,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     let shutdown = shutdown::on_signals();
     let probes = admin::Probes::default();
     let registry = metrics::new_registry()?;
+    let events = events::EventSettings::of(&cli.common);
     let admin = admin::serve(
         cli.common.admin_addr,
         registry.clone(),
@@ -76,12 +77,10 @@ pub async fn run(cli: Cli) -> Result<()> {
         match cli.command {
             Command::Controller(args) => {
                 let config = kube_client::config(&cli.common, true).await?;
-                let events = events::EventSettings::of(&cli.common);
                 controller::run(args, config, registry, probes.clone(), shutdown.clone(), events).await
             }
             Command::Agent(args) => {
                 let client = kube_client::connect(&cli.common, false).await?;
-                let events = events::EventSettings::of(&cli.common);
                 agent::run(args, client, registry, probes.clone(), shutdown.clone(), events).await
             }
             Command::Selftest(_) => anyhow::bail!("selftest runs without the admin server"),

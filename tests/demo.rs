@@ -254,11 +254,10 @@ async fn demo() {
 
     story.chapter("9. The same loss, with the agents and with Kubernetes alone");
     story.say("two sets of three nodes, one claim each served from node a; node a lost in both at once");
-    let (with, alone) = (common::setup("demo-agents").await, common::setup("demo-alone").await);
     let settle = Duration::from_secs(10);
-    let (with_agents, kubernetes_alone) = tokio::join!(
-        lose_the_primarys_node(&with, true, settle),
-        lose_the_primarys_node(&alone, false, settle)
+    let ((with, with_agents), (alone, kubernetes_alone)) = tokio::join!(
+        lose_the_primarys_node("demo-agents", true, settle),
+        lose_the_primarys_node("demo-alone", false, settle)
     );
     assert!(
         with_agents.endpoints_moved.is_some() && with_agents.attachment_released.is_some(),

@@ -198,12 +198,10 @@ impl TestEnv {
     }
 
     /// Loses `node` as Kubernetes sees it: its kubelet stops, and this returns once Kubernetes's
-    /// node-lifecycle controller has marked it NotReady, with how long that took.
-    pub async fn lose_node_and_wait_not_ready(&self, node: &SimNode) -> Duration {
-        let stopped = std::time::Instant::now();
+    /// node-lifecycle controller has marked it NotReady.
+    pub async fn lose_node_and_wait_not_ready(&self, node: &SimNode) {
         node.kubelet.stop();
         self.wait_not_ready(&node.name).await;
-        stopped.elapsed()
     }
 
     /// Waits until the node-lifecycle controller has marked `node` NotReady: its grace period

@@ -50,10 +50,16 @@ impl Kubelet {
 
     /// The node goes silent: no beat is sent after this returns.
     pub fn stop(&self) {
-        if let Some(beating) = self.beating.lock().unwrap().take() {
-            beating.running.store(false, Ordering::SeqCst);
-            let _ = beating.thread.join();
+        if let Some(thread) = self.halt() {
+            let _ = thread.join();
         }
+    }
+
+    /// Tells the beating thread to end, and hands it over.
+    fn halt(&self) -> Option<JoinHandle<()>> {
+        let beating = self.beating.lock().unwrap().take()?;
+        beating.running.store(false, Ordering::SeqCst);
+        Some(beating.thread)
     }
 
     /// The node is back: it posts itself Ready again and renews its Lease.
@@ -73,10 +79,9 @@ impl Kubelet {
 }
 
 impl Drop for Kubelet {
+    /// Ends the beating without waiting for the thread's last beat.
     fn drop(&mut self) {
-        if let Some(beating) = self.beating.lock().unwrap().take() {
-            beating.running.store(false, Ordering::SeqCst);
-        }
+        self.halt();
     }
 }
 

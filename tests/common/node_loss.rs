@@ -12,11 +12,13 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use super::drbd::{drbd_taints, healthy, lost, node_monitor_grace_period, pod_state, slice_addresses};
+use super::drbd::{SimNode, app_on_node_a, lost, node_monitor_grace_period, pod_state, slice_addresses};
+use super::kubelet::shows_ready;
 use super::process::Process;
-use super::{TestEnv, eventually, serving};
+use super::{TestEnv, eventually};
 
 /// When each outcome was first seen, from the moment of the loss; `None`: not within `watched`.
+#[derive(Default)]
 pub struct Timeline {
     pub not_ready: Option<Duration>,
     pub tainted: Option<Duration>,
@@ -74,35 +76,17 @@ pub const OUTCOMES: [Outcome; 7] = [
     },
 ];
 
-/// A claim served from node a with a pod and an attachment there, node a lost, and every outcome
-/// watched until all are seen or, with Kubernetes alone, until NotReady is `after_not_ready` old.
-pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_ready: Duration) -> Timeline {
-    let subnet = if with_agents { 1 } else { 2 };
-    let at: Vec<(&str, String)> = ["a", "b", "c"]
-        .iter()
-        .enumerate()
-        .map(|(i, short)| (*short, format!("10.78.{subnet}.{}", i + 1)))
-        .collect();
-    let nodes = env.sim_nodes_at(&at).await;
-    // A zone of their own: the node-lifecycle controller rate-limits its NoExecute taints per
-    // zone, and the two runs' losses must not wait on each other's.
-    for node in &nodes {
-        let zone = json!({"metadata": {"labels": {"topology.kubernetes.io/zone": env.ns}}});
-        Api::<Node>::all(env.client.clone())
-            .patch(&node.name, &PatchParams::default(), &Patch::Merge(zone))
-            .await
-            .expect("label the node's zone");
-    }
-    let (_, pv) = env.bound_rwx_claim("data", serving(&nodes[0].endpoint())).await;
-    let pv = pv.metadata.name.unwrap();
-    healthy(&nodes, &[&pv], 0);
-    env.running_pod("app", &nodes[0].name, "data", json!({}), json!({}))
-        .await;
+/// [`app_on_node_a`] for `test`, with an attachment on node a and its nodes in a zone of their
+/// own; node a lost, and every outcome watched until all are seen or, with Kubernetes alone, until
+/// NotReady is `after_not_ready` old. The caller cleans the test up.
+pub async fn lose_the_primarys_node(test: &str, with_agents: bool, after_not_ready: Duration) -> (TestEnv, Timeline) {
+    let (env, nodes, pv) = app_on_node_a(test).await;
+    in_a_zone_of_their_own(&env, &nodes).await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     let controller = env.start_namespace_controller().await;
     let wait = Duration::from_secs(60);
     eventually("the EndpointSlice at node a", wait, || async {
-        (slice_addresses(env, &pv).await == [nodes[0].ip.clone()]).then_some(())
+        (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
     })
     .await;
     let mut agents: Vec<Process> = Vec::new();
@@ -121,16 +105,8 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
     let lost_at = Instant::now();
     lost(&nodes, &[&pv], 0, Some(1));
     let cap = node_monitor_grace_period() + after_not_ready + Duration::from_secs(30);
-    let mut timeline = Timeline {
-        not_ready: None,
-        tainted: None,
-        unreachable: None,
-        pod_deleting: None,
-        pod_deleted: None,
-        attachment_released: None,
-        endpoints_moved: None,
-        watched: Duration::ZERO,
-    };
+    let node_api = Api::<Node>::all(env.client.clone());
+    let mut timeline = Timeline::default();
     loop {
         // Each outcome is timed when its answer came back.
         let seen = |at: &mut Option<Duration>, yes: bool| {
@@ -138,12 +114,19 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
                 *at = Some(lost_at.elapsed());
             }
         };
-        let pod = pod_state(env, "app").await;
-        seen(&mut timeline.not_ready, !env.node_ready(&nodes[0].name).await);
-        seen(&mut timeline.tainted, drbd_taints(env, &nodes[0].name).await.is_some());
+        let pod = pod_state(&env, "app").await;
+        let node = node_api.get(&nodes[0].name).await.expect("get Node");
+        let taints = node.spec.as_ref().and_then(|s| s.taints.as_deref()).unwrap_or_default();
+        seen(&mut timeline.not_ready, !shows_ready(&node));
+        seen(
+            &mut timeline.tainted,
+            taints.iter().any(|t| t.key.starts_with("drbd.linbit.com/")),
+        );
         seen(
             &mut timeline.unreachable,
-            unreachable_no_execute(env, &nodes[0].name).await,
+            taints
+                .iter()
+                .any(|t| t.key == "node.kubernetes.io/unreachable" && t.effect == "NoExecute"),
         );
         seen(
             &mut timeline.pod_deleting,
@@ -156,7 +139,7 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
         );
         seen(
             &mut timeline.endpoints_moved,
-            slice_addresses(env, &pv).await == [nodes[1].ip.clone()],
+            slice_addresses(&env, &pv).await == [nodes[1].ip.clone()],
         );
         let now = lost_at.elapsed();
         timeline.watched = now;
@@ -170,16 +153,19 @@ pub async fn lose_the_primarys_node(env: &TestEnv, with_agents: bool, after_not_
     for process in agents.into_iter().chain([controller]) {
         process.stop().await;
     }
-    timeline
+    (env, timeline)
 }
 
-async fn unreachable_no_execute(env: &TestEnv, node: &str) -> bool {
-    let node = Api::<Node>::all(env.client.clone()).get(node).await.expect("get Node");
-    node.spec
-        .and_then(|s| s.taints)
-        .unwrap_or_default()
-        .iter()
-        .any(|t| t.key == "node.kubernetes.io/unreachable" && t.effect == "NoExecute")
+/// Labels `nodes` with a zone named after the test: the node-lifecycle controller rate-limits its
+/// NoExecute taints per zone, and two runs' losses at once must not wait on each other's.
+async fn in_a_zone_of_their_own(env: &TestEnv, nodes: &[SimNode]) {
+    let zone = json!({"metadata": {"labels": {"topology.kubernetes.io/zone": env.ns}}});
+    for node in nodes {
+        Api::<Node>::all(env.client.clone())
+            .patch(&node.name, &PatchParams::default(), &Patch::Merge(&zone))
+            .await
+            .expect("label the node's zone");
+    }
 }
 
 /// The table of both runs, one outcome a line.

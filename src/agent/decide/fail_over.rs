@@ -70,14 +70,8 @@ pub(super) fn fail_overs(
     }
     // Timers of peers that reconnected, lost their consumers, or whose resource went away reset;
     // a peer still away whose node the fail-over tainted lost its consumers to the fail-over.
-    let ended: Vec<((String, String), Instant)> = timers
-        .fail_over
-        .iter()
-        .filter(|(key, _)| !live_timers.contains(key))
-        .map(|(key, started)| (key.clone(), *started))
-        .collect();
+    let ended = timers.fail_over.extract_if(|key, _| !live_timers.contains(key));
     for ((resource, peer), started) in ended {
-        timers.fail_over.remove(&(resource.clone(), peer.clone()));
         if let Some(done) = finished(observed, &resource, &peer, now.duration_since(started)) {
             timers.fail_overs_done.push(done);
         }
