@@ -78,6 +78,7 @@ fn drbd() -> DrbdState {
     DrbdState {
         resources,
         quorum_enabled,
+        ..Default::default()
     }
 }
 
@@ -90,6 +91,7 @@ fn round_time(snapshot: &Snapshot) -> Duration {
         nfs_port: 2049,
         evacuate_taint: None,
         peers_restate_within: Duration::ZERO,
+        report_interval: Duration::from_secs(5),
     };
     let rounds = 20;
     let started = Instant::now();

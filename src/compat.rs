@@ -228,7 +228,8 @@ fn go_duration(value: &str) -> Result<Option<humantime::Duration>, String> {
     let duration: humantime::Duration = value
         .parse()
         .map_err(|err| format!("--request-timeout {value:?}: {err}; expected e.g. 30s or 1m"))?;
-    Ok(Some(duration))
+    // Go's client reads any zero duration (`0s`, `0ms`) as "no timeout", not as one of zero.
+    Ok((!duration.is_zero()).then_some(duration))
 }
 
 /// A Go listen address (`:8080`, `host:8080`) as a socket address.
@@ -317,6 +318,10 @@ mod tests {
         assert_eq!(*agent.resync_interval, std::time::Duration::from_secs(300));
         let (cli, _) = parse(&["bin", "agent", "--node-name", "n1", "--request-timeout", "0"]);
         assert!(cli.common.kube_api_timeout.is_none(), "0 means no timeout");
+        for zero in ["0s", "0ms"] {
+            let (cli, _) = parse(&["bin", "agent", "--node-name", "n1", "--request-timeout", zero]);
+            assert!(cli.common.kube_api_timeout.is_none(), "{zero} means no timeout");
+        }
     }
 
     #[test]

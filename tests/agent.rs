@@ -202,15 +202,40 @@ async fn own_taints_follow_quorum_and_io_errors_and_a_suspended_primary_is_demot
     b.set(&[resource(&pv, "Secondary", true, &peers)]);
     wait_for_taint(&env, &b.name, FORCE_IO_ERROR, false).await;
 
-    // Suspended primary whose only local consumer is terminating: demoted.
-    let mut suspended = resource(&pv, "Primary", true, &peers);
-    suspended["suspended"] = json!(true);
-    b.set(&[suspended]);
+    // IO suspended by a snapshot (`user`), with quorum, past the fail-over timeout: left alone.
+    let forced = format!("secondary --force {pv}");
+    b.set(&[suspended(resource(&pv, "Primary", true, &peers), "user")]);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !b.calls().contains(&forced),
+        "a snapshot's suspension is no reason to demote"
+    );
+    // Suspended for quorum, without quorum, node a's agent stating quorum with c: demoted (its
+    // only local consumer is terminating).
+    let a = &nodes[0];
+    a.set(&[resource(
+        &pv,
+        "Secondary",
+        true,
+        &[
+            (&b.name, "Connecting", "Unknown"),
+            (&nodes[2].name, "Connected", "Secondary"),
+        ],
+    )]);
+    let agent_a = env.start_agent(a, &[]).await;
+    b.set(&[suspended(isolated(), "quorum")]);
     eventually("drbdsetup secondary --force", WAIT, || async {
-        b.calls().contains(&format!("secondary --force {pv}")).then_some(())
+        b.calls().contains(&forced).then_some(())
     })
     .await;
-    teardown(env, vec![agent]).await;
+    teardown(env, vec![agent, agent_a]).await;
+}
+
+/// `resource` with its IO suspended for `reason`, as `drbdsetup status --json` prints it.
+fn suspended(mut resource: serde_json::Value, reason: &str) -> serde_json::Value {
+    resource["suspended"] = json!(true);
+    resource[format!("suspended-{reason}")] = json!(true);
+    resource
 }
 
 #[tokio::test]

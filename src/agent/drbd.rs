@@ -2,7 +2,8 @@
 //! the fields the agent uses. Unknown fields are ignored and counters are never parsed, so values
 //! such as `"ap-in-flight": 18446744073709551608` cannot break it.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
 
 use serde::Deserialize;
 
@@ -13,6 +14,9 @@ pub struct DrbdState {
     /// Resources with quorum enabled (`majority`, `all` or a number); only these take part in
     /// fail-over and taints.
     pub quorum_enabled: HashSet<String>,
+    /// How long DRBD may take to notice that the link to a peer dropped silently, by (resource,
+    /// peer), from the connection's net options; connections not listed have DRBD's defaults.
+    pub detection_windows: BTreeMap<(String, String), Duration>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -20,8 +24,19 @@ pub struct Resource {
     pub name: String,
     #[serde(default)]
     pub role: String,
+    /// IO is suspended, for any reason.
     #[serde(default)]
     pub suspended: bool,
+    /// Why, as drbd-utils states it (`None`: an older drbd-utils that does not say).
+    /// `user`: suspended on request, as LINSTOR does on every replica while it takes a snapshot.
+    #[serde(rename = "suspended-user", default)]
+    pub suspended_user: Option<bool>,
+    #[serde(rename = "suspended-no-data", default)]
+    pub suspended_no_data: Option<bool>,
+    #[serde(rename = "suspended-fencing", default)]
+    pub suspended_fencing: Option<bool>,
+    #[serde(rename = "suspended-quorum", default)]
+    pub suspended_quorum: Option<bool>,
     #[serde(rename = "force-io-failures", default)]
     pub force_io_failures: bool,
     #[serde(default)]
@@ -69,6 +84,21 @@ impl Resource {
         !self.devices.is_empty() && self.devices.iter().all(|d| d.quorum)
     }
 
+    /// IO is suspended because quorum was lost. An older drbd-utils that gives no reason at all
+    /// leaves any suspension possibly a quorum one.
+    pub fn suspended_for_quorum(&self) -> bool {
+        let reasons = [
+            self.suspended_user,
+            self.suspended_no_data,
+            self.suspended_fencing,
+            self.suspended_quorum,
+        ];
+        match self.suspended_quorum {
+            Some(quorum) => quorum,
+            None => self.suspended && reasons.iter().all(Option::is_none),
+        }
+    }
+
     /// Every peer connection is `Connected`.
     pub fn fully_connected(&self) -> bool {
         self.connections.iter().all(Connection::is_connected)
@@ -99,12 +129,106 @@ struct ShownResource {
     resource: String,
     #[serde(default)]
     options: ShownOptions,
+    #[serde(default)]
+    connections: Vec<ShownConnection>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 struct ShownOptions {
     #[serde(default)]
     quorum: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct ShownConnection {
+    #[serde(default)]
+    net: BTreeMap<String, serde_json::Value>,
+}
+
+/// What `drbdsetup show --json` says that the decisions use.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Shown {
+    pub quorum_enabled: HashSet<String>,
+    pub detection_windows: BTreeMap<(String, String), Duration>,
+}
+
+/// The net options that bound how long DRBD takes to notice a silent link drop, in DRBD's units.
+/// `drbdsetup show` prints only the options set away from their defaults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NetOptions {
+    /// `ping-int`, seconds (default 10): an idle link is pinged this often.
+    pub ping_int_s: u64,
+    /// `ping-timeout`, tenths of a second (default 5): a ping unanswered this long drops the link.
+    pub ping_timeout_ds: u64,
+    /// `timeout`, tenths of a second (default 60): a packet unanswered this long drops the link
+    /// while writes are in flight.
+    pub timeout_ds: u64,
+    /// `ko-count` (default 7): a peer that keeps answering but leaves one write unfinished for
+    /// `ko-count` × `timeout` is expelled. It bounds a slow peer, not a silent link.
+    pub ko_count: u64,
+}
+
+impl Default for NetOptions {
+    fn default() -> Self {
+        Self {
+            ping_int_s: 10,
+            ping_timeout_ds: 5,
+            timeout_ds: 60,
+            ko_count: 7,
+        }
+    }
+}
+
+impl NetOptions {
+    /// The defaults, overridden by what `net` sets (values as strings or numbers).
+    fn from_shown(net: &BTreeMap<String, serde_json::Value>) -> Self {
+        let read = |key: &str, default: u64| {
+            net.get(key)
+                .and_then(|v| v.as_u64().or_else(|| v.as_str()?.trim().parse().ok()))
+                .unwrap_or(default)
+        };
+        let defaults = Self::default();
+        Self {
+            ping_int_s: read("ping-int", defaults.ping_int_s),
+            ping_timeout_ds: read("ping-timeout", defaults.ping_timeout_ds),
+            timeout_ds: read("timeout", defaults.timeout_ds),
+            ko_count: read("ko-count", defaults.ko_count),
+        }
+    }
+
+    /// The longest DRBD may take to notice a silent drop of this link: an idle link at the next
+    /// ping plus its timeout, a busy one at `timeout`; each end on its own clock.
+    pub fn detection_window(&self) -> Duration {
+        let idle = Duration::from_secs(self.ping_int_s) + Duration::from_millis(self.ping_timeout_ds * 100);
+        let busy = Duration::from_millis(self.timeout_ds * 100);
+        idle.max(busy)
+    }
+}
+
+impl DrbdState {
+    pub fn new(resources: Vec<Resource>, shown: Shown) -> Self {
+        Self {
+            resources,
+            quorum_enabled: shown.quorum_enabled,
+            detection_windows: shown.detection_windows,
+        }
+    }
+
+    /// The settings `drbdsetup show` gave this state.
+    pub fn shown(&self) -> Shown {
+        Shown {
+            quorum_enabled: self.quorum_enabled.clone(),
+            detection_windows: self.detection_windows.clone(),
+        }
+    }
+
+    /// How long DRBD may take to notice a silent drop of `resource`'s link to `peer`.
+    pub fn detection_window(&self, resource: &str, peer: &str) -> Duration {
+        self.detection_windows
+            .get(&(resource.to_owned(), peer.to_owned()))
+            .copied()
+            .unwrap_or_else(|| NetOptions::default().detection_window())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,18 +251,35 @@ pub fn parse_status(json: &str) -> Result<Vec<Resource>, ParseError> {
 /// Names of the resources with quorum enabled: `majority`, `all` or a number of votes (`off`,
 /// or no setting, leaves it disabled).
 pub fn parse_quorum_enabled(json: &str) -> Result<HashSet<String>, ParseError> {
+    Ok(parse_shown(json)?.quorum_enabled)
+}
+
+/// The quorum settings and each connection's detection window (its `net` options, `_name` the
+/// peer).
+pub fn parse_shown(json: &str) -> Result<Shown, ParseError> {
     if json.trim().is_empty() {
-        return Ok(HashSet::new());
+        return Ok(Shown::default());
     }
     let shown: Vec<ShownResource> = serde_json::from_str(json).map_err(|source| ParseError {
         command: "show",
         source,
     })?;
-    Ok(shown
-        .into_iter()
-        .filter(|r| r.options.quorum.as_deref().is_some_and(enables_quorum))
-        .map(|r| r.resource)
-        .collect())
+    let mut parsed = Shown::default();
+    for resource in shown {
+        for connection in &resource.connections {
+            let Some(peer) = connection.net.get("_name").and_then(|n| n.as_str()) else {
+                continue;
+            };
+            let window = NetOptions::from_shown(&connection.net).detection_window();
+            parsed
+                .detection_windows
+                .insert((resource.resource.clone(), peer.to_owned()), window);
+        }
+        if resource.options.quorum.as_deref().is_some_and(enables_quorum) {
+            parsed.quorum_enabled.insert(resource.resource);
+        }
+    }
+    Ok(parsed)
 }
 
 fn enables_quorum(setting: &str) -> bool {

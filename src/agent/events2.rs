@@ -38,7 +38,9 @@ pub(crate) struct Events2State {
 #[derive(Clone, Debug, Default)]
 struct Kept {
     role: String,
-    suspended: bool,
+    /// Why IO is suspended, as events2 prints it: `no`, or reasons joined by commas (`user`,
+    /// `no-data`, `fencing`, `quorum`). Empty until a line says.
+    suspended: String,
     force_io_failures: bool,
     /// Quorum by volume number.
     devices: BTreeMap<u32, bool>,
@@ -61,7 +63,6 @@ impl Events2State {
             .map(|(name, kept)| Resource {
                 name: name.clone(),
                 role: kept.role.clone(),
-                suspended: kept.suspended,
                 force_io_failures: kept.force_io_failures,
                 devices: kept.devices.values().map(|quorum| Device { quorum: *quorum }).collect(),
                 connections: kept
@@ -78,6 +79,7 @@ impl Events2State {
                         ..connection.clone()
                     })
                     .collect(),
+                ..suspension(&kept.suspended)
             })
             .collect()
     }
@@ -114,6 +116,16 @@ impl Events2State {
             },
             "change" => Verb::Change,
             "destroy" => Verb::Destroy,
+            "rename" if object == "resource" => {
+                let name = fields.get("name").ok_or_else(|| garbled("no resource name"))?;
+                let new_name = fields
+                    .get("new_name")
+                    .or_else(|| fields.get("new-name"))
+                    .ok_or_else(|| garbled("a rename without a new name"))?;
+                return self
+                    .rename(name, new_name)
+                    .ok_or_else(|| garbled("a rename of an unknown resource"));
+            }
             // `call helper`, `response helper`, and whatever a newer drbdsetup adds.
             _ => return Ok(Applied::Nothing),
         };
@@ -160,17 +172,17 @@ impl Events2State {
             _ => {
                 let created = !self.resources.contains_key(name);
                 let kept = self.resources.entry(name.to_owned()).or_default();
-                let before = (kept.role.clone(), kept.suspended, kept.force_io_failures);
+                let before = (kept.role.clone(), kept.suspended.clone(), kept.force_io_failures);
                 if let Some(role) = fields.get("role") {
                     kept.role = (*role).to_owned();
                 }
                 if let Some(suspended) = fields.get("suspended") {
-                    kept.suspended = *suspended != "no";
+                    kept.suspended = (*suspended).to_owned();
                 }
                 if let Some(forcing) = fields.get("force-io-failures") {
                     kept.force_io_failures = *forcing == "yes";
                 }
-                let after = (kept.role.clone(), kept.suspended, kept.force_io_failures);
+                let after = (kept.role.clone(), kept.suspended.clone(), kept.force_io_failures);
                 Ok(if created {
                     Applied::Created
                 } else if before != after {
@@ -180,6 +192,14 @@ impl Events2State {
                 })
             }
         }
+    }
+
+    /// The resource keeps its devices and connections under its new name; its settings are
+    /// read again under that name (`Created`).
+    fn rename(&mut self, name: &str, new_name: &str) -> Option<Applied> {
+        let kept = self.resources.remove(name)?;
+        self.resources.insert(new_name.to_owned(), kept);
+        Some(Applied::Created)
     }
 
     /// The resource a device or connection line is about: it must be known, except that an
@@ -197,6 +217,20 @@ enum Verb {
     Exists { created: bool },
     Change,
     Destroy,
+}
+
+/// The resource's suspension fields from what events2 printed (`no`, or `user,quorum`…).
+fn suspension(printed: &str) -> Resource {
+    let reasons: Vec<&str> = printed.split(',').filter(|r| !r.is_empty() && *r != "no").collect();
+    let has = |reason: &str| Some(reasons.contains(&reason));
+    Resource {
+        suspended: !reasons.is_empty(),
+        suspended_user: has("user"),
+        suspended_no_data: has("no-data"),
+        suspended_fencing: has("fencing"),
+        suspended_quorum: has("quorum"),
+        ..Default::default()
+    }
 }
 
 fn apply_device(resource: &mut Kept, verb: Verb, volume: u32, fields: &BTreeMap<&str, &str>) -> Applied {
@@ -328,6 +362,54 @@ mod tests {
             .unwrap();
         let r = &state.resources()[0];
         assert!(r.suspended && r.force_io_failures);
+    }
+
+    #[test]
+    fn a_suspension_says_why() {
+        let mut state = fed(&DUMP);
+        let r = &state.resources()[0];
+        assert!(!r.suspended && r.suspended_quorum == Some(false) && r.suspended_user == Some(false));
+        state.apply("change resource name:pvc-1 suspended:user").unwrap();
+        let r = &state.resources()[0];
+        assert!(r.suspended && r.suspended_user == Some(true) && !r.suspended_for_quorum());
+        assert_eq!(
+            state.apply("change resource name:pvc-1 suspended:user,quorum"),
+            Ok(Applied::Changed),
+            "a new reason is a change"
+        );
+        let r = &state.resources()[0];
+        assert!(r.suspended_user == Some(true) && r.suspended_for_quorum());
+        assert_eq!(r.suspended_no_data, Some(false));
+        state
+            .apply("change resource name:pvc-1 suspended:no-data,fencing")
+            .unwrap();
+        let r = &state.resources()[0];
+        assert!(r.suspended_no_data == Some(true) && r.suspended_fencing == Some(true) && !r.suspended_for_quorum());
+    }
+
+    #[test]
+    fn a_renamed_resource_goes_on_under_its_new_name() {
+        let mut state = fed(&DUMP);
+        assert_eq!(
+            state.apply("rename resource name:pvc-1 new_name:pvc-9"),
+            Ok(Applied::Created),
+            "its settings are read again under the new name"
+        );
+        assert_eq!(
+            state.apply("change resource name:pvc-9 role:Secondary"),
+            Ok(Applied::Changed)
+        );
+        let names: Vec<String> = state.resources().into_iter().map(|r| r.name).collect();
+        assert_eq!(names, ["pvc-9"]);
+        assert_eq!(state.resources()[0].connections.len(), 2, "kept whole");
+        assert!(
+            state.apply("change resource name:pvc-1 role:Primary").is_err(),
+            "the old name is gone"
+        );
+        assert!(
+            state.apply("rename resource name:pvc-9").is_err(),
+            "a rename without a new name"
+        );
     }
 
     #[test]

@@ -106,24 +106,96 @@ impl Heartbeat {
     }
 }
 
-/// Whether `node`'s agent still renews its heartbeat, read fresh: a report counts only while it
-/// does. `None` when it cannot be read.
-pub async fn renewing(
+/// What `node`'s agent states now, read fresh: whether it still renews its heartbeat, and the
+/// report on its report Lease, read after the heartbeat so that it is at least as new as the
+/// heartbeat it is weighed with. `None` when either cannot be read; every read tells `api` how
+/// the API server answered (a refusal or a throttle is an answer).
+pub async fn peer_now(
     leases: &Api<Lease>,
     node: &str,
     now: k8s_openapi::jiff::Timestamp,
     timeout: Duration,
-) -> Option<bool> {
-    let lease = match within(timeout, leases.get_opt(&lease_name(node))).await {
-        Ok(Ok(lease)) => lease,
-        _ => return None,
-    };
-    let Some(spec) = lease.and_then(|l| l.spec) else {
-        return Some(false);
-    };
-    let duration = k8s_openapi::jiff::SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
-    Some(
+    api: &ApiHealth,
+) -> Option<(bool, Option<Report>)> {
+    let heartbeat = within(timeout, leases.get_opt(&lease_name(node))).await;
+    api.record(&heartbeat);
+    let alive = heartbeat.ok()?.ok()?.and_then(|l| l.spec).is_some_and(|spec| {
+        let duration = k8s_openapi::jiff::SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
         spec.renew_time
-            .is_some_and(|renewed| renewed.0.checked_add(duration).is_ok_and(|expiry| expiry > now)),
-    )
+            .is_some_and(|renewed| renewed.0.checked_add(duration).is_ok_and(|expiry| expiry > now))
+    });
+    let stated = within(timeout, leases.get_opt(&report_lease_name(node))).await;
+    api.record(&stated);
+    let report = stated
+        .ok()?
+        .ok()?
+        .and_then(|lease| Report::parse(lease.metadata.annotations.as_ref()?.get(DRBD_REPORT_ANNOTATION)?));
+    Some((alive, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+
+    /// Leases served by a scripted API server: `status` for every request, with `body`.
+    fn leases_answering(status: u16, body: &'static str) -> Api<Lease> {
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| async move {
+            let mut response = http::Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            Ok::<_, std::convert::Infallible>(response)
+        });
+        Api::namespaced(Client::new(service, "default"), "default")
+    }
+
+    const REFUSED: &str =
+        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"no","reason":"Forbidden","code":403}"#;
+    const THROTTLED: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"slow down","reason":"TooManyRequests","code":429}"#;
+    const UNAVAILABLE: &str =
+        r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"not ready","code":503}"#;
+
+    #[tokio::test]
+    async fn a_refused_or_throttled_read_is_an_answer_and_a_server_error_is_not() {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        for (status, body, still_answering) in [(403, REFUSED, true), (429, THROTTLED, true), (503, UNAVAILABLE, false)]
+        {
+            let api = ApiHealth::default();
+            api.answered();
+            let read = peer_now(
+                &leases_answering(status, body),
+                "node-a",
+                now,
+                Duration::from_secs(5),
+                &api,
+            )
+            .await;
+            assert_eq!(read, None, "{status}: nothing known of the peer");
+            assert_eq!(api.answering_since().is_some(), still_answering, "{status}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_peers_report_is_read_fresh_with_its_heartbeat() {
+        let renewed = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
+        let report = r#"{\"resources\":{\"pvc-1\":{\"primary\":true,\"quorum\":true,\"connected\":[\"node-c\"],\"disconnected\":[\"node-b\"]}}}"#;
+        let lease = format!(
+            r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{{"name":"x","annotations":{{"{DRBD_REPORT_ANNOTATION}":"{report}"}}}},"spec":{{"holderIdentity":"node-a","leaseDurationSeconds":30,"renewTime":"{renewed}"}}}}"#
+        );
+        let body: &'static str = Box::leak(lease.into_boxed_str());
+        let api = ApiHealth::default();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let (alive, report) = peer_now(
+            &leases_answering(200, body),
+            "node-a",
+            now,
+            Duration::from_secs(5),
+            &api,
+        )
+        .await
+        .unwrap();
+        assert!(alive);
+        assert_eq!(report.unwrap().resources["pvc-1"].disconnected, ["node-b"]);
+        assert!(api.answering_since().is_some());
+    }
 }

@@ -415,7 +415,7 @@ mod tests {
                 name: "pvc-1".into(),
                 ..Default::default()
             }],
-            quorum_enabled: Default::default(),
+            ..Default::default()
         }
     }
 

@@ -15,7 +15,7 @@ use kube::{Api, Client};
 
 use super::api_health::ApiHealth;
 use super::drbd::DrbdState;
-use super::heartbeat::renewing;
+use super::heartbeat::peer_now;
 use super::observe::{Snapshot, node_view, observe, suspected_peers, trim_pod};
 use super::view::Observed;
 use crate::deadline::within;
@@ -88,9 +88,9 @@ async fn read_peer_pods(
     unreadable
 }
 
-/// Reads fresh the heartbeats of the agents whose reports may weigh on a suspected peer (the
-/// suspects' own, and those of the nodes that report on the same resources) and counts their
-/// reports only while they renew. Heartbeats are not watched: renewed all the time by every
+/// Reads fresh the heartbeats and reports of the agents whose reports may weigh on a suspected
+/// peer (the suspects' own, and those of the nodes that report on the same resources) and counts
+/// their reports only while they renew. Heartbeats are not watched: renewed all the time by every
 /// agent, they would make each agent's watch traffic grow with the square of the cluster.
 async fn confirm_alive(
     leases: &Api<Lease>,
@@ -116,16 +116,17 @@ async fn confirm_alive(
         .map(|(node, _)| node.clone())
         .collect();
     let now = Timestamp::now();
-    let checks = relevant.iter().map(|node| renewing(leases, node, now, timeout));
-    let renewing = futures::future::join_all(checks).await;
-    for (node, alive) in relevant.iter().zip(renewing) {
-        match alive {
-            Some(_) => api.answered(),
-            None => api.failed(),
+    let checks = relevant.iter().map(|node| peer_now(leases, node, now, timeout, api));
+    let read = futures::future::join_all(checks).await;
+    for (node, now) in relevant.iter().zip(read) {
+        let (Some(known), Some((alive, stated))) = (observed.reports.get_mut(node), now) else {
+            continue;
+        };
+        // The watch may lag behind a restatement: what was read with the heartbeat counts.
+        if let Some(stated) = stated {
+            known.report = stated;
         }
-        if let (Some(report), Some(alive)) = (observed.reports.get_mut(node), alive) {
-            report.alive = alive;
-        }
+        known.alive = alive;
     }
 }
 

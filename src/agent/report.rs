@@ -95,7 +95,7 @@ mod tests {
                 ],
                 ..Default::default()
             }],
-            quorum_enabled: Default::default(),
+            ..Default::default()
         };
         let report = Report::of(&state);
         let expected = ResourceReport {

@@ -2,7 +2,7 @@
 //! expires, or the periodic safety-net intervals; read, decide, act. [`run`] wires the parts,
 //! [`Rounds`] turns the loop.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,7 +17,7 @@ use super::act::{Executor, ExecutorSettings, Scope};
 use super::action::Action;
 use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
-use super::drbd::{DrbdState, Resource};
+use super::drbd::{DrbdState, Resource, Shown};
 use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
 use super::observe::observe;
@@ -250,31 +250,29 @@ impl Rounds {
         }
     }
 
-    /// Takes the state events2 described: no `drbdsetup status` on a change's path. The quorum
-    /// settings, which events2 never prints, are read when something was created or destroyed.
+    /// Takes the state events2 described: no `drbdsetup status` on a change's path. The settings
+    /// (quorum, net options), which events2 never prints, are read when something was created or
+    /// destroyed.
     async fn take_described(&mut self, resources: Vec<Resource>, created: bool) {
         self.described = Some(resources.clone());
-        let known = self.drbd_state.as_ref().map(|(state, _)| state.quorum_enabled.clone());
-        let quorum_enabled = match known.filter(|_| !created) {
+        let known = self.drbd_state.as_ref().map(|(state, _)| state.shown());
+        let shown = match known.filter(|_| !created) {
             Some(known) => known,
-            None => match self.read_quorum().await {
+            None => match self.read_shown().await {
                 Some(read) => read,
                 None => return,
             },
         };
-        let state = DrbdState {
-            resources,
-            quorum_enabled,
-        };
+        let state = DrbdState::new(resources, shown);
         record_resources(&self.metrics, &state);
         self.drbd_state = Some((state, Instant::now()));
     }
 
-    /// Reads the quorum settings (`drbdsetup show`); a failed read leaves no state to act on.
-    async fn read_quorum(&mut self) -> Option<HashSet<String>> {
+    /// Reads the DRBD settings (`drbdsetup show`); a failed read leaves no state to act on.
+    async fn read_shown(&mut self) -> Option<Shown> {
         let read = {
             let _timer = self.metrics.drbd_read.start_timer();
-            self.drbd.quorum_enabled().await
+            self.drbd.shown().await
         };
         match read {
             Ok(read) => {
@@ -284,7 +282,7 @@ impl Rounds {
             Err(err) => {
                 self.metrics.drbd_read_errors.inc();
                 self.drbd_state = None;
-                tracing::warn!(error = %err, "cannot read the DRBD quorum settings; no action until a read succeeds");
+                tracing::warn!(error = %err, "cannot read the DRBD settings (drbdsetup show); no action until a read succeeds");
                 None
             }
         }
@@ -327,14 +325,14 @@ impl Rounds {
         if self.quorum_read || !actions.iter().any(Action::is_destructive) {
             return (observed, actions);
         }
-        let Some(quorum_enabled) = self.read_quorum().await else {
+        let Some(shown) = self.read_shown().await else {
             let safe = actions.into_iter().filter(|a| !a.is_destructive()).collect();
             return (observed, safe);
         };
         if let Some((state, _)) = self.drbd_state.as_mut() {
-            state.quorum_enabled = quorum_enabled.clone();
+            *state = DrbdState::new(std::mem::take(&mut state.resources), shown.clone());
         }
-        observed.drbd.quorum_enabled = quorum_enabled;
+        observed.drbd = DrbdState::new(std::mem::take(&mut observed.drbd.resources), shown);
         let actions = decide::steps(&observed, &self.settings, &mut self.timers, now);
         (observed, actions)
     }
@@ -449,6 +447,7 @@ fn decision_settings(args: &AgentArgs) -> DecisionSettings {
         nfs_port: args.nfs_port,
         evacuate_taint: (args.node_drain_policy == DrainPolicy::Evacuate).then(|| args.evacuate_taint.clone()),
         peers_restate_within: *args.fail_over_timeout + *args.reconcile_interval,
+        report_interval: *args.reconcile_interval,
     }
 }
 

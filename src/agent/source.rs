@@ -5,8 +5,6 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use std::collections::HashSet;
-
 use async_trait::async_trait;
 use futures::FutureExt;
 use futures::stream::BoxStream;
@@ -14,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Command;
 use tokio::sync::mpsc::Sender;
 
-use super::drbd::{self, DrbdState};
+use super::drbd::{self, DrbdState, Shown};
 use super::events2::{Applied, Events2State};
 use crate::deadline::within;
 use crate::producer;
@@ -40,8 +38,8 @@ pub trait DrbdSource: Send + Sync {
     async fn read(&self) -> Result<DrbdState, DrbdError>;
     /// `drbdsetup secondary --force <resource>`.
     async fn force_secondary(&self, resource: &str) -> Result<(), DrbdError>;
-    /// Reads only the quorum settings (`drbdsetup show`): events2 never prints them.
-    async fn quorum_enabled(&self) -> Result<HashSet<String>, DrbdError>;
+    /// Reads only the settings (`drbdsetup show`: quorum, net options): events2 never prints them.
+    async fn shown(&self) -> Result<Shown, DrbdError>;
     /// What DRBD reports as it happens (the `events2` stream), as state.
     fn changes(&self) -> BoxStream<'static, DrbdChange>;
 }
@@ -91,18 +89,14 @@ impl DrbdSource for DrbdSetup {
         let (status, shown) =
             futures::future::try_join(self.run(&["status", "--json"]), self.run(&["show", "--json"])).await?;
         let resources = drbd::parse_status(&status)?;
-        let quorum_enabled = drbd::parse_quorum_enabled(&shown)?;
-        Ok(DrbdState {
-            resources,
-            quorum_enabled,
-        })
+        Ok(DrbdState::new(resources, drbd::parse_shown(&shown)?))
     }
 
-    async fn quorum_enabled(&self) -> Result<HashSet<String>, DrbdError> {
+    async fn shown(&self) -> Result<Shown, DrbdError> {
         if !self.proc_path.exists() {
-            return Ok(HashSet::new());
+            return Ok(Shown::default());
         }
-        Ok(drbd::parse_quorum_enabled(&self.run(&["show", "--json"]).await?)?)
+        Ok(drbd::parse_shown(&self.run(&["show", "--json"]).await?)?)
     }
 
     async fn force_secondary(&self, resource: &str) -> Result<(), DrbdError> {

@@ -86,7 +86,8 @@ pub fn resource(name: &str, role: &str, quorum: bool, peers: &[(&str, &str, &str
         })
         .collect();
     json!({
-        "name": name, "role": role, "suspended": false, "force-io-failures": false,
+        "name": name, "role": role, "suspended": false, "suspended-user": false, "suspended-no-data": false,
+        "suspended-fencing": false, "suspended-quorum": false, "force-io-failures": false,
         "devices": [{"volume": 0, "quorum": quorum, "ap-in-flight": 18446744073709551608u64}],
         "connections": connections,
     })

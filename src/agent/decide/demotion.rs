@@ -1,5 +1,6 @@
-//! Demotion of a suspended primary: one that no local pod uses is forced to Secondary after the
-//! hold-off, so that a peer can take over.
+//! Demotion of a primary whose IO is suspended because it lost quorum: one that no local pod
+//! uses is forced to Secondary after the hold-off, when a peer can take over. IO suspended for
+//! any other reason (a snapshot suspends it on every replica) is left to end by itself.
 
 use std::time::Instant;
 
@@ -28,9 +29,10 @@ pub(super) fn demotions(
     actions
 }
 
-/// A suspended primary with no local consumer (any pod of the volume here that has not finished
-/// and is not terminating, Pending included) is demoted after the hold-off. Any resource,
-/// quorum-enabled or not, with or without a PV. `Some` while the hold-off runs or is over.
+/// A primary suspended for quorum, without quorum, with no local consumer (any pod of the volume
+/// here that has not finished and is not terminating, Pending included) and a peer that can take
+/// over is demoted after the hold-off. Any resource, with or without a PV. `Some` while the
+/// hold-off runs or is over.
 fn demotion(
     observed: &Observed,
     settings: &DecisionSettings,
@@ -39,7 +41,10 @@ fn demotion(
     volume: Option<&VolumeView>,
     now: Instant,
 ) -> Option<Option<Action>> {
-    if !(resource.suspended && resource.is_primary()) {
+    if !(resource.suspended_for_quorum() && !resource.has_quorum() && resource.is_primary()) {
+        return None;
+    }
+    if !peer_can_take_over(observed, resource) {
         return None;
     }
     let consumed = volume.is_some_and(|v| {
@@ -61,11 +66,100 @@ fn demotion(
     }))
 }
 
+/// Whether a peer can take the primary role over: a live agent states the resource with quorum
+/// (it is on the side of the partition that has it). A peer still connected to this node is on
+/// this side, without quorum too.
+fn peer_can_take_over(observed: &Observed, resource: &Resource) -> bool {
+    observed.reports.iter().any(|(node, report)| {
+        *node != observed.node && report.alive && report.report.resources.get(&resource.name).is_some_and(|r| r.quorum)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::fixtures::*;
     use super::super::*;
     use super::*;
+
+    /// Whether the suspended primary `resource` of pvc-1 on node b, with no local consumer, is
+    /// forced down once the hold-off is over.
+    fn forced_down(resource: Resource, reports: &[(&str, PeerReport)]) -> bool {
+        let mut observed = primary_lost();
+        observed.drbd.resources[0] = resource;
+        observed.volumes.get_mut("pvc-1").unwrap().pods.clear();
+        observed.reports = reports.iter().map(|(n, r)| (n.to_string(), r.clone())).collect();
+        let t0 = Instant::now();
+        let mut timers = Timers::new();
+        decide(&observed, &settings(), &mut timers, t0);
+        kinds(&decide(
+            &observed,
+            &settings(),
+            &mut timers,
+            t0 + Duration::from_secs(5),
+        ))
+        .contains(&"secondary --force pvc-1".to_string())
+    }
+
+    #[test]
+    fn only_a_quorum_suspension_without_quorum_and_with_a_successor_forces_a_primary_down() {
+        let isolated = resource("Primary", false, &[("node-a", "Connecting", "Unknown")]);
+        let with_quorum = resource("Primary", true, &[("node-a", "Connected", "Secondary")]);
+        let successor = [("node-a", report(false, true, &["node-c"], &["node-b"], true))];
+        let suspended = |resource: &Resource, user: bool, quorum: bool| Resource {
+            suspended: true,
+            suspended_user: Some(user),
+            suspended_no_data: Some(false),
+            suspended_fencing: Some(false),
+            suspended_quorum: Some(quorum),
+            ..resource.clone()
+        };
+        let cases = [
+            (
+                "quorum suspension, no quorum, a peer with quorum",
+                suspended(&isolated, false, true),
+                &successor[..],
+                true,
+            ),
+            (
+                "snapshot (user) suspension with quorum",
+                suspended(&with_quorum, true, false),
+                &successor[..],
+                false,
+            ),
+            (
+                "snapshot (user) suspension, no quorum",
+                suspended(&isolated, true, false),
+                &successor[..],
+                false,
+            ),
+            (
+                "quorum suspension, nobody to take over",
+                suspended(&isolated, false, true),
+                &[][..],
+                false,
+            ),
+            (
+                "quorum suspension, the peer's agent is dead",
+                suspended(&isolated, false, true),
+                &[("node-a", report(false, true, &["node-c"], &["node-b"], false))][..],
+                false,
+            ),
+            (
+                "quorum suspension, the peer has no quorum either",
+                suspended(&isolated, false, true),
+                &[("node-a", report(false, false, &[], &["node-b", "node-c"], true))][..],
+                false,
+            ),
+        ];
+        for (case, resource, reports, expected) in cases {
+            assert_eq!(forced_down(resource, reports), expected, "{case}");
+        }
+        // A peer still connected to this node is in the same minority, whatever its disk.
+        let mut connected = suspended(&isolated, false, true);
+        connected.connections[0].connection_state = "Connected".into();
+        connected.connections[0].peer_devices = vec![peer_disk("UpToDate")];
+        assert!(!forced_down(connected, &[]), "a connected peer without a report");
+    }
 
     #[test]
     fn a_suspended_primary_without_local_consumers_is_demoted_after_the_hold_off() {
@@ -74,6 +168,12 @@ mod tests {
             suspended: true,
             ..resource("Primary", false, &[])
         };
+        // An older drbd-utils gives no reason; node a's agent states quorum: it can take over.
+        observed.reports = [(
+            "node-a".to_string(),
+            report(false, true, &["node-c"], &["node-b"], true),
+        )]
+        .into();
         let pending = PodView {
             running: false,
             ..pod("local", "node-b")

@@ -50,7 +50,11 @@ pub(super) fn fail_overs(
             // A node we know nothing of (neither cached nor found when read fresh) does not
             // exist: there is nothing to fail over, and it is never taken for NotReady.
             let Some(node) = observed.nodes.get(node) else { continue };
-            match evidence(observed, settings, resource, node, now) {
+            let drop = Drop {
+                peer: &peer.name,
+                seen: started,
+            };
+            match evidence(observed, settings, resource, node, &drop, now) {
                 Evidence::Alive(evidence) => holds.push(Action::HoldFailOver {
                     node: node.name.clone(),
                     resource: resource.name.clone(),
@@ -115,6 +119,12 @@ fn tainted_by_fail_over(observed: &Observed, node: &str) -> bool {
         .is_some_and(|n| n.taint_value(LOST_QUORUM_TAINT) == Some(TAINT_BY_FAIL_OVER))
 }
 
+/// A link to a peer seen down: the peer as DRBD names it, and since when this node sees it down.
+struct Drop<'a> {
+    peer: &'a str,
+    seen: Instant,
+}
+
 /// Weighs what else is known about a peer whose link to this node is down. One link is a
 /// suspicion; the peer is failed over only when nothing says it still holds the volume. What a
 /// Ready peer's agent said, or did not say, counts only once the API server has answered this
@@ -124,6 +134,7 @@ fn evidence(
     settings: &DecisionSettings,
     resource: &Resource,
     node: &NodeView,
+    drop: &Drop,
     now: Instant,
 ) -> Evidence {
     if !node.ready {
@@ -132,7 +143,7 @@ fn evidence(
     let heard_long_enough = observed
         .api_answering_since
         .is_some_and(|since| now.saturating_duration_since(since) >= settings.peers_restate_within);
-    match what_the_agents_said(observed, resource, node) {
+    match what_the_agents_said(observed, settings, resource, node, drop, now) {
         Evidence::Lost(said) if !heard_long_enough => Evidence::Alive(format!(
             "{said}, but the API server has not answered this agent for {:?} yet: after an outage the peers may not have restated",
             settings.peers_restate_within
@@ -141,8 +152,18 @@ fn evidence(
     }
 }
 
-/// What the peer's own agent and third nodes' agents state about a Ready peer.
-fn what_the_agents_said(observed: &Observed, resource: &Resource, node: &NodeView) -> Evidence {
+/// What the peer's own agent and third nodes' agents state about a Ready peer. A live agent whose
+/// report still shows the link to this node up has not spoken yet: its DRBD notices a silent
+/// drop on its own clock, up to the link's detection window after ours, and the agent reports
+/// within one report interval after that. Only then does its silence count.
+fn what_the_agents_said(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    resource: &Resource,
+    node: &NodeView,
+    drop: &Drop,
+    now: Instant,
+) -> Evidence {
     let alive_report = |name: &str| {
         observed
             .reports
@@ -159,6 +180,15 @@ fn what_the_agents_said(observed: &Observed, resource: &Resource, node: &NodeVie
             let role = if own.primary { "Primary" } else { "Secondary" };
             return Evidence::Alive(format!(
                 "its agent stated it is {role} with quorum after losing the link to {}",
+                observed.node
+            ));
+        }
+        let may_speak_for = observed.drbd.detection_window(&resource.name, drop.peer) + settings.report_interval;
+        if own.connected.iter().any(|p| observed.is_this_node(p))
+            && now.saturating_duration_since(drop.seen) < may_speak_for
+        {
+            return Evidence::Alive(format!(
+                "its agent still reports the link to {} up: its DRBD may take up to {may_speak_for:?} to notice the drop and say so",
                 observed.node
             ));
         }
@@ -409,9 +439,9 @@ mod tests {
                 hold.clone(),
             ),
             (
-                "a's last report is from before the drop",
+                "a's last report is from before the drop: its DRBD may not have noticed yet",
                 vec![("node-a", report(true, true, &["node-b", "node-c"], &[], true))],
-                fail_over.clone(),
+                hold.clone(),
             ),
             (
                 "a reports its quorum lost",
@@ -446,6 +476,52 @@ mod tests {
             "taint node-a drbd.linbit.com/lost-quorum",
             "a NotReady node is lost whatever it said"
         );
+    }
+
+    #[test]
+    fn a_peer_still_reporting_the_link_up_has_until_drbds_detection_window_to_speak() {
+        // b's DRBD noticed the drop at t0; a's notices it on its own clock, up to the detection
+        // window later (ping-int 10 s + ping-timeout 0.5 s by default), and its agent reports it
+        // within one report interval after that.
+        let settings = DecisionSettings {
+            report_interval: Duration::from_secs(2),
+            ..settings()
+        };
+        let mut not_yet = link_lost();
+        not_yet.reports = [(
+            "node-a".to_string(),
+            report(true, true, &["node-b", "node-c"], &[], true),
+        )]
+        .into();
+        let t0 = Instant::now();
+        let at = |observed: &Observed, seconds: f64| {
+            let mut timers = Timers::new();
+            decide(observed, &settings, &mut timers, t0);
+            kinds(&decide(
+                observed,
+                &settings,
+                &mut timers,
+                t0 + Duration::from_secs_f64(seconds),
+            ))
+        };
+        assert_eq!(at(&not_yet, 5.0), ["hold node-a"], "5 s: a may not have noticed yet");
+        assert_eq!(at(&not_yet, 12.4), ["hold node-a"], "10.5 s + 2 s not over yet");
+        assert_eq!(
+            at(&not_yet, 12.5),
+            ["taint node-a drbd.linbit.com/lost-quorum", "evict app"],
+            "past the window: its silence counts"
+        );
+        // The window follows the connection's own net options, as `drbdsetup show` gives them.
+        let mut slow = not_yet.clone();
+        slow.drbd
+            .detection_windows
+            .insert(("pvc-1".into(), "node-a".into()), Duration::from_secs(20));
+        assert_eq!(at(&slow, 21.0), ["hold node-a"]);
+        assert_eq!(at(&slow, 22.0)[0], "taint node-a drbd.linbit.com/lost-quorum");
+        // A dead agent's last report does not hold anything.
+        let mut dead = not_yet.clone();
+        dead.reports.get_mut("node-a").unwrap().alive = false;
+        assert_eq!(at(&dead, 5.0)[0], "taint node-a drbd.linbit.com/lost-quorum");
     }
 
     #[test]

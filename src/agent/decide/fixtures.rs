@@ -107,6 +107,7 @@ pub(crate) fn primary_lost() -> Observed {
                 ],
             )],
             quorum_enabled: ["pvc-1".to_string()].into(),
+            ..Default::default()
         },
         volumes: [("pvc-1".to_string(), volume)].into(),
         nodes: [

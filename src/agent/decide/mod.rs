@@ -38,6 +38,8 @@ pub struct DecisionSettings {
     /// stated loss of quorum counts: time for the peers to restate after an outage
     /// (`--fail-over-timeout` + `--reconcile-interval`).
     pub peers_restate_within: Duration,
+    /// How soon a peer's agent states a change of its DRBD view (`--reconcile-interval`).
+    pub report_interval: Duration,
 }
 
 #[cfg(test)]
@@ -52,6 +54,7 @@ impl DecisionSettings {
             nfs_port: 2049,
             evacuate_taint: None,
             peers_restate_within: Duration::ZERO,
+            report_interval: Duration::from_secs(5),
         }
     }
 }
