@@ -100,6 +100,8 @@ pub struct Timers {
     pub fail_over: HashMap<(String, String), Instant>,
     /// Per resource: when it was first seen as a suspended primary without local consumers.
     pub suspended: HashMap<String, Instant>,
+    /// Since when some local quorum-enabled resource has lacked quorum, without a break.
+    pub quorum_lost: Option<Instant>,
     /// The resources this node served (as the primary of a shared volume) at the last decision;
     /// `None` before the first.
     pub serving: Option<BTreeSet<String>>,
@@ -129,6 +131,7 @@ impl Timers {
         self.fail_over
             .values()
             .chain(self.suspended.values())
+            .chain(self.quorum_lost.iter())
             .map(move |started| *started + timeout)
     }
 }

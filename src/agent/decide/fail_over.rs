@@ -39,7 +39,8 @@ pub(super) fn fail_overs(
             let node = observed.kube_node(&peer.name);
             let key = (resource.name.clone(), peer.name.clone());
             let under_way = timers.fail_over.contains_key(&key) || tainted_by_fail_over(observed, node);
-            if !(writes_there(volume, node) || under_way && still_holds(volume, node)) {
+            let starts = writes_there(volume, node) || orphan_attachment_on_lost_node(observed, volume, node);
+            if !(starts || under_way && still_holds(volume, node)) {
                 continue;
             }
             let started = *timers.fail_over.entry(key.clone()).or_insert(now);
@@ -85,10 +86,19 @@ pub(super) fn fail_overs(
 }
 
 /// Whether a fail-over of the volume from the peer's node may start: a running pod there writes
-/// to it. Readers lose nothing a fail-over would give back, and an attachment alone (a pod gone,
-/// a detach pending) is left to Kubernetes.
+/// to it. Readers lose nothing a fail-over would give back.
 fn writes_there(volume: &VolumeView, node: &str) -> bool {
     volume.pods.iter().any(|p| p.node == node && p.running && !p.read_only)
+}
+
+/// Whether the peer's node is NotReady and holds an attachment of the volume that no pod there
+/// uses any more (deleted, or finished): the pod's replacement elsewhere waits on it (Multi-Attach)
+/// until Kubernetes detaches it from the unreachable node, about six minutes later.
+fn orphan_attachment_on_lost_node(observed: &Observed, volume: &VolumeView, node: &str) -> bool {
+    let not_ready = observed.nodes.get(node).is_some_and(|n| !n.ready);
+    not_ready
+        && volume.attachments.iter().any(|a| a.node == node)
+        && !volume.pods.iter().any(|p| p.node == node && !p.finished)
 }
 
 /// Whether a fail-over under way still has something to move off the peer's node: a pod that
@@ -276,9 +286,9 @@ fn fail_over_steps(settings: &DecisionSettings, volume: &VolumeView, node: &Node
     steps
 }
 
-/// The blast-radius guard over whole fail-overs: a node whose taint would leave more than the
-/// allowed share of storage nodes tainted is not failed over at all (one Refused instead). This
-/// counts the taints it can see (this node and the suspected peers); before a taint is written
+/// The blast-radius guard over whole fail-overs: a node whose fail-over would leave more than the
+/// allowed share of storage nodes tainted or failed over is not failed over at all (one Refused
+/// instead), whether or not its steps taint it. This counts the taints it can see (this node and the suspected peers); before a taint is written
 /// the executor counts again from fresh reads of every storage node (`super::guard`).
 fn guard_fail_overs(
     observed: &Observed,
@@ -295,19 +305,25 @@ fn guard_fail_overs(
     for (node, mut steps) in fail_overs {
         let mut seen = HashSet::new();
         steps.retain(|step| seen.insert(step.key()));
-        let taints = steps.iter().position(|s| matches!(s, Action::Taint { .. }));
-        match taints {
-            Some(at) => match guard_allows(&tainted, &node, storage.len(), settings.max_tainted_fraction) {
-                Ok(()) => {
-                    tainted.insert(node);
-                    actions.extend(steps);
-                }
-                Err(over) => actions.push(Action::Refused {
-                    action: Box::new(steps.swap_remove(at)),
-                    why: over.to_string(),
-                }),
-            },
-            None => actions.extend(steps),
+        if steps.is_empty() {
+            continue;
+        }
+        // Every fail-over counts, tainted or not (`--disable-node-taints`, its own agent's taint
+        // already there); one the guard let through before (its taint says so) goes on.
+        let allowed = if tainted_by_fail_over(observed, &node) {
+            Ok(())
+        } else {
+            guard_allows(&tainted, &node, storage.len(), settings.max_tainted_fraction)
+        };
+        match allowed {
+            Ok(()) => {
+                tainted.insert(node);
+                actions.extend(steps);
+            }
+            Err(over) => actions.push(Action::Refused {
+                action: Box::new(steps.swap_remove(0)),
+                why: over.to_string(),
+            }),
         }
     }
     actions
@@ -644,7 +660,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_writer_on_the_peer_starts_a_fail_over() {
+    fn a_writer_or_a_dead_pods_attachment_on_the_peer_starts_a_fail_over() {
         let mut readers = primary_lost();
         for pod in &mut readers.volumes.get_mut("pvc-1").unwrap().pods {
             pod.read_only = true;
@@ -654,15 +670,24 @@ mod tests {
         let mut finished = primary_lost();
         finished.volumes.get_mut("pvc-1").unwrap().pods[0].finished = true;
         finished.volumes.get_mut("pvc-1").unwrap().pods[0].running = false;
+        let mut timers = Timers::new();
+        assert!(after_timeout(&readers, &settings()).is_empty(), "readers only");
+        decide(&readers, &settings(), &mut timers, Instant::now());
+        assert!(timers.fail_over.is_empty(), "readers only: no timer");
+        // The attachment of a pod already gone (deleted, or finished) on a lost node holds the
+        // volume for Kubernetes's six minutes (Multi-Attach): it is removed.
         for (case, observed) in [
-            ("every consumer mounts it read-only", &readers),
             ("an attachment without a pod", &attachment_alone),
             ("an attachment and a finished pod", &finished),
         ] {
-            let mut timers = Timers::new();
-            assert!(after_timeout(observed, &settings()).is_empty(), "{case}");
-            decide(observed, &settings(), &mut timers, Instant::now());
-            assert!(timers.fail_over.is_empty(), "{case}: no timer");
+            assert_eq!(
+                after_timeout(observed, &settings()),
+                [
+                    "taint node-a drbd.linbit.com/lost-quorum",
+                    "delete-attachment csi-att-1"
+                ],
+                "{case}"
+            );
         }
         // A fail-over under way before this agent restarted (its taint is there) still removes
         // the attachment it left.
@@ -675,6 +700,13 @@ mod tests {
         assert_eq!(
             after_timeout(&attachment_alone, &settings()),
             ["delete-attachment csi-att-1"]
+        );
+        // On a Ready node whose agent is silent, an attachment alone is Kubernetes's to detach.
+        let mut ready = link_lost();
+        ready.volumes.get_mut("pvc-1").unwrap().pods.clear();
+        assert!(
+            after_timeout(&ready, &settings()).is_empty(),
+            "a Ready node's attachment"
         );
     }
 
@@ -773,6 +805,34 @@ mod tests {
             after_timeout(&observed, &settings())[0],
             "taint node-a drbd.linbit.com/lost-quorum",
             "2 of 6 storage nodes"
+        );
+    }
+
+    #[test]
+    fn the_guard_counts_fail_overs_not_taints() {
+        // Node c already failed over: 2 of 3 storage nodes would be, over 0.5.
+        let mut observed = primary_lost();
+        observed
+            .nodes
+            .insert("node-c".into(), node("node-c", true, &[LOST_QUORUM_TAINT]).1);
+        let quiet = DecisionSettings {
+            disable_node_taints: true,
+            ..settings()
+        };
+        assert_eq!(
+            after_timeout(&observed, &quiet),
+            ["refused force-delete app"],
+            "without taints, the fail-over is still counted and refused whole"
+        );
+        // Node a already carries the taint: counted once, and its other steps still pass only
+        // within the limit.
+        observed
+            .nodes
+            .insert("node-a".into(), node("node-a", false, &[LOST_QUORUM_TAINT]).1);
+        assert_eq!(
+            after_timeout(&observed, &settings()),
+            ["refused force-delete app"],
+            "a and c tainted: 2 of 3"
         );
     }
 

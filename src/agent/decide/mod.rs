@@ -81,7 +81,7 @@ pub fn steps(observed: &Observed, settings: &DecisionSettings, timers: &mut Time
     actions.extend(demotion::demotions(observed, settings, timers, now));
     actions.extend(evacuation::evictions(observed, settings));
     if !settings.disable_node_taints {
-        actions.extend(own_taints::lost_quorum(observed));
+        actions.extend(own_taints::lost_quorum(observed, settings, timers, now));
         actions.extend(own_taints::force_io_error(observed));
     }
     actions.extend(fail_over::fail_overs(observed, settings, timers, now));

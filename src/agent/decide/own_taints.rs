@@ -1,14 +1,23 @@
 //! This node's own taints: `lost-quorum` while a local resource lacks quorum, `force-io-error`
 //! while one forces IO errors; each removed by this node's agent when the cause is gone.
 
+use std::time::Instant;
+
+use super::DecisionSettings;
 use crate::agent::action::{Action, Cause};
-use crate::agent::view::Observed;
+use crate::agent::view::{Observed, Timers};
 use crate::names::{FORCE_IO_ERROR_TAINT, LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER, TAINT_BY_OWN_AGENT};
 
-/// The lost-quorum taint on this node: added while a local resource lacks quorum; removed when
-/// none does if this agent put it, or, if a peer put it in a fail-over, once the node is back
-/// with every resource reconnected.
-pub(super) fn lost_quorum(observed: &Observed) -> Option<Action> {
+/// The lost-quorum taint on this node: added once a local resource has lacked quorum for the
+/// fail-over timeout (a resource being created or a node booting lacks it for a moment); removed
+/// when none does if this agent put it, or, if a peer put it in a fail-over, once the node is
+/// back with every resource reconnected.
+pub(super) fn lost_quorum(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    timers: &mut Timers,
+    now: Instant,
+) -> Option<Action> {
     let quorum_enabled = || {
         observed
             .drbd
@@ -24,8 +33,13 @@ pub(super) fn lost_quorum(observed: &Observed) -> Option<Action> {
     let node = observed.node.clone();
     let own = observed.nodes.get(&node);
     let value = own.and_then(|n| n.taint_value(LOST_QUORUM_TAINT));
+    if lost.is_empty() {
+        timers.quorum_lost = None;
+    }
     if !lost.is_empty() {
-        return value.is_none().then(|| Action::Taint {
+        let since = *timers.quorum_lost.get_or_insert(now);
+        let long_enough = now.duration_since(since) >= settings.fail_over_timeout;
+        return (value.is_none() && long_enough).then(|| Action::Taint {
             node,
             key: LOST_QUORUM_TAINT,
             value: TAINT_BY_OWN_AGENT,
@@ -93,14 +107,39 @@ mod tests {
         observed.drbd.resources[0].devices[0].quorum = false;
         observed.drbd.resources[0].force_io_failures = true;
         observed.volumes.get_mut("pvc-1").unwrap().pods = vec![pod("local", "node-b")];
-        let actions = decide(&observed, &settings(), &mut Timers::new(), Instant::now());
+        let t0 = Instant::now();
+        let mut timers = Timers::new();
+        let actions = decide(&observed, &settings(), &mut timers, t0);
+        assert_eq!(
+            kinds(&actions),
+            ["evict local", "taint node-b drbd.linbit.com/force-io-error"],
+            "a resource just without quorum may be one being created, or a node booting"
+        );
+        let actions = decide(&observed, &settings(), &mut timers, t0 + Duration::from_secs(5));
         assert_eq!(
             kinds(&actions),
             [
                 "evict local",
                 "taint node-b drbd.linbit.com/lost-quorum",
                 "taint node-b drbd.linbit.com/force-io-error"
-            ]
+            ],
+            "without quorum for the fail-over timeout"
+        );
+        // Quorum back in between: the wait starts again.
+        let mut timers = Timers::new();
+        decide(&observed, &settings(), &mut timers, t0);
+        let mut back = observed.clone();
+        back.drbd.resources[0].devices[0].quorum = true;
+        decide(&back, &settings(), &mut timers, t0 + Duration::from_secs(3));
+        let actions = kinds(&decide(
+            &observed,
+            &settings(),
+            &mut timers,
+            t0 + Duration::from_secs(6),
+        ));
+        assert!(
+            !actions.contains(&"taint node-b drbd.linbit.com/lost-quorum".to_string()),
+            "{actions:?}"
         );
         let mut healed = primary_lost();
         healed.drbd.resources[0].connections.clear();
