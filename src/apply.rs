@@ -108,15 +108,30 @@ pub async fn apply_annotations(
     pv_name: &str,
     annotations: &[(&str, &str)],
 ) -> Result<PersistentVolume, kube::Error> {
+    apply_annotations_over(pvs, field_manager, pv_name, annotations, None).await
+}
+
+/// [`apply_annotations`], written only while the PV is at `resource_version` (a 409 Conflict
+/// otherwise): the write of a decision taken over that version.
+pub async fn apply_annotations_over(
+    pvs: &Api<PersistentVolume>,
+    field_manager: &str,
+    pv_name: &str,
+    annotations: &[(&str, &str)],
+    resource_version: Option<&str>,
+) -> Result<PersistentVolume, kube::Error> {
     let annotations: serde_json::Map<String, Value> = annotations
         .iter()
         .map(|(key, value)| (key.to_string(), Value::from(*value)))
         .collect();
-    let patch = json!({
+    let mut patch = json!({
         "apiVersion": "v1",
         "kind": "PersistentVolume",
         "metadata": {"name": pv_name, "annotations": annotations},
     });
+    if let Some(version) = resource_version.filter(|v| !v.is_empty()) {
+        patch["metadata"]["resourceVersion"] = Value::from(version);
+    }
     let params = PatchParams::apply(field_manager).force();
     pvs.patch(pv_name, &params, &Patch::Apply(&patch)).await
 }

@@ -331,7 +331,10 @@ impl Executor {
         match action {
             Action::Refused { action: refused, why } => return self.refusal(about, refused.failing_over(), why),
             // A report, not a write: told once while the same evidence holds.
-            Action::HoldFailOver { .. } | Action::HoldEvacuation { .. } | Action::WarnCoexistence { .. } => {
+            Action::HoldFailOver { .. }
+            | Action::HoldPublication { .. }
+            | Action::HoldEvacuation { .. }
+            | Action::WarnCoexistence { .. } => {
                 if let Action::HoldFailOver { .. } = action {
                     self.metrics.held_fail_overs.inc();
                 }
@@ -531,16 +534,21 @@ impl Executor {
                     endpoint,
                     over_version,
                     node: &self.settings.node,
+                    retry_for: self.settings.operations_timeout / 2,
                 },
             )
             .await?
             {
                 Followed::Rewritten => Outcome::Done(None),
+                Followed::Superseded => Outcome::Skipped(format!(
+                    "PV {pv} changed since version {over_version}, which this was decided over"
+                )),
                 Followed::Skipped(why) => Outcome::Done(Some(format!(
                     "only the service endpoint was published, the endpoints are left to the controller: {why}"
                 ))),
             },
             Action::HoldFailOver { .. }
+            | Action::HoldPublication { .. }
             | Action::HoldEvacuation { .. }
             | Action::WarnCoexistence { .. }
             | Action::Refused { .. } => Outcome::Skipped("nothing to write".into()),

@@ -72,6 +72,13 @@ pub enum Action {
         pv: String,
         evidence: String,
     },
+    /// A publication of this node that would be wrong now: why, in words.
+    HoldPublication {
+        node: String,
+        resource: String,
+        pv: String,
+        why: String,
+    },
     /// An evacuation that would stop the volume: no connected peer has all of its data.
     HoldEvacuation {
         node: String,
@@ -119,6 +126,10 @@ pub enum ActionKey {
         resource: String,
         evidence: String,
     },
+    HoldPublication {
+        resource: String,
+        why: String,
+    },
     HoldEvacuation(String),
     WarnCoexistence(Vec<String>),
     Refused(Box<ActionKey>),
@@ -145,7 +156,7 @@ impl From<&PodView> for PodRef {
 
 impl Action {
     /// Every value [`Action::kind`] returns (metrics start each at 0).
-    pub const KINDS: [&'static str; 10] = [
+    pub const KINDS: [&'static str; 11] = [
         "taint",
         "untaint",
         "evict",
@@ -154,6 +165,7 @@ impl Action {
         "force_secondary",
         "publish",
         "hold_fail_over",
+        "hold_publication",
         "hold_evacuation",
         "warn_coexistence",
     ];
@@ -198,6 +210,10 @@ impl Action {
                 resource: resource.clone(),
                 evidence: evidence.clone(),
             },
+            Self::HoldPublication { resource, why, .. } => ActionKey::HoldPublication {
+                resource: resource.clone(),
+                why: why.clone(),
+            },
             Self::HoldEvacuation { resource, .. } => ActionKey::HoldEvacuation(resource.clone()),
             Self::WarnCoexistence { pods, .. } => ActionKey::WarnCoexistence(pods.clone()),
             Self::Refused { action, .. } => ActionKey::Refused(Box::new(action.key())),
@@ -223,6 +239,7 @@ impl Action {
             Self::ForceSecondary { .. } => "force_secondary",
             Self::PublishServiceEndpoint { .. } => "publish",
             Self::HoldFailOver { .. } => "hold_fail_over",
+            Self::HoldPublication { .. } => "hold_publication",
             Self::HoldEvacuation { .. } => "hold_evacuation",
             Self::WarnCoexistence { .. } => "warn_coexistence",
             Self::Refused { action, .. } => action.kind(),
@@ -247,6 +264,9 @@ impl Action {
                 evidence,
                 ..
             } => format!("hold the fail-over of node {node} for DRBD resource {resource}: {evidence}"),
+            Self::HoldPublication { node, pv, why, .. } => {
+                format!("hold the publication of node {node} as the NFS server of PV {pv}: {why}")
+            }
             Self::HoldEvacuation { node, resource, .. } => {
                 format!("hold the evacuation of DRBD resource {resource} from node {node}")
             }
@@ -268,9 +288,14 @@ impl Action {
             | Self::Evict { note, .. }
             | Self::ForceDelete { note, .. }
             | Self::DeleteAttachment { note, .. } => note,
-            Self::ForceSecondary { .. } => "the resource is suspended and no local pod uses it",
+            Self::ForceSecondary { .. } => {
+                "its IO is suspended for lost quorum, no local pod uses it, and a peer with quorum can take the primary role over"
+            }
             Self::PublishServiceEndpoint { .. } => "this node is the DRBD primary with quorum",
             Self::HoldFailOver { .. } => "one disconnected link is not evidence that the peer lost the volume",
+            Self::HoldPublication { .. } => {
+                "the endpoint stays where it is until this node's DRBD state says otherwise; if it lasts, compare `drbdsetup status` on the nodes named"
+            }
             Self::HoldEvacuation { .. } => {
                 "no connected peer has an UpToDate replica to take the primary role over: evicting its consumers would stop the volume; bring a replica up to date or add one"
             }
@@ -338,6 +363,7 @@ impl Action {
             Self::ForceSecondary { .. } => (EventType::Warning, "SuspendedPrimaryDemoted"),
             Self::PublishServiceEndpoint { .. } => (EventType::Normal, "ServiceEndpointMoved"),
             Self::HoldFailOver { .. } => (EventType::Normal, "FailOverHeld"),
+            Self::HoldPublication { .. } => (EventType::Warning, "PublicationHeld"),
             Self::HoldEvacuation { .. } => (EventType::Warning, "EvacuationHeld"),
             Self::WarnCoexistence { .. } => (EventType::Warning, "PiraeusHaControllerRunning"),
             Self::Refused { .. } => (EventType::Warning, "FailOverRefused"),
@@ -357,6 +383,7 @@ impl Action {
             Self::ForceSecondary { pv: Some(pv), .. }
             | Self::PublishServiceEndpoint { pv, .. }
             | Self::HoldFailOver { pv, .. }
+            | Self::HoldPublication { pv, .. }
             | Self::HoldEvacuation { pv, .. } => reference::<PersistentVolume>(None, pv, None),
             Self::ForceSecondary { node, pv: None, .. } | Self::WarnCoexistence { node, .. } => {
                 reference::<Node>(None, node, None)
@@ -498,6 +525,12 @@ mod tests {
                 resource: "r".into(),
                 pv: "pv".into(),
                 evidence: String::new(),
+            },
+            Action::HoldPublication {
+                node: node(),
+                resource: "r".into(),
+                pv: "pv".into(),
+                why: "w".into(),
             },
             Action::HoldEvacuation {
                 node: node(),

@@ -8,7 +8,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 
-use crate::apply::apply_annotations;
+use std::time::Duration;
+
+use crate::apply::apply_annotations_over;
 use crate::kube_client::api_status;
 use crate::names::{AGENT_FIELD_MANAGER, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::desired::{moved_endpoints, service_name};
@@ -22,6 +24,9 @@ pub enum Followed {
     Rewritten,
     /// Left to the controller, with the reason (not created yet, or a change of address family).
     Skipped(String),
+    /// Nothing written: the PV changed since the move was decided (another node's move, most
+    /// likely); the next round decides again over what it is now.
+    Superseded,
 }
 
 /// One move of a volume's endpoints to this node.
@@ -34,6 +39,8 @@ pub struct Move<'a> {
     pub over_version: &'a str,
     /// This node: the stamp says who moved the endpoints, and when.
     pub node: &'a str,
+    /// How long the endpoints' writes are tried again.
+    pub retry_for: Duration,
 }
 
 /// Publishes the move's endpoint on the PV and points the claim's Endpoints and EndpointSlice at
@@ -63,12 +70,21 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
         field_manager: Some(AGENT_FIELD_MANAGER.into()),
         ..Default::default()
     };
-    let (published, endpoints, slice) = tokio::join!(
-        apply_annotations(&pvs, AGENT_FIELD_MANAGER, to.pv, &annotations),
-        endpoints.patch(&name, &params, &endpoints_patch),
-        slices.patch(&name, &params, &slice_patch),
-    );
+    // The PV first, and only at the version the move was decided over: a newer move by another
+    // node is never overwritten, and the endpoints are not pointed here for a move that lost.
+    let published = apply_annotations_over(&pvs, AGENT_FIELD_MANAGER, to.pv, &annotations, Some(to.over_version)).await;
+    if let Err(err) = &published
+        && api_status(err) == Some(409)
+    {
+        return Ok(Followed::Superseded);
+    }
     published?;
+    // Then both endpoints at once, each tried again on a failure that may pass: once the PV
+    // says this node, no publication is decided again to repair them.
+    let (endpoints, slice) = tokio::join!(
+        patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for),
+        patch_retrying(&slices, &name, &params, &slice_patch, to.retry_for),
+    );
     let ClaimKey { namespace, .. } = to.claim;
     for written in [endpoints.map(|_| ()), slice.map(|_| ())] {
         match written {
@@ -88,4 +104,126 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
         }
     }
     Ok(Followed::Rewritten)
+}
+
+/// A merge patch, tried again with a growing pause while it fails for a reason that may pass
+/// (a conflict, a throttle, a server error, a broken connection), for at most `retry_for`.
+async fn patch_retrying<K>(
+    api: &Api<K>,
+    name: &str,
+    params: &PatchParams,
+    patch: &Patch<&serde_json::Value>,
+    retry_for: Duration,
+) -> Result<K, kube::Error>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let give_up = tokio::time::Instant::now() + retry_for;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match api.patch(name, params, patch).await {
+            Err(err) if may_pass(&err) && tokio::time::Instant::now() + pause < give_up => {
+                tracing::debug!(object = %name, error = %err, "endpoint write failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            written => return written,
+        }
+    }
+}
+
+/// Whether a failed write may succeed when tried again as it is.
+fn may_pass(err: &kube::Error) -> bool {
+    match api_status(err) {
+        Some(status) => status == 409 || status == 429 || status >= 500,
+        None => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+
+    use super::*;
+
+    const CONFLICT: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#;
+    const UNAVAILABLE: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":503}"#;
+
+    /// A scripted API server: `answer(path, how many requests to that path before)` gives the
+    /// status and body; every request's path is recorded.
+    fn scripted(answer: fn(&str, usize) -> (u16, &'static str)) -> (Client, Arc<Mutex<Vec<String>>>) {
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let log = seen.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let path = request.uri().path().to_owned();
+            let before = {
+                let mut seen = log.lock().unwrap();
+                let before = seen.iter().filter(|p| **p == path).count();
+                seen.push(path.clone());
+                before
+            };
+            let (status, body) = answer(&path, before);
+            async move {
+                let mut response = http::Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+                *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        });
+        (Client::new(service, "default"), seen)
+    }
+
+    fn a_move(claim: &ClaimKey) -> Move<'_> {
+        Move {
+            pv: "pvc-1",
+            claim,
+            endpoint: "10.0.0.2:2049",
+            over_version: "41",
+            node: "node-b",
+            retry_for: Duration::from_secs(5),
+        }
+    }
+
+    fn claim() -> ClaimKey {
+        ClaimKey {
+            namespace: "apps".into(),
+            name: "data".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_move_decided_over_an_older_pv_writes_nothing_else() {
+        let (client, seen) = scripted(|path, _| match path.contains("persistentvolumes") {
+            true => (409, CONFLICT),
+            false => (200, "{}"),
+        });
+        let claim = claim();
+        assert_eq!(
+            publish_and_follow(&client, a_move(&claim)).await.unwrap(),
+            Followed::Superseded
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1, "the endpoints are not pointed here");
+    }
+
+    #[tokio::test]
+    async fn an_endpoint_write_that_fails_for_a_while_is_tried_again() {
+        let (client, seen) = scripted(|path, before| match path.contains("endpointslices") && before < 2 {
+            true => (503, UNAVAILABLE),
+            false => (200, "{}"),
+        });
+        let claim = claim();
+        assert_eq!(
+            publish_and_follow(&client, a_move(&claim)).await.unwrap(),
+            Followed::Rewritten
+        );
+        let slices = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.contains("endpointslices"))
+            .count();
+        assert_eq!(slices, 3);
+    }
 }

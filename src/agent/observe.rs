@@ -16,6 +16,7 @@ use super::report::Report;
 use super::view::{AttachmentView, NodeView, Observed, PeerReport, PodView, VolumeView};
 use crate::names::{DRBD_REPORT_ANNOTATION, IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
+use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, csi_resource_name};
 
 /// The cached objects one decision round looks at.
@@ -90,6 +91,7 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
             attachments,
             shared_claim: claim.clone().filter(|_| pv_backs_shared_claim(pv)),
             service_endpoint: pv.annotations().get(SERVICE_ENDPOINT_ANNOTATION).cloned(),
+            moved_by: MoveStamp::read(pv.metadata.annotations.as_ref()).and_then(|stamp| stamp.node),
         };
         volumes.insert(resource, view);
     }

@@ -58,6 +58,8 @@ pub struct VolumeView {
     /// The ReadWriteMany claim the PV backs, served over NFS (its endpoints follow the primary).
     pub shared_claim: Option<ClaimKey>,
     pub service_endpoint: Option<String>,
+    /// The node whose agent moved the endpoint last, as its stamp on the PV says.
+    pub moved_by: Option<String>,
 }
 
 /// What a peer's agent last stated about its DRBD resources, from its heartbeat Lease.
@@ -105,9 +107,18 @@ pub struct Timers {
     /// The resources this node served (as the primary of a shared volume) at the last decision;
     /// `None` before the first.
     pub serving: Option<BTreeSet<String>>,
+    /// Per resource: this node's last publication, and the DRBD view it was decided over.
+    pub published: HashMap<String, Publication>,
     /// Fail-overs finished since the shell last took them: a volume's fail-over from the first
     /// sign of loss to its last step seen done.
     pub fail_overs_done: Vec<FailOverDone>,
+}
+
+/// A publication this node decided: over which PV version, seeing what of its DRBD resource.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Publication {
+    pub over_version: String,
+    pub view: super::drbd::Resource,
 }
 
 /// One volume's fail-over, finished: nothing of it is left on the lost node.

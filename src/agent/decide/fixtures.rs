@@ -93,6 +93,7 @@ pub(crate) fn primary_lost() -> Observed {
             name: "data".into(),
         }),
         service_endpoint: Some("10.0.0.1:2049".into()),
+        moved_by: None,
     };
     Observed {
         node: "node-b".into(),
@@ -164,6 +165,7 @@ pub(crate) fn kinds(actions: &[Action]) -> Vec<String> {
             Action::PublishServiceEndpoint { pv, endpoint, .. } => format!("publish {pv} {endpoint}"),
             Action::HoldFailOver { node, .. } => format!("hold {node}"),
             Action::HoldEvacuation { resource, .. } => format!("hold evacuation {resource}"),
+            Action::HoldPublication { resource, .. } => format!("hold publication {resource}"),
             Action::WarnCoexistence { pods, .. } => format!("warn coexistence {}", pods.join(",")),
             Action::Refused { action, .. } => format!("refused {}", kinds(&[(**action).clone()])[0]),
         })
