@@ -41,6 +41,8 @@ pub struct ExecutorSettings {
     /// First retry delay of a failed action; it doubles up to [`ExecutorSettings::max_backoff`].
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// Oldest DRBD state a step that takes something may be carried out over.
+    pub max_state_age: Duration,
 }
 
 /// How one action ended.
@@ -226,6 +228,18 @@ impl Executor {
         for action in &actions {
             let key = action.key();
             if action.failing_over().is_some_and(|node| refused_nodes.contains(node)) || !self.due(&key, now) {
+                continue;
+            }
+            // Steps run one after another, each bounded by the operations timeout: the state a
+            // late one was decided over may be gone by its turn. The next round decides again.
+            let state_age = drbd_read_at.elapsed();
+            if action.takes_something() && state_age > self.settings.max_state_age {
+                tracing::warn!(
+                    action = %action.describe(),
+                    ?state_age,
+                    "the DRBD state this step was decided over is older than {:?}; it waits for the next round",
+                    self.settings.max_state_age
+                );
                 continue;
             }
             let about = About::of(action);
@@ -688,6 +702,7 @@ mod tests {
             cooldown: Duration::from_secs(60),
             max_concurrent_publications: 8,
             min_backoff: Duration::from_millis(50),
+            max_state_age: Duration::from_secs(2),
             max_backoff: Duration::from_millis(400),
         };
         let events = EventSink::new(stub_client(), "test", None);
@@ -881,6 +896,31 @@ mod tests {
         let refused = metrics.refused_actions.with_label_values(&["taint", "guard"]).get();
         let deleted = metrics.actions.with_label_values(&["force_delete", "ok"]).get();
         assert_eq!((refused, deleted), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn each_step_that_takes_something_checks_the_age_of_the_state() {
+        // The round read DRBD 10 s ago (its fresh reads waited on the API server): the demotion
+        // waits for the next round; what takes nothing goes on.
+        let mut drbd = MockDrbdSource::new();
+        drbd.expect_force_secondary().times(0);
+        let (mut executor, metrics) = stub_executor(drbd, false);
+        let untaint = Action::Untaint {
+            node: "node-b".into(),
+            key: crate::names::LOST_QUORUM_TAINT,
+            cause: Cause::LostQuorum,
+            note: String::new(),
+        };
+        let read_at = Instant::now() - Duration::from_secs(10);
+        executor
+            .run(Scope::Steps, vec![demote(), untaint], read_at, &no_nodes())
+            .await;
+        let demoted = metrics.actions.with_label_values(&["force_secondary", "ok"]).get();
+        let untaint_tried: u64 = ["ok", "skipped", "failed"]
+            .iter()
+            .map(|result| metrics.actions.with_label_values(&["untaint", result]).get())
+            .sum();
+        assert_eq!((demoted, untaint_tried), (0, 1));
     }
 
     #[tokio::test]

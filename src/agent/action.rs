@@ -315,6 +315,11 @@ impl Action {
         )
     }
 
+    /// Whether it must act on a fresh DRBD state: destructive, or a step of a fail-over.
+    pub fn takes_something(&self) -> bool {
+        self.is_destructive() || self.failing_over().is_some()
+    }
+
     /// The node this action fails over, if it is part of a fail-over: the blast-radius guard
     /// refuses all of a node's fail-over or none of it.
     pub fn failing_over(&self) -> Option<&str> {

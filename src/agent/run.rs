@@ -390,35 +390,12 @@ impl Rounds {
         let (observed, actions) = self.fresh_steps(observed).await;
         self.executor
             .record_fail_overs_done(self.timers.fail_overs_done.drain(..));
-        let actions = without_steps_over_a_stale_state(actions, read_at.elapsed(), 2 * self.status_interval);
         if !actions.is_empty() {
             tracing::debug!(?actions, "decided");
         }
         let storage_nodes = observed.storage_nodes();
         self.executor.run(Scope::Steps, actions, read_at, &storage_nodes).await;
     }
-}
-
-/// The steps that take something from a peer or from this node (taints, evictions and deletions
-/// of a fail-over, attachment deletions, forced demotions) act on what DRBD said when the round's
-/// state was read. A round that waited on the API server (its fresh reads can take up to
-/// `--operations-timeout`) may by then decide over a link that has come back or a peer that was
-/// promoted: past `max_age` those steps are left to the next round, which sees the newer state.
-fn without_steps_over_a_stale_state(actions: Vec<Action>, state_age: Duration, max_age: Duration) -> Vec<Action> {
-    if state_age <= max_age {
-        return actions;
-    }
-    let (kept, left): (Vec<Action>, Vec<Action>) = actions
-        .into_iter()
-        .partition(|action| !action.is_destructive() && action.failing_over().is_none());
-    if !left.is_empty() {
-        tracing::warn!(
-            state_age = ?state_age,
-            steps = left.len(),
-            "the DRBD state these steps were decided over is older than {max_age:?}; they wait for the next round"
-        );
-    }
-    kept
 }
 
 /// States this node's DRBD view on its heartbeat Lease when it changed; returns what is stated
@@ -461,6 +438,7 @@ fn executor_settings(args: &AgentArgs) -> ExecutorSettings {
         max_concurrent_publications: args.max_concurrent_publications.into(),
         min_backoff: Duration::from_secs(1),
         max_backoff: Duration::from_secs(120),
+        max_state_age: 2 * *args.drbd_status_interval,
     }
 }
 
@@ -584,48 +562,6 @@ mod tests {
         assert!(next_wake(next_read, &expired, &settings, reconcile) >= next_read);
         let running = timers(now - Duration::from_secs(3));
         assert!(next_wake(next_read, &running, &settings, reconcile) < now + Duration::from_secs(3));
-    }
-
-    #[test]
-    fn steps_that_take_something_wait_for_a_fresh_state() {
-        use crate::agent::action::{Cause, PodRef};
-        use crate::names::{LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER};
-        let pod = |name: &str| PodRef {
-            namespace: "apps".into(),
-            name: name.into(),
-            uid: format!("uid-{name}"),
-            node: "node-a".into(),
-        };
-        let actions = vec![
-            Action::Taint {
-                node: "node-a".into(),
-                key: LOST_QUORUM_TAINT,
-                value: TAINT_BY_FAIL_OVER,
-                cause: Cause::FailOver,
-                note: String::new(),
-            },
-            Action::Evict {
-                pod: pod("app"),
-                cause: Cause::FailOver,
-                note: String::new(),
-            },
-            Action::Untaint {
-                node: "node-b".into(),
-                key: LOST_QUORUM_TAINT,
-                cause: Cause::LostQuorum,
-                note: String::new(),
-            },
-            Action::Evict {
-                pod: pod("drained"),
-                cause: Cause::Evacuation,
-                note: String::new(),
-            },
-        ];
-        let limit = Duration::from_secs(2);
-        let fresh = without_steps_over_a_stale_state(actions.clone(), Duration::from_secs(1), limit);
-        assert_eq!(fresh, actions);
-        let stale = without_steps_over_a_stale_state(actions.clone(), Duration::from_secs(11), limit);
-        assert_eq!(stale, actions[2..], "the fail-over's taint and eviction wait");
     }
 
     #[test]

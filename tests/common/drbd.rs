@@ -35,8 +35,9 @@ impl SimNode {
     }
 
     /// Replaces the node's DRBD state; every resource has `quorum majority`, and each connection
-    /// `ping-int 1` (a tuned DRBD notices a silent drop within 1.5 s, where the defaults take
-    /// 10.5 s), as `drbdsetup show --json` prints options set away from their defaults.
+    /// `ping-int 1` and `timeout 5` (DRBD wants `timeout` below `ping-int`): a tuned DRBD that
+    /// notices a silent drop within 1.5 s, where the defaults take 10.5 s. `drbdsetup show --json`
+    /// prints the options set away from their defaults, as here.
     pub fn set(&self, resources: &[Value]) {
         let shown: Vec<Value> = resources
             .iter()
@@ -46,7 +47,7 @@ impl SimNode {
                     .into_iter()
                     .flatten()
                     .enumerate()
-                    .map(|(i, c)| json!({"_peer_node_id": i + 1, "net": {"_name": c["name"], "ping-int": "1"}}))
+                    .map(|(i, c)| json!({"_peer_node_id": i + 1, "net": {"_name": c["name"], "ping-int": "1", "timeout": "5"}}))
                     .collect();
                 json!({"resource": r["name"], "options": {"quorum": "majority"}, "connections": connections})
             })
