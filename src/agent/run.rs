@@ -146,6 +146,8 @@ struct Rounds {
     /// What this node last stated on its report Lease.
     reported: Option<Report>,
     drbd_due: bool,
+    /// When the last full read started and ended: what events2 described before it is older.
+    last_read: Option<(Instant, Instant)>,
     /// Scheduled from the last attempt, not the last success: a failing drbdsetup is retried at
     /// the status interval, not in a tight loop.
     next_read: Instant,
@@ -199,6 +201,7 @@ impl Rounds {
             quorum_read: false,
             reported: None,
             drbd_due: true,
+            last_read: None,
             next_read: Instant::now(),
             next_resync: Instant::now() + *args.resync_interval,
         }
@@ -243,10 +246,16 @@ impl Rounds {
     fn heard(&mut self, change: DrbdChange) {
         match change {
             DrbdChange::Unknown => self.drbd_due = true,
-            DrbdChange::State { resources, created } => {
-                let created = created || self.pending.as_ref().is_some_and(|(_, created)| *created);
-                self.pending = Some((resources, created));
-            }
+            DrbdChange::State { resources, created, at } => match against_read(at, self.last_read) {
+                AgainstRead::Older => {
+                    tracing::debug!("events2 described a state older than the last read; passed over")
+                }
+                AgainstRead::During => self.drbd_due = true,
+                AgainstRead::Newer => {
+                    let created = created || self.pending.as_ref().is_some_and(|(_, created)| *created);
+                    self.pending = Some((resources, created));
+                }
+            },
         }
     }
 
@@ -289,7 +298,8 @@ impl Rounds {
     }
 
     async fn read_drbd(&mut self) {
-        self.next_read = Instant::now() + self.status_interval;
+        let started = Instant::now();
+        self.next_read = started + self.status_interval;
         self.drbd_due = false;
         // What events2 said before this read is older than it.
         self.pending = None;
@@ -297,6 +307,7 @@ impl Rounds {
             let _timer = self.metrics.drbd_read.start_timer();
             self.drbd.read().await
         };
+        self.last_read = Some((started, Instant::now()));
         match read {
             Ok(state) => {
                 self.quorum_read = true;
@@ -412,6 +423,25 @@ async fn report(heartbeat: &Heartbeat, state: &DrbdState, reported: Option<Repor
             tracing::warn!(error = %err, "cannot state this node's DRBD view on its heartbeat Lease");
             reported
         }
+    }
+}
+
+/// Where a state events2 described stands against the last full read (`started`, `ended`).
+#[derive(Debug, PartialEq, Eq)]
+enum AgainstRead {
+    /// Described before the read started: the read is newer, the description is passed over.
+    Older,
+    /// Described while the read ran: which is newer cannot be told, so DRBD is read again.
+    During,
+    /// Described after the read: taken in.
+    Newer,
+}
+
+fn against_read(described_at: Instant, last_read: Option<(Instant, Instant)>) -> AgainstRead {
+    match last_read {
+        Some((started, _)) if described_at < started => AgainstRead::Older,
+        Some((_, ended)) if described_at <= ended => AgainstRead::During,
+        _ => AgainstRead::Newer,
     }
 }
 
@@ -562,6 +592,26 @@ mod tests {
         assert!(next_wake(next_read, &expired, &settings, reconcile) >= next_read);
         let running = timers(now - Duration::from_secs(3));
         assert!(next_wake(next_read, &running, &settings, reconcile) < now + Duration::from_secs(3));
+    }
+
+    #[test]
+    fn what_events2_described_while_or_before_a_read_ran_is_not_taken_as_newer() {
+        let t0 = Instant::now();
+        let read = Some((t0 + Duration::from_millis(100), t0 + Duration::from_millis(300)));
+        let cases = [
+            (0, None, AgainstRead::Newer),
+            (50, read, AgainstRead::Older),
+            (200, read, AgainstRead::During),
+            (300, read, AgainstRead::During),
+            (301, read, AgainstRead::Newer),
+        ];
+        for (millis, last_read, expected) in cases {
+            assert_eq!(
+                against_read(t0 + Duration::from_millis(millis), last_read),
+                expected,
+                "{millis} ms"
+            );
+        }
     }
 
     #[test]

@@ -152,6 +152,8 @@ pub enum DrbdChange {
     State {
         resources: Vec<drbd::Resource>,
         created: bool,
+        /// When the burst was read whole: a full read started after it is newer.
+        at: std::time::Instant,
     },
     /// The stream said something that does not parse, or ended: read everything.
     Unknown,
@@ -205,6 +207,7 @@ async fn follow_events2(stdout: impl tokio::io::AsyncRead + Unpin, sender: &Send
             (true, true) => DrbdChange::State {
                 resources: state.resources(),
                 created,
+                at: std::time::Instant::now(),
             },
             _ => continue,
         };
@@ -319,6 +322,7 @@ esac
             DrbdChange::State {
                 resources,
                 created: true,
+                ..
             },
         ] = sent.as_slice()
         else {
