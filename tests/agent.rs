@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, fail_over_durations, healthy, lost,
-    no_labels, pod_state, resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction,
+    no_labels, pod_state, resource, slice_addresses, suspended, teardown, three_nodes, untouched, wait_for_eviction,
     wait_for_taint,
 };
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually};
@@ -229,13 +229,6 @@ async fn own_taints_follow_quorum_and_io_errors_and_a_suspended_primary_is_demot
     })
     .await;
     teardown(env, vec![agent, agent_a]).await;
-}
-
-/// `resource` with its IO suspended for `reason`, as `drbdsetup status --json` prints it.
-fn suspended(mut resource: serde_json::Value, reason: &str) -> serde_json::Value {
-    resource["suspended"] = json!(true);
-    resource[format!("suspended-{reason}")] = json!(true);
-    resource
 }
 
 #[tokio::test]

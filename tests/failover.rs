@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
-    resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint,
+    resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint, with_diskless_peer,
 };
 use common::kubelet::Kubelet;
 use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving};
@@ -89,6 +89,67 @@ async fn a_dropped_link_alone_never_takes_down_a_healthy_primary() {
         "the event names the node and the evidence: {note}"
     );
     assert!(agents[1].metric("storageos_drbd_agent_held_fail_overs_total").await >= 1.0);
+    teardown(env, agents).await;
+}
+
+/// DRBD's ends notice a silent drop on their own clocks: node a (Primary, a writer pod) keeps
+/// quorum through c, a diskless tie-breaker whose node runs no agent; the a–b link drops, b's DRBD
+/// notices at once and a's 8 s later (DRBD's default net options: up to 10.5 s). Meanwhile a's
+/// agent, alive, still reports the link up: b holds instead of evicting a healthy primary's pod.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_primary_whose_drbd_notices_the_drop_late_keeps_its_workload() {
+    let (env, nodes, pv) = app_on_node_a("failover-late-detection").await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    for node in [a, b] {
+        node.set_net_options(json!({}));
+    }
+    let state = |role, peers: &[(&str, &str, &str)]| with_diskless_peer(resource(&pv, role, true, peers), &c.name);
+    a.set(&[state(
+        "Primary",
+        &[peer(b, "Connected", "Secondary"), peer(c, "Connected", "Secondary")],
+    )]);
+    b.set(&[state(
+        "Secondary",
+        &[peer(a, "Connected", "Primary"), peer(c, "Connected", "Secondary")],
+    )]);
+    let agents = vec![env.start_agent(a, &[]).await, env.start_agent(b, &[]).await];
+
+    b.set(&[state(
+        "Secondary",
+        &[peer(a, "Connecting", "Unknown"), peer(c, "Connected", "Secondary")],
+    )]);
+    let dropped = Instant::now();
+    while dropped.elapsed() < Duration::from_secs(8) {
+        assert!(
+            untouched(&env, "app").await,
+            "evicted {:?} after b noticed",
+            dropped.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    a.set(&[state(
+        "Primary",
+        &[peer(b, "Connecting", "Unknown"), peer(c, "Connected", "Secondary")],
+    )]);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(
+        untouched(&env, "app").await,
+        "a stated quorum after the drop: its pod stays"
+    );
+    assert_eq!(
+        drbd_taints(&env, &a.name).await,
+        None,
+        "no taint on the healthy primary"
+    );
+    let held = cluster_events(&env, &pv, "FailOverHeld").await;
+    let notes: Vec<String> = held.iter().filter_map(|e| e.note.clone()).collect();
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("still reports the link") && n.contains("10.5s")),
+        "the hold names the detection window of DRBD's defaults: {notes:?}"
+    );
     teardown(env, agents).await;
 }
 

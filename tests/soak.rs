@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster::PrivateCluster;
-use common::drbd::{NODE_LABEL, SimNode, resource, slice_addresses};
+use common::drbd::{NODE_LABEL, SimNode, resource, slice_addresses, suspended};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, serving};
 use futures::StreamExt;
@@ -71,9 +71,14 @@ enum Fault {
     EditObject,
     DeleteObject,
     SlowDrbd,
+    /// A link drops silently; one end's DRBD notices up to `ping-int` after the other.
+    LateDetection,
+    /// A volume's IO is suspended on every replica (a LINSTOR snapshot), quorum kept, for longer
+    /// than the fail-over timeout.
+    SuspendIo,
 }
 
-const FAULTS: [Fault; 11] = [
+const FAULTS: [Fault; 13] = [
     Fault::KillController,
     Fault::KillAgent,
     Fault::RestartApiserver,
@@ -85,15 +90,26 @@ const FAULTS: [Fault; 11] = [
     Fault::EditObject,
     Fault::DeleteObject,
     Fault::SlowDrbd,
+    Fault::LateDetection,
+    Fault::SuspendIo,
 ];
 
-/// The DRBD world as the soak plays it: which nodes are up, which links carry traffic, and the
-/// primary of each volume.
+/// The soak's DRBD net options: a silent drop is noticed within `ping-int` 3 s + `ping-timeout`
+/// 0.5 s (`timeout` 2.5 s stays below `ping-int`, as DRBD wants).
+const PING_INT: Duration = Duration::from_secs(3);
+
+/// The DRBD world as the soak plays it: which nodes are up, which links carry traffic, the
+/// primary of each volume, what each node's DRBD has not noticed yet, and the volumes whose IO is
+/// suspended.
 #[derive(Clone, Debug)]
 struct World {
     up: [bool; 3],
     link: [[bool; 3]; 3],
     primary: Vec<Option<usize>>,
+    /// (i, j): until when node i's DRBD still sees its dropped link to j connected.
+    unnoticed: HashMap<(usize, usize), Instant>,
+    /// Volumes whose IO is suspended by request (`user`) on every replica.
+    suspended: Vec<bool>,
 }
 
 impl World {
@@ -102,7 +118,20 @@ impl World {
             up: [true; 3],
             link: [[true; 3]; 3],
             primary: (0..VOLUMES).map(|v| Some(v % 3)).collect(),
+            unnoticed: HashMap::new(),
+            suspended: vec![false; VOLUMES],
         }
+    }
+
+    /// Whether node i's DRBD sees its link to j connected: it is, or i has not noticed the drop.
+    fn seen_connected(&self, i: usize, j: usize) -> bool {
+        let late = self.unnoticed.get(&(i, j)).is_some_and(|until| Instant::now() < *until);
+        self.connected(i, j) || (late && self.up[i] && self.up[j])
+    }
+
+    /// Quorum as node i's DRBD sees it.
+    fn seen_quorum(&self, i: usize) -> bool {
+        self.up[i] && (0..3).any(|j| j != i && self.seen_connected(i, j))
     }
 
     fn connected(&self, i: usize, j: usize) -> bool {
@@ -149,7 +178,7 @@ impl World {
                 let peers: Vec<(&str, &str, &str)> = (0..3)
                     .filter(|&j| j != i)
                     .map(|j| {
-                        let (state, role) = match (self.connected(i, j), self.primary[v] == Some(j)) {
+                        let (state, role) = match (self.seen_connected(i, j), self.primary[v] == Some(j)) {
                             (true, true) => ("Connected", "Primary"),
                             (true, false) => ("Connected", "Secondary"),
                             (false, _) => ("Connecting", "Unknown"),
@@ -162,7 +191,12 @@ impl World {
                 } else {
                     "Secondary"
                 };
-                resource(&pvs[v], role, self.quorum(i), &peers)
+                let state = resource(&pvs[v], role, self.seen_quorum(i), &peers);
+                if self.suspended[v] {
+                    suspended(state, "user")
+                } else {
+                    state
+                }
             })
             .collect()
     }
@@ -318,6 +352,9 @@ async fn soak() {
     );
     let env = common::setup_on(cluster.config().await, "soak").await;
     let nodes = env.sim_nodes(&NODES).await;
+    for node in &nodes {
+        node.set_net_options(json!({"ping-int": PING_INT.as_secs().to_string(), "timeout": "25"}));
+    }
     let mut pvs = Vec::new();
     for v in 0..VOLUMES {
         let (_, pv) = env
@@ -360,7 +397,10 @@ async fn soak() {
     collect(&soak).await;
     let violations = soak.truth.lock().unwrap().violations.clone();
     let total: usize = faults.values().sum();
-    let by_kind: Vec<String> = faults.iter().map(|(f, n)| format!("{f:?} {n}")).collect();
+    let by_kind: Vec<String> = FAULTS
+        .iter()
+        .map(|f| format!("{f:?} {}", faults.get(f).unwrap_or(&0)))
+        .collect();
     let converged = converged.map_or("never".to_string(), |c| format!("{:.1}", c.as_secs_f64()));
     for process in soak.controllers.iter_mut().chain(soak.agents.iter_mut()) {
         if let Some(process) = process.take() {
@@ -408,6 +448,10 @@ enum Undo {
     Reconnect(usize),
     Return(usize),
     Unhang(usize),
+    /// A late end's DRBD notices its dropped link.
+    Notice(usize, usize),
+    /// A volume's suspended IO resumes.
+    Resume(usize),
 }
 
 impl Undo {
@@ -419,6 +463,8 @@ impl Undo {
             Self::Reconnect(i) => format!("reconnect {}", NODES[*i]),
             Self::Return(i) => format!("return {}", NODES[*i]),
             Self::Unhang(i) => format!("unhang drbdsetup on {}", NODES[*i]),
+            Self::Notice(i, j) => format!("{} notices its link to {} is down", NODES[*i], NODES[*j]),
+            Self::Resume(v) => format!("resume IO of volume {v}"),
         }
     }
 }
@@ -433,7 +479,7 @@ async fn play(soak: &mut Soak, rng: &mut Rng, length: Duration) -> (BTreeMap<Fau
     let mut last_restart = Instant::now() - Duration::from_secs(60);
     while Instant::now() < end {
         undo_due(soak, &mut pending, false).await;
-        soak.keep_consumers().await;
+        harness("keeping the consumers", soak.keep_consumers()).await;
         let fault = FAULTS[rng.below(FAULTS.len())];
         if inject(soak, rng, fault, &mut pending, &mut restart, &mut last_restart).await {
             *faults.entry(fault).or_insert(0) += 1;
@@ -447,13 +493,30 @@ async fn play(soak: &mut Soak, rng: &mut Rng, length: Duration) -> (BTreeMap<Fau
     }
     let settled = Instant::now();
     while settled.elapsed() < CONVERGE_BOUND {
-        soak.keep_consumers().await;
-        if converged(soak).await {
+        harness("keeping the consumers", soak.keep_consumers()).await;
+        if harness("checking convergence", converged(soak)).await == Some(true) {
             return (faults, Some(settled.elapsed()));
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     (faults, None)
+}
+
+/// Runs a step of the harness's own (the scheduler, kubelets and attacher it plays, or a check)
+/// that may meet an API server in the middle of a restart: a panic there is the harness's, said
+/// as such and tried again later, never taken for a violation of the product's promises.
+async fn harness<T>(what: &str, step: impl std::future::Future<Output = T>) -> Option<T> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(step).catch_unwind().await {
+        Ok(done) => Some(done),
+        Err(_) => {
+            println!(
+                "soak {}: harness: {what} failed (the API server restarting?); trying again",
+                wall_clock()
+            );
+            None
+        }
+    }
 }
 
 async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool) {
@@ -485,6 +548,14 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
             }
             Undo::Unhang(i) => {
                 let _ = std::fs::remove_file(soak.nodes[i].dir.join("hang"));
+            }
+            Undo::Notice(i, j) => {
+                soak.world.unnoticed.remove(&(i, j));
+                soak.write_world();
+            }
+            Undo::Resume(v) => {
+                soak.world.suspended[v] = false;
+                soak.write_world();
             }
         }
     }
@@ -608,6 +679,29 @@ async fn inject(
             let i = rng.below(3);
             std::fs::write(soak.nodes[i].dir.join("hang"), "").unwrap();
             pending.push((later(rng, 1_000, 3_000), Undo::Unhang(i)));
+        }
+        Fault::LateDetection => {
+            let (i, j) = (rng.below(3), rng.below(3));
+            if i == j || !soak.world.connected(i, j) {
+                return false;
+            }
+            let (late, early) = if rng.below(2) == 0 { (i, j) } else { (j, i) };
+            let notices = later(rng, 300, PING_INT.as_millis() as u64);
+            soak.world.unnoticed.insert((late, early), notices);
+            soak.world.link[i][j] = false;
+            soak.world.link[j][i] = false;
+            soak.write_world();
+            pending.push((notices, Undo::Notice(late, early)));
+            pending.push((later(rng, 5_000, 10_000), Undo::Mend(i, j)));
+        }
+        Fault::SuspendIo => {
+            let v = rng.below(VOLUMES);
+            if soak.world.suspended[v] {
+                return false;
+            }
+            soak.world.suspended[v] = true;
+            soak.write_world();
+            pending.push((later(rng, 2_000, 6_000), Undo::Resume(v)));
         }
     }
     true
@@ -754,6 +848,33 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
                     "attachment {} deleted on the healthy primary of volume {v}",
                     attachment.name_any()
                 ));
+            }
+        }
+    }));
+
+    // A healthy primary forced to Secondary (its IO suspended for a snapshot is no reason).
+    let (truth, pvs) = (soak.truth.clone(), soak.pvs.clone());
+    let dirs: Vec<std::path::PathBuf> = soak.nodes.iter().map(|n| n.dir.clone()).collect();
+    tasks.push(tokio::spawn(async move {
+        let mut seen = vec![0; dirs.len()];
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            for (i, dir) in dirs.iter().enumerate() {
+                let calls = std::fs::read_to_string(dir.join("calls")).unwrap_or_default();
+                let forced: Vec<&str> = calls.lines().filter(|l| l.starts_with("secondary --force")).collect();
+                for call in &forced[seen[i].min(forced.len())..] {
+                    let Some(v) = pvs.iter().position(|pv| call.ends_with(pv.as_str())) else {
+                        continue;
+                    };
+                    let mut truth = truth.lock().unwrap();
+                    if truth.long_healthy(v, i) {
+                        truth.violation(format!(
+                            "node {}, the healthy primary of volume {v}, forced to Secondary",
+                            NODES[i]
+                        ));
+                    }
+                }
+                seen[i] = forced.len();
             }
         }
     }));

@@ -35,10 +35,13 @@ impl SimNode {
     }
 
     /// Replaces the node's DRBD state; every resource has `quorum majority`, and each connection
-    /// `ping-int 1` and `timeout 5` (DRBD wants `timeout` below `ping-int`): a tuned DRBD that
-    /// notices a silent drop within 1.5 s, where the defaults take 10.5 s. `drbdsetup show --json`
-    /// prints the options set away from their defaults, as here.
+    /// the node's net options ([`SimNode::set_net_options`]). `drbdsetup show --json` prints the
+    /// options set away from their defaults, as here.
     pub fn set(&self, resources: &[Value]) {
+        let net = std::fs::read_to_string(self.dir.join("net.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+            .unwrap_or_else(tuned_net_options);
         let shown: Vec<Value> = resources
             .iter()
             .map(|r| {
@@ -47,7 +50,11 @@ impl SimNode {
                     .into_iter()
                     .flatten()
                     .enumerate()
-                    .map(|(i, c)| json!({"_peer_node_id": i + 1, "net": {"_name": c["name"], "ping-int": "1", "timeout": "5"}}))
+                    .map(|(i, c)| {
+                        let mut options = net.clone();
+                        options["_name"] = c["name"].clone();
+                        json!({"_peer_node_id": i + 1, "net": options})
+                    })
                     .collect();
                 json!({"resource": r["name"], "options": {"quorum": "majority"}, "connections": connections})
             })
@@ -57,6 +64,13 @@ impl SimNode {
             &self.dir.join("status.json"),
             &Value::from(resources.to_vec()).to_string(),
         );
+    }
+
+    /// The net options of the node's connections from the next [`SimNode::set`] on, as
+    /// `drbdsetup show --json` prints them (`{}`: DRBD's defaults, which notice a silent drop
+    /// within 10.5 s).
+    pub fn set_net_options(&self, options: Value) {
+        write_atomically(&self.dir.join("net.json"), &options.to_string());
     }
 
     /// The environment variable that tells the fake drbdsetup which node it is.
@@ -80,29 +94,69 @@ pub fn node_monitor_grace_period() -> Duration {
         .unwrap_or(Duration::from_secs(50))
 }
 
+/// `ping-int 1` and `timeout 5` (DRBD wants `timeout` below `ping-int`): a tuned DRBD that
+/// notices a silent drop within 1.5 s. The tests' default, so that the agents' hold for a peer's
+/// late detection stays short.
+fn tuned_net_options() -> Value {
+    json!({"ping-int": "1", "timeout": "5"})
+}
+
 fn write_atomically(path: &std::path::Path, contents: &str) {
     let temp = path.with_extension("tmp");
     std::fs::write(&temp, contents).unwrap();
     std::fs::rename(temp, path).unwrap();
 }
 
-/// One DRBD resource as `drbdsetup status --json` prints it; peers are (name, state, role).
+/// One DRBD resource as `drbdsetup status --json` prints it; peers are (name, state, role). Two
+/// volumes, as LINSTOR CSI's NFS volumes have: the data (0) and a small recovery volume (1).
 pub fn resource(name: &str, role: &str, quorum: bool, peers: &[(&str, &str, &str)]) -> Value {
     let connections: Vec<Value> = peers
         .iter()
         .map(|(peer, state, role)| {
             // As DRBD has it: a connected peer's replica is in sync, a lost one's unknown.
             let disk = if *state == "Connected" { "UpToDate" } else { "DUnknown" };
-            json!({"name": peer, "connection-state": state, "peer-role": role,
-                   "peer_devices": [{"volume": 0, "peer-disk-state": disk}]})
+            let peer_devices: Vec<Value> = VOLUMES
+                .iter()
+                .map(|v| json!({"volume": v, "peer-disk-state": disk}))
+                .collect();
+            json!({"name": peer, "connection-state": state, "peer-role": role, "peer_devices": peer_devices})
         })
+        .collect();
+    let devices: Vec<Value> = VOLUMES
+        .iter()
+        .map(|v| json!({"volume": v, "quorum": quorum, "ap-in-flight": 18446744073709551608u64}))
         .collect();
     json!({
         "name": name, "role": role, "suspended": false, "suspended-user": false, "suspended-no-data": false,
         "suspended-fencing": false, "suspended-quorum": false, "force-io-failures": false,
-        "devices": [{"volume": 0, "quorum": quorum, "ap-in-flight": 18446744073709551608u64}],
+        "devices": devices,
         "connections": connections,
     })
+}
+
+/// The volumes of every simulated resource.
+const VOLUMES: [u32; 2] = [0, 1];
+
+/// `resource` with `peer` a diskless tie-breaker: it votes for quorum but holds no data.
+pub fn with_diskless_peer(mut resource: Value, peer: &str) -> Value {
+    for connection in resource["connections"].as_array_mut().into_iter().flatten() {
+        if connection["name"] == peer {
+            for device in connection["peer_devices"].as_array_mut().into_iter().flatten() {
+                if device["peer-disk-state"] == "UpToDate" {
+                    device["peer-disk-state"] = json!("Diskless");
+                }
+            }
+        }
+    }
+    resource
+}
+
+/// `resource` with its IO suspended for `reason` (`user`, `no-data`, `fencing`, `quorum`), as
+/// `drbdsetup status --json` prints it.
+pub fn suspended(mut resource: Value, reason: &str) -> Value {
+    resource["suspended"] = json!(true);
+    resource[format!("suspended-{reason}")] = json!(true);
+    resource
 }
 
 impl TestEnv {

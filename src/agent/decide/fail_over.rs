@@ -193,13 +193,13 @@ fn what_the_agents_said(
                 observed.node
             ));
         }
-        let may_speak_for = observed.drbd.detection_window(&resource.name, drop.peer) + settings.report_interval;
+        let window = observed.drbd.detection_window(&resource.name, drop.peer);
         if own.connected.iter().any(|p| observed.is_this_node(p))
-            && now.saturating_duration_since(drop.seen) < may_speak_for
+            && now.saturating_duration_since(drop.seen) < window + settings.report_interval
         {
             return Evidence::Alive(format!(
-                "its agent still reports the link to {} up: its DRBD may take up to {may_speak_for:?} to notice the drop and say so",
-                observed.node
+                "its agent still reports the link to {} up: its DRBD may take up to {window:?} to notice the drop (the link's net options), and its agent {:?} more to say so",
+                observed.node, settings.report_interval
             ));
         }
     }
