@@ -509,17 +509,8 @@ mod tests {
             report(true, true, &["node-b", "node-c"], &[], true),
         )]
         .into();
-        let t0 = Instant::now();
-        let at = |observed: &Observed, seconds: f64| {
-            let mut timers = Timers::new();
-            decide(observed, &settings, &mut timers, t0);
-            kinds(&decide(
-                observed,
-                &settings,
-                &mut timers,
-                t0 + Duration::from_secs_f64(seconds),
-            ))
-        };
+        let at =
+            |observed: &Observed, seconds: f64| decided_after(observed, &settings, Duration::from_secs_f64(seconds));
         assert_eq!(at(&not_yet, 5.0), ["hold node-a"], "5 s: a may not have noticed yet");
         assert_eq!(at(&not_yet, 12.4), ["hold node-a"], "10.5 s + 2 s not over yet");
         assert_eq!(
@@ -547,16 +538,7 @@ mod tests {
             ..settings()
         };
         let t0 = Instant::now();
-        let at = |observed: &Observed, seconds: u64| {
-            let mut timers = Timers::new();
-            decide(observed, &settings, &mut timers, t0);
-            kinds(&decide(
-                observed,
-                &settings,
-                &mut timers,
-                t0 + Duration::from_secs(seconds),
-            ))
-        };
+        let at = |observed: &Observed, seconds: u64| decided_after(observed, &settings, Duration::from_secs(seconds));
         let mut silent = link_lost();
         silent.api_answering_since = Some(t0);
         assert_eq!(at(&silent, 5), ["hold node-a"], "answering for 5 s of 10");

@@ -1,7 +1,7 @@
 //! What the rules' tables are built from: a resource, pods, nodes, attachments, and the
 //! fail-over scenarios most rules start from.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::*;
 use crate::agent::action::Action;
@@ -174,15 +174,15 @@ pub(crate) fn kinds(actions: &[Action]) -> Vec<String> {
 
 /// The actions decided once the fail-over timer ran out.
 pub(crate) fn after_timeout(observed: &Observed, settings: &DecisionSettings) -> Vec<String> {
+    decided_after(observed, settings, settings.fail_over_timeout)
+}
+
+/// The actions decided `elapsed` after the first round over the same observation.
+pub(crate) fn decided_after(observed: &Observed, settings: &DecisionSettings, elapsed: Duration) -> Vec<String> {
     let t0 = Instant::now();
     let mut timers = Timers::new();
     decide(observed, settings, &mut timers, t0);
-    kinds(&decide(
-        observed,
-        settings,
-        &mut timers,
-        t0 + settings.fail_over_timeout,
-    ))
+    kinds(&decide(observed, settings, &mut timers, t0 + elapsed))
 }
 
 /// What is decided once the timeout ran out over `then`, for a fail-over started over `first`
