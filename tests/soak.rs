@@ -680,30 +680,38 @@ async fn inject(
             std::fs::write(soak.nodes[i].dir.join("hang"), "").unwrap();
             pending.push((later(rng, 1_000, 3_000), Undo::Unhang(i)));
         }
-        Fault::LateDetection => {
-            let (i, j) = (rng.below(3), rng.below(3));
-            if i == j || !soak.world.connected(i, j) {
-                return false;
-            }
-            let (late, early) = if rng.below(2) == 0 { (i, j) } else { (j, i) };
-            let notices = later(rng, 300, PING_INT.as_millis() as u64);
-            soak.world.unnoticed.insert((late, early), notices);
-            soak.world.link[i][j] = false;
-            soak.world.link[j][i] = false;
-            soak.write_world();
-            pending.push((notices, Undo::Notice(late, early)));
-            pending.push((later(rng, 5_000, 10_000), Undo::Mend(i, j)));
-        }
-        Fault::SuspendIo => {
-            let v = rng.below(VOLUMES);
-            if soak.world.suspended[v] {
-                return false;
-            }
-            soak.world.suspended[v] = true;
-            soak.write_world();
-            pending.push((later(rng, 2_000, 6_000), Undo::Resume(v)));
-        }
+        Fault::LateDetection => return drop_link_noticed_late(soak, rng, pending),
+        Fault::SuspendIo => return suspend_io(soak, rng, pending),
     }
+    true
+}
+
+/// A link drops silently; one end's DRBD notices at once, the other up to `ping-int` later.
+fn drop_link_noticed_late(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let (i, j) = (rng.below(3), rng.below(3));
+    if i == j || !soak.world.connected(i, j) {
+        return false;
+    }
+    let (late, early) = if rng.below(2) == 0 { (i, j) } else { (j, i) };
+    let notices = Instant::now() + rng.millis(300, PING_INT.as_millis() as u64);
+    soak.world.unnoticed.insert((late, early), notices);
+    soak.world.link[i][j] = false;
+    soak.world.link[j][i] = false;
+    soak.write_world();
+    pending.push((notices, Undo::Notice(late, early)));
+    pending.push((Instant::now() + rng.millis(5_000, 10_000), Undo::Mend(i, j)));
+    true
+}
+
+/// A volume's IO suspended on every replica, quorum kept, for longer than the fail-over timeout.
+fn suspend_io(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let v = rng.below(VOLUMES);
+    if soak.world.suspended[v] {
+        return false;
+    }
+    soak.world.suspended[v] = true;
+    soak.write_world();
+    pending.push((Instant::now() + rng.millis(2_000, 6_000), Undo::Resume(v)));
     true
 }
 
@@ -852,32 +860,7 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
         }
     }));
 
-    // A healthy primary forced to Secondary (its IO suspended for a snapshot is no reason).
-    let (truth, pvs) = (soak.truth.clone(), soak.pvs.clone());
-    let dirs: Vec<std::path::PathBuf> = soak.nodes.iter().map(|n| n.dir.clone()).collect();
-    tasks.push(tokio::spawn(async move {
-        let mut seen = vec![0; dirs.len()];
-        loop {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            for (i, dir) in dirs.iter().enumerate() {
-                let calls = std::fs::read_to_string(dir.join("calls")).unwrap_or_default();
-                let forced: Vec<&str> = calls.lines().filter(|l| l.starts_with("secondary --force")).collect();
-                for call in &forced[seen[i].min(forced.len())..] {
-                    let Some(v) = pvs.iter().position(|pv| call.ends_with(pv.as_str())) else {
-                        continue;
-                    };
-                    let mut truth = truth.lock().unwrap();
-                    if truth.long_healthy(v, i) {
-                        truth.violation(format!(
-                            "node {}, the healthy primary of volume {v}, forced to Secondary",
-                            NODES[i]
-                        ));
-                    }
-                }
-                seen[i] = forced.len();
-            }
-        }
-    }));
+    tasks.push(watch_forced_demotions(soak));
 
     // A ClusterIP that changes.
     let truth = soak.truth.clone();
@@ -940,6 +923,36 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
         }
     }));
     tasks
+}
+
+/// A healthy primary forced to Secondary (its IO suspended for a snapshot is no reason), from the
+/// `drbdsetup` calls each simulated node records.
+fn watch_forced_demotions(soak: &Soak) -> tokio::task::JoinHandle<()> {
+    let (truth, pvs) = (soak.truth.clone(), soak.pvs.clone());
+    let dirs: Vec<std::path::PathBuf> = soak.nodes.iter().map(|n| n.dir.clone()).collect();
+    tokio::spawn(async move {
+        let mut seen = vec![0; dirs.len()];
+        loop {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            for (i, dir) in dirs.iter().enumerate() {
+                let calls = std::fs::read_to_string(dir.join("calls")).unwrap_or_default();
+                let forced: Vec<&str> = calls.lines().filter(|l| l.starts_with("secondary --force")).collect();
+                for call in &forced[seen[i].min(forced.len())..] {
+                    let Some(v) = pvs.iter().position(|pv| call.ends_with(pv.as_str())) else {
+                        continue;
+                    };
+                    let mut truth = truth.lock().unwrap();
+                    if truth.long_healthy(v, i) {
+                        truth.violation(format!(
+                            "node {}, the healthy primary of volume {v}, forced to Secondary",
+                            NODES[i]
+                        ));
+                    }
+                }
+                seen[i] = forced.len();
+            }
+        }
+    })
 }
 
 /// Wall-clock time as the processes' logs print it.
