@@ -6,9 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::drbd::{
-    FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, fail_over_durations, healthy, lost,
-    no_labels, pod_state, resource, slice_addresses, suspended, teardown, three_nodes, untouched, wait_for_eviction,
-    wait_for_taint,
+    FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, cluster_events_now, drbd_taints,
+    fail_over_durations, healthy, lost, no_labels, pod_state, resource, slice_addresses, suspended, teardown,
+    three_nodes, untouched, wait_for_eviction, wait_for_taint,
 };
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -229,6 +229,23 @@ async fn own_taints_follow_quorum_and_io_errors_and_a_suspended_primary_is_demot
     })
     .await;
     teardown(env, vec![agent, agent_a]).await;
+}
+
+/// An RWX Block volume (a VM disk shared for live migration) is no NFS share: its primary's agent
+/// publishes nothing for it.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_block_volumes_primary_publishes_nothing() {
+    let env = common::setup("agent-block").await;
+    let nodes = env.sim_nodes(&["a", "b"]).await;
+    let (_, pv) = env.bound_rwx_block_claim("vm-disk", Default::default()).await;
+    let pv = pv.metadata.name.unwrap();
+    healthy(&nodes, &[&pv], 0);
+    let agent = env.start_agent(&nodes[0], &[]).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(env.pv_annotation(&pv, SERVICE_ENDPOINT).await, None);
+    assert!(cluster_events_now(&env, &pv, "ServiceEndpointMoved").await.is_empty());
+    teardown(env, vec![agent]).await;
 }
 
 #[tokio::test]

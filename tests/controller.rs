@@ -410,22 +410,30 @@ async fn ignores_single_writer_claims_and_filtered_classes() {
     let (_, other) = env
         .bound_claim("other", "ReadWriteMany", "other-class", serving("192.0.2.61:2049"))
         .await;
+    // A raw block device shared for live migration: whatever its PV says, no NFS share.
+    let (_, block) = env.bound_rwx_block_claim("vm-disk", serving("192.0.2.63:2049")).await;
     let (_, ours) = env.bound_rwx_claim("ours", serving("192.0.2.62:2049")).await;
     published(&env, ours.metadata.name.as_deref().unwrap(), None).await;
-    eventually("both ignored claims to be looked at", WAIT, || async {
+    eventually("the three ignored claims to be looked at", WAIT, || async {
         let skipped = controller
             .metric("storageos_shared_volume_reconciles_total{result=\"skipped\"}")
             .await;
-        (skipped >= 2.0).then_some(())
+        (skipped >= 3.0).then_some(())
     })
     .await;
 
-    for pv in [rwo, other] {
+    for pv in [rwo, other, block] {
         let name = pv.metadata.name.unwrap();
         assert!(env.api::<Service>().get_opt(&name).await.unwrap().is_none(), "{name}");
         assert!(env.api::<Endpoints>().get_opt(&name).await.unwrap().is_none(), "{name}");
         assert_eq!(env.pv_annotation(&name, MOUNT_ENDPOINT).await, None, "{name}");
     }
+    let vm_disk = env.api::<PersistentVolumeClaim>().get("vm-disk").await.unwrap();
+    assert_eq!(
+        vm_disk.status.and_then(|s| s.conditions),
+        None,
+        "no condition on a VM disk's claim"
+    );
     assert_eq!(controller.metric("storageos_shared_volumes").await, 1.0);
     controller.stop().await;
     env.cleanup().await;

@@ -29,14 +29,23 @@ pub fn bound_claim(pv: &PersistentVolume) -> Option<ClaimKey> {
     })
 }
 
-/// The agent's idea of a shared volume: a ReadWriteMany PV bound to a claim.
+/// Whether a volume mode (of a claim or a PV) is a filesystem: unset means `Filesystem`. A
+/// `Block` volume is a raw device (a VM disk shared for live migration), never an NFS share.
+pub fn is_filesystem(volume_mode: Option<&String>) -> bool {
+    volume_mode.is_none_or(|mode| mode == "Filesystem")
+}
+
+/// The agent's idea of a shared volume: a ReadWriteMany filesystem PV bound to a claim.
 pub fn pv_backs_shared_claim(pv: &PersistentVolume) -> bool {
-    is_read_write_many(pv.spec.as_ref().and_then(|s| s.access_modes.as_ref())) && bound_claim(pv).is_some()
+    let spec = pv.spec.as_ref();
+    is_read_write_many(spec.and_then(|s| s.access_modes.as_ref()))
+        && is_filesystem(spec.and_then(|s| s.volume_mode.as_ref()))
+        && bound_claim(pv).is_some()
 }
 
 /// Drops from a cached PV what neither loop reads (labels, status, managed fields, most of the
 /// spec): what remains is its name, uid, resourceVersion, the service- and mount-endpoint
-/// annotations and the stamp of the last agent move, access modes, claimRef, storage class and CSI driver and handle. Both loops cache
+/// annotations and the stamp of the last agent move, access and volume modes, claimRef, storage class and CSI driver and handle. Both loops cache
 /// every PV in the cluster, so this is most of their memory.
 pub fn trim_pv(pv: &mut PersistentVolume) {
     pv.managed_fields_mut().clear();
@@ -58,6 +67,7 @@ pub fn trim_pv(pv: &mut PersistentVolume) {
         });
         pv.spec = Some(PersistentVolumeSpec {
             access_modes: spec.access_modes,
+            volume_mode: spec.volume_mode,
             claim_ref: spec.claim_ref,
             storage_class_name: spec.storage_class_name,
             csi,
@@ -93,6 +103,15 @@ mod tests {
         assert!(!pv_backs_shared_claim(&unbound));
         let nameless = pv(json!({"claimRef": {"namespace": "apps"}}));
         assert_eq!(bound_claim(&nameless), None);
+        let block = pv(json!({"accessModes": ["ReadWriteMany"], "volumeMode": "Block",
+                              "claimRef": {"namespace": "apps", "name": "data"}}));
+        assert!(
+            !pv_backs_shared_claim(&block),
+            "a VM disk shared for live migration is no NFS share"
+        );
+        let mut trimmed = block.clone();
+        trim_pv(&mut trimmed);
+        assert!(!pv_backs_shared_claim(&trimmed), "the cache keeps the volume mode");
     }
 
     #[test]

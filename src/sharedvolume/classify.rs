@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
-use super::claim::is_read_write_many;
+use super::claim::{is_filesystem, is_read_write_many};
 use super::desired::{SharedVolume, label_value, service_name};
 use crate::volume::{NfsEndpoint, VolumeInfo};
 
@@ -26,6 +26,8 @@ pub enum Skip {
     StorageClassFiltered,
     CsiDriverFiltered,
     NoServiceEndpoint,
+    /// `volumeMode: Block`: a raw device, never an NFS share.
+    BlockVolume,
 }
 
 /// A claim we should manage but cannot, because of bad input. Reported as a Warning event.
@@ -79,6 +81,9 @@ pub fn candidate_volume<'a>(
     };
     if !is_read_write_many(spec.and_then(|s| s.access_modes.as_ref())) {
         return Err(NotManaged::Skip(Skip::NotReadWriteMany));
+    }
+    if !is_filesystem(spec.and_then(|s| s.volume_mode.as_ref())) {
+        return Err(NotManaged::Skip(Skip::BlockVolume));
     }
     let Some(pv) = pv else {
         return Err(NotManaged::Invalid(Invalid::new(
@@ -197,6 +202,17 @@ mod tests {
         .unwrap()
     }
 
+    /// A raw block device shared between nodes (a VM disk for live migration): not an NFS share.
+    fn block(mut claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
+        claim.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+        claim
+    }
+
+    fn filesystem(mut claim: PersistentVolumeClaim) -> PersistentVolumeClaim {
+        claim.spec.as_mut().unwrap().volume_mode = Some("Filesystem".into());
+        claim
+    }
+
     #[test]
     fn candidates() {
         let ours = pv("apps", "data", "linstor.csi.linbit.com");
@@ -250,6 +266,20 @@ mod tests {
                 Ok(Err(Skip::StorageClassFiltered)),
             ),
             ("driver kept", rwx.clone(), Some(&ours), &by_driver, Ok(Ok(()))),
+            (
+                "rwx block claim",
+                block(rwx.clone()),
+                Some(&ours),
+                &none,
+                Ok(Err(Skip::BlockVolume)),
+            ),
+            (
+                "rwx filesystem, said so",
+                filesystem(rwx.clone()),
+                Some(&ours),
+                &none,
+                Ok(Ok(())),
+            ),
         ];
         for (name, claim, pv, filters, expected) in cases {
             let got = match candidate_volume(&claim, pv, filters) {

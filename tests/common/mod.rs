@@ -98,6 +98,8 @@ pub fn serving(endpoint: &str) -> BTreeMap<String, String> {
 }
 
 pub const SERVICE_ENDPOINT: &str = "storageos.com/nfs-service-endpoint";
+/// The volume mode Kubernetes gives a claim that names none.
+const FILESYSTEM: &str = "Filesystem";
 pub const MOUNT_ENDPOINT: &str = "storageos.com/nfs-mount-endpoint";
 
 impl TestEnv {
@@ -158,14 +160,38 @@ impl TestEnv {
         storage_class: &str,
         pv_annotations: BTreeMap<String, String>,
     ) -> (PersistentVolumeClaim, PersistentVolume) {
+        self.bound_claim_in_mode(claim, access_mode, storage_class, FILESYSTEM, pv_annotations)
+            .await
+    }
+
+    /// An RWX claim of a raw block device (`volumeMode: Block`, a VM disk shared for live
+    /// migration), bound to its PV.
+    pub async fn bound_rwx_block_claim(
+        &self,
+        claim: &str,
+        pv_annotations: BTreeMap<String, String>,
+    ) -> (PersistentVolumeClaim, PersistentVolume) {
+        self.bound_claim_in_mode(claim, "ReadWriteMany", "replicated", "Block", pv_annotations)
+            .await
+    }
+
+    async fn bound_claim_in_mode(
+        &self,
+        claim: &str,
+        access_mode: &str,
+        storage_class: &str,
+        volume_mode: &str,
+        pv_annotations: BTreeMap<String, String>,
+    ) -> (PersistentVolumeClaim, PersistentVolume) {
         let pv_name = self.pv_name(claim);
-        let pvc = self.create_claim(claim, &pv_name, access_mode, storage_class).await;
+        let modes = (access_mode, volume_mode);
+        let pvc = self.create_claim_in_mode(claim, &pv_name, modes, storage_class).await;
         let pv = self
-            .create_pv(
+            .create_pv_in_mode(
                 &pv_name,
                 claim,
                 pvc.metadata.uid.as_deref(),
-                access_mode,
+                modes,
                 storage_class,
                 pv_annotations,
             )
@@ -182,6 +208,18 @@ impl TestEnv {
         access_mode: &str,
         storage_class: &str,
     ) -> PersistentVolumeClaim {
+        self.create_claim_in_mode(claim, pv_name, (access_mode, FILESYSTEM), storage_class)
+            .await
+    }
+
+    /// [`TestEnv::create_claim`] with (access mode, volume mode).
+    async fn create_claim_in_mode(
+        &self,
+        claim: &str,
+        pv_name: &str,
+        (access_mode, volume_mode): (&str, &str),
+        storage_class: &str,
+    ) -> PersistentVolumeClaim {
         let pvc = PersistentVolumeClaim {
             metadata: ObjectMeta {
                 name: Some(claim.into()),
@@ -189,6 +227,7 @@ impl TestEnv {
             },
             spec: Some(PersistentVolumeClaimSpec {
                 access_modes: Some(vec![access_mode.into()]),
+                volume_mode: Some(volume_mode.into()),
                 storage_class_name: Some(storage_class.into()),
                 volume_name: Some(pv_name.into()),
                 resources: Some(VolumeResourceRequirements {
@@ -215,10 +254,26 @@ impl TestEnv {
         storage_class: &str,
         annotations: BTreeMap<String, String>,
     ) -> PersistentVolume {
+        let modes = (access_mode, FILESYSTEM);
+        self.create_pv_in_mode(pv_name, claim, claim_uid, modes, storage_class, annotations)
+            .await
+    }
+
+    /// [`TestEnv::create_pv`] with (access mode, volume mode).
+    async fn create_pv_in_mode(
+        &self,
+        pv_name: &str,
+        claim: &str,
+        claim_uid: Option<&str>,
+        (access_mode, volume_mode): (&str, &str),
+        storage_class: &str,
+        annotations: BTreeMap<String, String>,
+    ) -> PersistentVolume {
         let pv: PersistentVolume = serde_json::from_value(json!({
             "metadata": {"name": pv_name, "annotations": annotations},
             "spec": {
                 "accessModes": [access_mode],
+                "volumeMode": volume_mode,
                 "capacity": {"storage": "1Gi"},
                 "storageClassName": storage_class,
                 "persistentVolumeReclaimPolicy": "Delete",
