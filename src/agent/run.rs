@@ -376,7 +376,7 @@ impl Rounds {
         let mut publications = decide::publications(&cached, &self.settings, &mut self.timers);
         let now = Instant::now();
         if now >= self.next_resync {
-            publications.extend(decide::republish(&cached, &self.settings));
+            publications.extend(decide::republish(&cached, &self.settings, &self.timers));
             self.next_resync = now + self.resync_interval;
         }
         if !publications.is_empty() {

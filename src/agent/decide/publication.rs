@@ -138,9 +138,11 @@ fn hold(observed: &Observed, resource: &Resource, volume: &VolumeView, why: Stri
 }
 
 /// Publications of every shared volume this node serves, whatever is published now: the
-/// periodic resync repairs what was changed behind our back.
-pub fn republish(observed: &Observed, settings: &DecisionSettings) -> Vec<Action> {
+/// periodic resync repairs what was changed behind our back, but not another node's newer move
+/// over this node's unchanged view (see [`publications`]).
+pub fn republish(observed: &Observed, settings: &DecisionSettings, timers: &Timers) -> Vec<Action> {
     volumes_with_quorum(observed)
+        .filter(|(resource, volume)| newer_move_by_another(observed, timers, resource, volume).is_none())
         .filter_map(|(resource, volume)| own_publication(observed, settings, resource, volume)?.ok())
         .collect()
 }
@@ -169,10 +171,10 @@ mod tests {
         published.volumes.get_mut("pvc-1").unwrap().service_endpoint = Some("10.0.0.2:2049".into());
         assert!(decide(&published, &settings(), &mut Timers::new(), Instant::now()).is_empty());
         assert_eq!(
-            kinds(&republish(&published, &settings())),
+            kinds(&republish(&published, &settings(), &Timers::new())),
             ["publish pvc-1 10.0.0.2:2049"]
         );
-        assert!(republish(&isolated, &settings()).is_empty());
+        assert!(republish(&isolated, &settings(), &Timers::new()).is_empty());
         // A volume published nowhere yet takes the node's address as it is.
         let mut ipv6 = primary;
         ipv6.node_ip = Some("fd00::2".into());
@@ -207,6 +209,10 @@ mod tests {
         assert_eq!(
             kinds(&decide(&moved_away, &settings(), &mut timers, now)),
             ["hold publication pvc-1"]
+        );
+        assert!(
+            republish(&moved_away, &settings(), &timers).is_empty(),
+            "nor at the resync"
         );
         // Once b's own view changes, it publishes again.
         let mut changed = moved_away.clone();
