@@ -88,16 +88,7 @@ mod tests {
         observed.drbd.resources[0] = resource;
         observed.volumes.get_mut("pvc-1").unwrap().pods.clear();
         observed.reports = reports.iter().map(|(n, r)| (n.to_string(), r.clone())).collect();
-        let t0 = Instant::now();
-        let mut timers = Timers::new();
-        decide(&observed, &settings(), &mut timers, t0);
-        kinds(&decide(
-            &observed,
-            &settings(),
-            &mut timers,
-            t0 + Duration::from_secs(5),
-        ))
-        .contains(&"secondary --force pvc-1".to_string())
+        decided_after(&observed, &settings(), Duration::from_secs(5)).contains(&"secondary --force pvc-1".to_string())
     }
 
     #[test]
