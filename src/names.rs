@@ -12,6 +12,9 @@ pub const MOUNT_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs-mount-endpoint";
 /// endpoints move to and the PV resourceVersion the move was decided over (JSON). The controller
 /// tells a move in flight from drift by it.
 pub const MOVE_STAMP_ANNOTATION: &str = "storageos.com/nfs-endpoint-move";
+/// Kubernetes's annotation on Endpoints and EndpointSlices: when the change they carry was
+/// triggered. kube-proxy's `network_programming_duration_seconds` is measured from it.
+pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 /// StorageOS volume label holding the published mount endpoint (StorageOS labels allow the `/`).
 pub const STORAGEOS_MOUNT_ENDPOINT_LABEL: &str = "storageos.com/nfs/mount-endpoint";
 /// The condition the controller keeps on every claim it manages: is its shared endpoint ready.

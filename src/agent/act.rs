@@ -373,7 +373,7 @@ impl Executor {
         if let Some(refused) = self.reserve(action, about, storage_nodes).await {
             return refused;
         }
-        let result = within(self.settings.operations_timeout, self.execute(action))
+        let result = within(self.settings.operations_timeout, self.execute(action, drbd_read_at))
             .await
             .unwrap_or_else(|timed_out| Err(timed_out.into()));
         let label = match &result {
@@ -513,7 +513,7 @@ impl Executor {
         }
     }
 
-    async fn execute(&self, action: &Action) -> Result<Outcome, AgentError> {
+    async fn execute(&self, action: &Action, drbd_read_at: Instant) -> Result<Outcome, AgentError> {
         let client = &self.client;
         let outcome = match action {
             Action::Taint { node, key, value, .. } => change_taint(client, node, key, Some(value)).await?,
@@ -549,6 +549,7 @@ impl Executor {
                     over_version,
                     node: &self.settings.node,
                     retry_for: self.settings.operations_timeout / 2,
+                    triggered_at: &wall_clock_of(drbd_read_at),
                 },
             )
             .await?
@@ -673,6 +674,14 @@ async fn change_taint(client: &Client, node: &str, key: &str, value: Option<&str
             Err(err) => return Err(err),
         }
     }
+}
+
+/// The wall-clock time (RFC 3339) of an instant in the past.
+fn wall_clock_of(instant: Instant) -> String {
+    let then = std::time::SystemTime::now() - instant.elapsed();
+    k8s_openapi::jiff::Timestamp::try_from(then)
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now())
+        .to_string()
 }
 
 #[cfg(test)]

@@ -41,6 +41,8 @@ pub struct Move<'a> {
     pub node: &'a str,
     /// How long the endpoints' writes are tried again.
     pub retry_for: Duration,
+    /// When the move was triggered (RFC 3339): the DRBD state that showed this node promoted.
+    pub triggered_at: &'a str,
 }
 
 /// Publishes the move's endpoint on the PV and points the claim's Endpoints and EndpointSlice at
@@ -64,7 +66,7 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
     let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), &to.claim.namespace);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &to.claim.namespace);
     let name = service_name(to.pv);
-    let (endpoints_patch, slice_patch) = moved_endpoints(server, &stamp);
+    let (endpoints_patch, slice_patch) = moved_endpoints(server, &stamp, to.triggered_at);
     let (endpoints_patch, slice_patch) = (Patch::Merge(&endpoints_patch), Patch::Merge(&slice_patch));
     let params = PatchParams {
         field_manager: Some(AGENT_FIELD_MANAGER.into()),
@@ -183,6 +185,7 @@ mod tests {
             over_version: "41",
             node: "node-b",
             retry_for: Duration::from_secs(5),
+            triggered_at: "2026-11-26T09:30:41Z",
         }
     }
 

@@ -275,11 +275,16 @@ fn slice_at(server: NfsEndpoint) -> EndpointSlice {
 }
 
 /// What an agent's move changes on the Endpoints and the EndpointSlice the controller made: the
-/// NFS server they point at, and the stamp, as two JSON merge patches (neither names nor labels
-/// nor owners: the objects are the controller's).
-pub fn moved_endpoints(server: NfsEndpoint, stamp: &MoveStamp) -> (serde_json::Value, serde_json::Value) {
+/// NFS server they point at, the stamp, and when the move was triggered (RFC 3339: the promotion
+/// the agent saw; every node's kube-proxy measures its own programming latency from it), as two
+/// JSON merge patches (neither names nor labels nor owners: the objects are the controller's).
+pub fn moved_endpoints(
+    server: NfsEndpoint,
+    stamp: &MoveStamp,
+    triggered_at: &str,
+) -> (serde_json::Value, serde_json::Value) {
     let (key, text) = stamp.annotation();
-    let metadata = serde_json::json!({"annotations": {key: text}});
+    let metadata = serde_json::json!({"annotations": {key: text, LAST_CHANGE_TRIGGER_TIME_ANNOTATION: triggered_at}});
     let slice = slice_at(server);
     (
         serde_json::json!({"metadata": metadata, "subsets": endpoint_subsets(server)}),
@@ -417,6 +422,27 @@ pub(crate) mod tests {
         for labels in [&svc.metadata.labels, &eps.metadata.labels, &slice.metadata.labels] {
             assert_eq!(labels.as_ref().unwrap()[VOLUME_ID_LABEL], "vol-1");
         }
+    }
+
+    #[test]
+    fn an_agents_move_says_when_it_was_triggered_for_every_kube_proxy() {
+        let stamp = MoveStamp::new("10.0.0.2:2049", "41");
+        let server = "10.0.0.2:2049".parse().unwrap();
+        let (endpoints, slice) = moved_endpoints(server, &stamp, "2026-11-26T09:30:41.139208786Z");
+        for patch in [&endpoints, &slice] {
+            let annotations = &patch["metadata"]["annotations"];
+            assert_eq!(
+                annotations[LAST_CHANGE_TRIGGER_TIME_ANNOTATION],
+                "2026-11-26T09:30:41.139208786Z"
+            );
+            assert!(
+                annotations[MOVE_STAMP_ANNOTATION]
+                    .as_str()
+                    .unwrap()
+                    .contains("10.0.0.2:2049")
+            );
+        }
+        assert_eq!(slice["endpoints"][0]["addresses"][0], "10.0.0.2");
     }
 
     #[test]
