@@ -231,6 +231,28 @@ async fn own_taints_follow_quorum_and_io_errors_and_a_suspended_primary_is_demot
     teardown(env, vec![agent, agent_a]).await;
 }
 
+/// `drbdsetup rename-resource`: events2 prints `rename resource`, and the changes after it name
+/// the new resource; the agent's stream stays trusted (no full read on every change after it).
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_renamed_resource_keeps_the_events2_stream_trusted() {
+    let env = common::setup("agent-rename").await;
+    let nodes = env.sim_nodes(&["a", "b"]).await;
+    let peers = [(nodes[1].name.as_str(), "Connected", "Secondary")];
+    nodes[0].set(&[resource("old-name", "Secondary", true, &peers)]);
+    let agent = env.start_agent(&nodes[0], &[]).await;
+    let mut renamed = resource("new-name", "Primary", true, &peers);
+    renamed["renamed-from"] = json!("old-name");
+    nodes[0].set(&[renamed]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let log = std::fs::read_to_string(&agent.log).unwrap();
+    assert!(
+        !log.contains("printed a line that is"),
+        "the stream was taken for garbage"
+    );
+    teardown(env, vec![agent]).await;
+}
+
 /// An RWX Block volume (a VM disk shared for live migration) is no NFS share: its primary's agent
 /// publishes nothing for it.
 #[tokio::test]
