@@ -225,6 +225,8 @@ impl Executor {
                 _ => None,
             })
             .collect();
+        // Each node's fail-over asks the guard once a round, at its first step carried out.
+        let mut asked = HashSet::new();
         for action in &actions {
             let key = action.key();
             if action.failing_over().is_some_and(|node| refused_nodes.contains(node)) || !self.due(&key, now) {
@@ -243,7 +245,9 @@ impl Executor {
                 continue;
             }
             let about = About::of(action);
-            let (remembered, told) = self.attempt(action, &about, drbd_read_at, storage_nodes).await;
+            let reserve = action.failing_over().filter(|node| asked.insert(node.to_string()));
+            let guard = reserve.map(|node| (node, storage_nodes));
+            let (remembered, told) = self.attempt(action, &about, drbd_read_at, guard).await;
             if let Remembered::Refused(node) = &remembered {
                 refused_nodes.insert(node.clone());
             }
@@ -260,17 +264,13 @@ impl Executor {
             .map(|action| (action.key(), action))
             .filter(|(key, _)| self.due(key, now))
             .collect();
-        let no_nodes = BTreeSet::new();
         let concurrency = self.settings.max_concurrent_publications.max(1);
         let this = &*self;
         let settled: Vec<(ActionKey, About, Remembered, Option<Told>)> = futures::stream::iter(due)
-            .map(|(key, action)| {
-                let no_nodes = &no_nodes;
-                async move {
-                    let about = About::of(action);
-                    let (remembered, told) = this.attempt(action, &about, drbd_read_at, no_nodes).await;
-                    (key, about, remembered, told)
-                }
+            .map(|(key, action)| async move {
+                let about = About::of(action);
+                let (remembered, told) = this.attempt(action, &about, drbd_read_at, None).await;
+                (key, about, remembered, told)
             })
             .buffer_unordered(concurrency)
             .collect()
@@ -335,12 +335,14 @@ impl Executor {
     }
 
     /// Carries the action out (or reports it), and says what to remember of it and what to tell.
+    /// Carries out one action, after asking the guard for `reserve` (the node whose fail-over
+    /// this step starts in this round, and the storage nodes), if any.
     async fn attempt(
         &self,
         action: &Action,
         about: &About,
         drbd_read_at: Instant,
-        storage_nodes: &BTreeSet<String>,
+        reserve: Option<(&str, &BTreeSet<String>)>,
     ) -> (Remembered, Option<Told>) {
         match action {
             Action::Refused { action: refused, why } => return self.refusal(about, refused.failing_over(), why),
@@ -370,7 +372,9 @@ impl Executor {
             }
             _ => {}
         }
-        if let Some(refused) = self.reserve(action, about, storage_nodes).await {
+        if let Some((node, storage_nodes)) = reserve
+            && let Some(refused) = self.reserve(node, about, storage_nodes).await
+        {
             return refused;
         }
         let result = within(self.settings.operations_timeout, self.execute(action, drbd_read_at))
@@ -386,25 +390,16 @@ impl Executor {
         self.outcome(action, about, result, drbd_read_at)
     }
 
-    /// Asks the blast-radius guard before the taint that starts a peer's fail-over; `Some` when
-    /// the fail-over must not go on (refused, or the guard could not tell).
+    /// Asks the blast-radius guard before the first step of a peer's fail-over, taint or not:
+    /// the guard counts fail-overs. `Some` when the fail-over must not go on (refused, or the
+    /// guard could not tell).
     async fn reserve(
         &self,
-        action: &Action,
+        node: &str,
         about: &About,
         storage_nodes: &BTreeSet<String>,
     ) -> Option<(Remembered, Option<Told>)> {
-        let (
-            Action::Taint {
-                node,
-                cause: Cause::FailOver,
-                ..
-            },
-            Some(guard),
-        ) = (action, &self.guard)
-        else {
-            return None;
-        };
+        let guard = self.guard.as_ref()?;
         match guard.reserve(node, storage_nodes).await {
             Ok(Reservation::Reserved) => None,
             Ok(Reservation::Refused(why)) => Some(self.refusal(about, Some(node), &why)),
@@ -412,7 +407,7 @@ impl Executor {
                 self.metrics.actions.with_label_values(&[about.kind, "failed"]).inc();
                 let note = format!("cannot {}: the blast-radius guard: {err}; retrying", about.description);
                 let told = Told::warning_once("FailOverActionFailed", about.kind, note);
-                Some((Remembered::Refused(node.clone()), Some(told)))
+                Some((Remembered::Refused(node.to_owned()), Some(told)))
             }
         }
     }
@@ -884,6 +879,67 @@ mod tests {
                 note: String::new(),
             },
         ]
+    }
+
+    /// An API server whose guard Lease holds fresh reservations for `reserved`, with no agent
+    /// Leases and no tainted Node; every other request is answered 200 `{}`. Counts pod deletions.
+    fn guard_api(reserved: &'static [&'static str]) -> (Client, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let deletions = Arc::new(AtomicUsize::new(0));
+        let counted = deletions.clone();
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let path = request.uri().path().to_owned();
+            let listing = request.uri().query().is_some_and(|q| q.contains("labelSelector"));
+            if request.method() == http::Method::DELETE && path.contains("/pods/") {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            let expiry = (k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(60)).to_string();
+            let body = if path.ends_with(crate::names::FAIL_OVER_GUARD_LEASE) {
+                let held: std::collections::BTreeMap<&str, &str> =
+                    reserved.iter().map(|n| (*n, expiry.as_str())).collect();
+                serde_json::json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": crate::names::FAIL_OVER_GUARD_LEASE, "resourceVersion": "1",
+                        "annotations": {crate::names::FAIL_OVER_RESERVATIONS_ANNOTATION: serde_json::to_string(&held).unwrap()}}})
+            } else if listing {
+                serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": []})
+            } else {
+                serde_json::json!({})
+            };
+            async move {
+                let body = Bytes::from(body.to_string());
+                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(body)))
+            }
+        });
+        (Client::new(service, "default"), deletions)
+    }
+
+    #[tokio::test]
+    async fn a_fail_over_without_a_taint_still_asks_the_guard() {
+        // --disable-node-taints: the fail-over's first step is a force-delete. Nodes c and d are
+        // reserved by other agents; a would make 3 of 4 storage nodes, over 0.5.
+        let (client, deletions) = guard_api(&["node-c", "node-d"]);
+        let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
+        let guard = FailOverGuard::new(&client, "default", "", 0.5, Duration::from_secs(5));
+        let settings = stub_executor(MockDrbdSource::new(), false).0.settings;
+        let events = EventSink::new(client.clone(), "test", None);
+        let mut executor = Executor::new(
+            client,
+            Arc::new(MockDrbdSource::new()),
+            events,
+            metrics.clone(),
+            settings,
+            Some(guard),
+        );
+        let force_delete = fail_over_of("node-a").remove(1);
+        let storage: BTreeSet<String> = ["node-a", "node-b", "node-c", "node-d"].map(String::from).into();
+        executor
+            .run(Scope::Steps, vec![force_delete], Instant::now(), &storage)
+            .await;
+        let refused = metrics
+            .refused_actions
+            .with_label_values(&["force_delete", "guard"])
+            .get();
+        assert_eq!((refused, deletions.load(std::sync::atomic::Ordering::SeqCst)), (1, 0));
     }
 
     #[tokio::test]
