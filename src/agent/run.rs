@@ -48,6 +48,7 @@ pub async fn run(
         binary: args.drbdsetup_path.clone(),
         proc_path: args.drbd_proc_path.clone(),
         timeout,
+        read_timeout: drbd_read_timeout(*args.drbd_status_interval, timeout),
     });
     let freshness = Freshness::new(*args.drbd_status_interval, timeout);
     probes.set_liveness_check({
@@ -443,6 +444,15 @@ fn against_read(described_at: Instant, last_read: Option<(Instant, Instant)>) ->
         Some((_, ended)) if described_at <= ended => AgainstRead::During,
         _ => AgainstRead::Newer,
     }
+}
+
+/// How long a `drbdsetup status` or `show` may take: two status intervals, at least 2 s, at most
+/// the operations timeout. A read takes milliseconds when DRBD is well; a stuck one given the
+/// whole operations timeout (1m by default) would hold every decision, publications included.
+fn drbd_read_timeout(status_interval: Duration, operations_timeout: Duration) -> Duration {
+    (2 * status_interval)
+        .max(Duration::from_secs(2))
+        .min(operations_timeout)
 }
 
 fn decision_settings(args: &AgentArgs) -> DecisionSettings {

@@ -48,14 +48,22 @@ pub struct DrbdSetup {
     pub binary: PathBuf,
     /// DRBD's proc file: when it is missing the module is not loaded and there are no resources.
     pub proc_path: PathBuf,
+    /// Bound of a command that changes something (`secondary --force`).
     pub timeout: Duration,
+    /// Bound of a read (`status`, `show`): milliseconds when DRBD is well.
+    pub read_timeout: Duration,
 }
 
 impl DrbdSetup {
-    async fn run(&self, args: &[&str]) -> Result<String, DrbdError> {
+    /// A command that only reads, bounded by the read timeout.
+    async fn run_read(&self, args: &[&str]) -> Result<String, DrbdError> {
+        self.run(args, self.read_timeout).await
+    }
+
+    async fn run(&self, args: &[&str], timeout: Duration) -> Result<String, DrbdError> {
         let command = format!("{} {}", self.binary.display(), args.join(" "));
         let output = within(
-            self.timeout,
+            timeout,
             Command::new(&self.binary).args(args).kill_on_drop(true).output(),
         )
         .await
@@ -87,7 +95,7 @@ impl DrbdSource for DrbdSetup {
         }
         // Both at once: a fail-over waits for this read.
         let (status, shown) =
-            futures::future::try_join(self.run(&["status", "--json"]), self.run(&["show", "--json"])).await?;
+            futures::future::try_join(self.run_read(&["status", "--json"]), self.run_read(&["show", "--json"])).await?;
         let resources = drbd::parse_status(&status)?;
         Ok(DrbdState::new(resources, drbd::parse_shown(&shown)?))
     }
@@ -96,11 +104,13 @@ impl DrbdSource for DrbdSetup {
         if !self.proc_path.exists() {
             return Ok(Shown::default());
         }
-        Ok(drbd::parse_shown(&self.run(&["show", "--json"]).await?)?)
+        Ok(drbd::parse_shown(&self.run_read(&["show", "--json"]).await?)?)
     }
 
     async fn force_secondary(&self, resource: &str) -> Result<(), DrbdError> {
-        self.run(&["secondary", "--force", resource]).await.map(|_| ())
+        self.run(&["secondary", "--force", resource], self.timeout)
+            .await
+            .map(|_| ())
     }
 
     fn changes(&self) -> BoxStream<'static, DrbdChange> {
@@ -255,6 +265,7 @@ esac
             binary: fake_drbdsetup(dir),
             proc_path,
             timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(5),
         }
     }
 
@@ -262,6 +273,31 @@ esac
         let dir = std::env::temp_dir().join(format!("svc-drbd-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[tokio::test]
+    async fn a_hanging_read_gives_up_long_before_the_operations_timeout() {
+        // A stuck drbdsetup must not hold the agent's loop for --operations-timeout (1m by
+        // default): a read that normally takes milliseconds is given up after the read timeout
+        // and tried again at the next status interval.
+        let dir = temp_dir("hang");
+        let proc_path = dir.join("proc-drbd");
+        std::fs::write(&proc_path, "version: 9.2.0\n").unwrap();
+        let source = DrbdSetup {
+            read_timeout: Duration::from_millis(300),
+            ..source(&dir, proc_path)
+        };
+        let hanging = dir.join("drbdsetup-hanging");
+        std::fs::write(&hanging, "#!/bin/sh\nexec sleep 30\n").unwrap();
+        std::fs::set_permissions(&hanging, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let source = DrbdSetup {
+            binary: hanging,
+            ..source
+        };
+        let started = std::time::Instant::now();
+        assert!(source.read().await.is_err());
+        assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[tokio::test]
@@ -294,7 +330,7 @@ esac
     async fn failures_name_the_command_and_its_error() {
         let dir = temp_dir("fail");
         let source = source(&dir, dir.clone());
-        let err = source.run(&["bogus"]).await.unwrap_err().to_string();
+        let err = source.run_read(&["bogus"]).await.unwrap_err().to_string();
         assert!(err.contains("bogus") && err.contains("unknown command"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
     }
