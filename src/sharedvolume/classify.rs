@@ -72,6 +72,13 @@ pub fn candidate_volume<'a>(
         return Err(NotManaged::Skip(Skip::Deleting));
     }
     let spec = claim.spec.as_ref();
+    // What the claim itself says first: a claim that can never be shared is never told it waits.
+    if !is_read_write_many(spec.and_then(|s| s.access_modes.as_ref())) {
+        return Err(NotManaged::Skip(Skip::NotReadWriteMany));
+    }
+    if !is_filesystem(spec.and_then(|s| s.volume_mode.as_ref())) {
+        return Err(NotManaged::Skip(Skip::BlockVolume));
+    }
     let phase = claim.status.as_ref().and_then(|s| s.phase.as_deref());
     let Some(pv_name) = spec
         .and_then(|s| s.volume_name.as_deref())
@@ -79,12 +86,6 @@ pub fn candidate_volume<'a>(
     else {
         return Err(NotManaged::Skip(Skip::NotBound));
     };
-    if !is_read_write_many(spec.and_then(|s| s.access_modes.as_ref())) {
-        return Err(NotManaged::Skip(Skip::NotReadWriteMany));
-    }
-    if !is_filesystem(spec.and_then(|s| s.volume_mode.as_ref())) {
-        return Err(NotManaged::Skip(Skip::BlockVolume));
-    }
     let Some(pv) = pv else {
         return Err(NotManaged::Invalid(Invalid::new(
             "VolumeMissing",
@@ -269,6 +270,13 @@ mod tests {
             (
                 "rwx block claim",
                 block(rwx.clone()),
+                Some(&ours),
+                &none,
+                Ok(Err(Skip::BlockVolume)),
+            ),
+            (
+                "rwx block claim, not bound yet: never told it waits",
+                block(claim(&["ReadWriteMany"], "Pending")),
                 Some(&ours),
                 &none,
                 Ok(Err(Skip::BlockVolume)),
