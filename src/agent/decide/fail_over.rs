@@ -136,9 +136,10 @@ struct Drop<'a> {
 }
 
 /// Weighs what else is known about a peer whose link to this node is down. One link is a
-/// suspicion; the peer is failed over only when nothing says it still holds the volume. What a
-/// Ready peer's agent said, or did not say, counts only once the API server has answered this
-/// agent long enough for the peers to have restated after an outage.
+/// suspicion; the peer is failed over only when nothing says it still holds the volume. Its Node
+/// being NotReady, and what a Ready peer's agent said or did not say, count only once the API
+/// server has answered this agent long enough for the peers to have spoken after an outage: right
+/// after one, Kubernetes marks NotReady every node whose kubelet could not renew its Lease.
 fn evidence(
     observed: &Observed,
     settings: &DecisionSettings,
@@ -147,15 +148,17 @@ fn evidence(
     drop: &Drop,
     now: Instant,
 ) -> Evidence {
-    if !node.ready {
-        return Evidence::Lost(format!("node {} is not Ready", node.name));
-    }
     let heard_long_enough = observed
         .api_answering_since
         .is_some_and(|since| now.saturating_duration_since(since) >= settings.peers_restate_within);
-    match what_the_agents_said(observed, settings, resource, node, drop, now) {
+    let evidence = if node.ready {
+        what_the_agents_said(observed, settings, resource, node, drop, now)
+    } else {
+        Evidence::Lost(format!("node {} is not Ready", node.name))
+    };
+    match evidence {
         Evidence::Lost(said) if !heard_long_enough => Evidence::Alive(format!(
-            "{said}, but the API server has not answered this agent for {:?} yet: after an outage the peers may not have restated",
+            "{said}, but the API server has not answered this agent for {:?} yet: after an outage the nodes and peers may not have spoken again",
             settings.peers_restate_within
         )),
         evidence => evidence,
@@ -549,7 +552,9 @@ mod tests {
         );
         silent.api_answering_since = None;
         assert_eq!(at(&silent, 60), ["hold node-a"], "not answering now");
-        // A stated loss of quorum waits the same; a NotReady node does not.
+        // A stated loss of quorum waits the same, and so does a NotReady node: right after a
+        // control-plane outage Kubernetes marks every node whose kubelet could not renew its
+        // Lease NotReady, healthy primaries included, until the kubelets speak again.
         let mut says_lost = silent.clone();
         says_lost.reports = [(
             "node-a".to_string(),
@@ -558,8 +563,11 @@ mod tests {
         .into();
         assert_eq!(at(&says_lost, 60), ["hold node-a"]);
         let mut not_ready = primary_lost();
+        not_ready.api_answering_since = Some(t0);
+        assert_eq!(at(&not_ready, 5), ["hold node-a"], "NotReady just after an outage");
+        assert_eq!(at(&not_ready, 10)[0], "taint node-a drbd.linbit.com/lost-quorum");
         not_ready.api_answering_since = None;
-        assert_eq!(at(&not_ready, 5)[0], "taint node-a drbd.linbit.com/lost-quorum");
+        assert_eq!(at(&not_ready, 5), ["hold node-a"]);
     }
 
     #[test]
