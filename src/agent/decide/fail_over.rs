@@ -51,11 +51,13 @@ pub(super) fn fail_overs(
             // A node we know nothing of (neither cached nor found when read fresh) does not
             // exist: there is nothing to fail over, and it is never taken for NotReady.
             let Some(node) = observed.nodes.get(node) else { continue };
-            let drop = Drop {
+            let suspicion = Suspicion {
+                resource,
+                node,
                 peer: &peer.name,
                 seen: started,
             };
-            match evidence(observed, settings, resource, node, &drop, now) {
+            match evidence(observed, settings, &suspicion, now) {
                 Evidence::Alive(evidence) => holds.push(Action::HoldFailOver {
                     node: node.name.clone(),
                     resource: resource.name.clone(),
@@ -129,8 +131,11 @@ fn tainted_by_fail_over(observed: &Observed, node: &str) -> bool {
         .is_some_and(|n| n.taint_value(LOST_QUORUM_TAINT) == Some(TAINT_BY_FAIL_OVER))
 }
 
-/// A link to a peer seen down: the peer as DRBD names it, and since when this node sees it down.
-struct Drop<'a> {
+/// A peer suspected of losing a resource: the resource here, the peer's Node, the peer as DRBD
+/// names it, and since when this node sees its link down.
+struct Suspicion<'a> {
+    resource: &'a Resource,
+    node: &'a NodeView,
     peer: &'a str,
     seen: Instant,
 }
@@ -140,19 +145,13 @@ struct Drop<'a> {
 /// being NotReady, and what a Ready peer's agent said or did not say, count only once the API
 /// server has answered this agent long enough for the peers to have spoken after an outage: right
 /// after one, Kubernetes marks NotReady every node whose kubelet could not renew its Lease.
-fn evidence(
-    observed: &Observed,
-    settings: &DecisionSettings,
-    resource: &Resource,
-    node: &NodeView,
-    drop: &Drop,
-    now: Instant,
-) -> Evidence {
+fn evidence(observed: &Observed, settings: &DecisionSettings, suspicion: &Suspicion, now: Instant) -> Evidence {
+    let node = suspicion.node;
     let heard_long_enough = observed
         .api_answering_since
         .is_some_and(|since| now.saturating_duration_since(since) >= settings.peers_restate_within);
     let evidence = if node.ready {
-        what_the_agents_said(observed, settings, resource, node, drop, now)
+        what_the_agents_said(observed, settings, suspicion, now)
     } else {
         Evidence::Lost(format!("node {} is not Ready", node.name))
     };
@@ -172,11 +171,15 @@ fn evidence(
 fn what_the_agents_said(
     observed: &Observed,
     settings: &DecisionSettings,
-    resource: &Resource,
-    node: &NodeView,
-    drop: &Drop,
+    suspicion: &Suspicion,
     now: Instant,
 ) -> Evidence {
+    let Suspicion {
+        resource,
+        node,
+        peer,
+        seen,
+    } = *suspicion;
     let alive_report = |name: &str| {
         observed
             .reports
@@ -196,9 +199,9 @@ fn what_the_agents_said(
                 observed.node
             ));
         }
-        let window = observed.drbd.detection_window(&resource.name, drop.peer);
+        let window = observed.drbd.detection_window(&resource.name, peer);
         if own.connected.iter().any(|p| observed.is_this_node(p))
-            && now.saturating_duration_since(drop.seen) < window + settings.report_interval
+            && now.saturating_duration_since(seen) < window + settings.report_interval
         {
             return Evidence::Alive(format!(
                 "its agent still reports the link to {} up: its DRBD may take up to {window:?} to notice the drop (the link's net options), and its agent {:?} more to say so",
