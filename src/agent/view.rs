@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use super::drbd::DrbdState;
-use super::report::Report;
+use super::report::{Report, ResourceReport};
 use crate::volume::ClaimKey;
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -169,6 +169,12 @@ impl Observed {
     /// Whether a DRBD peer name, as another node sees it, is this node.
     pub fn is_this_node(&self, drbd_peer: &str) -> bool {
         self.kube_node(drbd_peer) == self.node
+    }
+
+    /// What `node`'s agent states about `resource`, while that agent renews its heartbeat.
+    pub fn alive_report(&self, node: &str, resource: &str) -> Option<&ResourceReport> {
+        let report = self.reports.get(node).filter(|r| r.alive)?;
+        report.report.resources.get(resource)
     }
 
     pub fn has_taint(&self, node: &str, key: &str) -> bool {

@@ -70,9 +70,11 @@ fn demotion(
 /// (it is on the side of the partition that has it). A peer still connected to this node is on
 /// this side, without quorum too.
 fn peer_can_take_over(observed: &Observed, resource: &Resource) -> bool {
-    observed.reports.iter().any(|(node, report)| {
-        *node != observed.node && report.alive && report.report.resources.get(&resource.name).is_some_and(|r| r.quorum)
-    })
+    observed
+        .reports
+        .keys()
+        .filter(|node| **node != observed.node)
+        .any(|node| observed.alive_report(node, &resource.name).is_some_and(|r| r.quorum))
 }
 
 #[cfg(test)]

@@ -180,13 +180,7 @@ fn what_the_agents_said(
         peer,
         seen,
     } = *suspicion;
-    let alive_report = |name: &str| {
-        observed
-            .reports
-            .get(name)
-            .filter(|r| r.alive)
-            .and_then(|r| r.report.resources.get(&resource.name))
-    };
+    let alive_report = |name: &str| observed.alive_report(name, &resource.name);
     if let Some(own) = alive_report(&node.name) {
         if !own.quorum {
             return Evidence::Lost("its agent reports the resource without quorum".into());
