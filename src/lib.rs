@@ -20,6 +20,8 @@ mod kube_client;
 mod metrics;
 mod names;
 mod producer;
+#[cfg(test)]
+mod scripted_api;
 mod selftest;
 mod sharedvolume;
 mod shutdown;

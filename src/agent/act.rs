@@ -683,6 +683,7 @@ fn wall_clock_of(instant: Instant) -> String {
 mod tests {
     use super::*;
     use crate::agent::source::{DrbdError, MockDrbdSource};
+    use crate::scripted_api;
     use crate::volume::ClaimKey;
     use http_body_util::Full;
     use hyper::body::Bytes;
@@ -690,10 +691,7 @@ mod tests {
 
     /// A client whose API server answers every request with 200 `{}` (events go nowhere).
     fn stub_client() -> Client {
-        let service = tower::service_fn(|_: http::Request<kube::client::Body>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(b"{}"))))
-        });
-        Client::new(service, "default")
+        scripted_api::client(|_| (200, "{}".into()))
     }
 
     fn stub_executor(drbd: MockDrbdSource, dry_run: bool) -> (Executor, AgentMetrics) {
@@ -730,16 +728,15 @@ mod tests {
     async fn a_standing_report_is_told_again_each_repeat_interval() {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let told = Arc::new(AtomicUsize::new(0));
-        let service = tower::service_fn({
+        let client = scripted_api::client({
             let told = told.clone();
-            move |request: http::Request<kube::client::Body>| {
-                if request.uri().path().contains("/events") {
+            move |request| {
+                if request.path.contains("/events") {
                     told.fetch_add(1, Ordering::SeqCst);
                 }
-                async { Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from_static(b"{}")))) }
+                (200, "{}".into())
             }
         });
-        let client = Client::new(service, "default");
         let repeat = Duration::from_millis(200);
         let events = EventSink::new(client.clone(), "test", None).with(crate::events::EventSettings {
             warning_repeat_interval: repeat,
@@ -887,10 +884,10 @@ mod tests {
         use std::sync::atomic::{AtomicUsize, Ordering};
         let deletions = Arc::new(AtomicUsize::new(0));
         let counted = deletions.clone();
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let path = request.uri().path().to_owned();
-            let listing = request.uri().query().is_some_and(|q| q.contains("labelSelector"));
-            if request.method() == http::Method::DELETE && path.contains("/pods/") {
+        let client = scripted_api::client(move |request| {
+            let path = &request.path;
+            let listing = request.query.contains("labelSelector");
+            if request.method == http::Method::DELETE && path.contains("/pods/") {
                 counted.fetch_add(1, Ordering::SeqCst);
             }
             let expiry = (k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(60)).to_string();
@@ -905,12 +902,9 @@ mod tests {
             } else {
                 serde_json::json!({})
             };
-            async move {
-                let body = Bytes::from(body.to_string());
-                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(body)))
-            }
+            (200, body.to_string())
         });
-        (Client::new(service, "default"), deletions)
+        (client, deletions)
     }
 
     #[tokio::test]

@@ -146,10 +146,8 @@ fn may_pass(err: &kube::Error) -> bool {
 mod tests {
     use std::sync::{Arc, Mutex};
 
-    use http_body_util::Full;
-    use hyper::body::Bytes;
-
     use super::*;
+    use crate::scripted_api;
 
     const CONFLICT: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Conflict","code":409}"#;
     const UNAVAILABLE: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":503}"#;
@@ -159,22 +157,14 @@ mod tests {
     fn scripted(answer: fn(&str, usize) -> (u16, &'static str)) -> (Client, Arc<Mutex<Vec<String>>>) {
         let seen = Arc::new(Mutex::new(Vec::<String>::new()));
         let log = seen.clone();
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let path = request.uri().path().to_owned();
-            let before = {
-                let mut seen = log.lock().unwrap();
-                let before = seen.iter().filter(|p| **p == path).count();
-                seen.push(path.clone());
-                before
-            };
-            let (status, body) = answer(&path, before);
-            async move {
-                let mut response = http::Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-                *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
-                Ok::<_, std::convert::Infallible>(response)
-            }
+        let client = scripted_api::client(move |request| {
+            let mut seen = log.lock().unwrap();
+            let before = seen.iter().filter(|p| **p == request.path).count();
+            seen.push(request.path.clone());
+            let (status, body) = answer(&request.path, before);
+            (status, body.to_owned())
         });
-        (Client::new(service, "default"), seen)
+        (client, seen)
     }
 
     fn a_move(claim: &ClaimKey) -> Move<'_> {

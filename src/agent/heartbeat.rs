@@ -136,17 +136,11 @@ pub async fn peer_now(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http_body_util::Full;
-    use hyper::body::Bytes;
+    use crate::scripted_api;
 
     /// Leases served by a scripted API server: `status` for every request, with `body`.
     fn leases_answering(status: u16, body: &'static str) -> Api<Lease> {
-        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| async move {
-            let mut response = http::Response::new(Full::new(Bytes::from_static(body.as_bytes())));
-            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
-            Ok::<_, std::convert::Infallible>(response)
-        });
-        Api::namespaced(Client::new(service, "default"), "default")
+        Api::namespaced(scripted_api::client(move |_| (status, body.to_owned())), "default")
     }
 
     const REFUSED: &str =
