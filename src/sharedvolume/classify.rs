@@ -165,6 +165,8 @@ pub fn shared_volume(
         volume_id: label_value(&volume.id),
         owner: claim_owner(claim),
         server,
+        // A published endpoint that does not parse is the controller's to replace, not to carry.
+        mount_endpoint: volume.mount_endpoint.as_deref().and_then(|m| m.parse().ok()),
     })
 }
 

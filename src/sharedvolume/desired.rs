@@ -29,6 +29,10 @@ pub struct SharedVolume {
     pub owner: OwnerReference,
     /// Where the NFS server listens now.
     pub server: NfsEndpoint,
+    /// What clients mount (`<ClusterIP>:2049`), once published: carried on the EndpointSlice so
+    /// that each node's conntrack repair, which may read nothing but slices, knows which
+    /// connections a move strands.
+    pub mount_endpoint: Option<NfsEndpoint>,
 }
 
 const MAX_NAME: usize = 63;
@@ -186,6 +190,7 @@ pub fn fingerprint(volume: &SharedVolume) -> u64 {
         &volume.volume_id,
         &volume.owner.uid,
         volume.server,
+        volume.mount_endpoint,
     )
         .hash(&mut hasher);
     hasher.finish()
@@ -238,7 +243,7 @@ fn endpoint_subsets(server: NfsEndpoint) -> Vec<EndpointSubset> {
 
 /// The EndpointSlice of the Service: one ready endpoint, the NFS server.
 pub fn endpoint_slice(volume: &SharedVolume) -> EndpointSlice {
-    let metadata = metadata(
+    let mut metadata = metadata(
         volume,
         &volume.service_name,
         &[
@@ -246,6 +251,9 @@ pub fn endpoint_slice(volume: &SharedVolume) -> EndpointSlice {
             (SLICE_MANAGED_BY_LABEL, SLICE_MANAGER),
         ],
     );
+    if let Some(mount) = volume.mount_endpoint {
+        metadata.annotations = Some([(MOUNT_ENDPOINT_ANNOTATION.to_owned(), mount.to_string())].into());
+    }
     EndpointSlice {
         metadata,
         ..slice_at(volume.server)
@@ -315,7 +323,25 @@ pub(crate) mod tests {
                 ..Default::default()
             },
             server: server.parse().unwrap(),
+            mount_endpoint: None,
         }
+    }
+
+    #[test]
+    fn the_slice_carries_what_clients_mount_once_it_is_published() {
+        let mut volume = shared_volume("10.0.0.5:2049");
+        assert_eq!(endpoint_slice(&volume).metadata.annotations, None);
+        volume.mount_endpoint = Some("10.96.4.7:2049".parse().unwrap());
+        let slice = endpoint_slice(&volume);
+        assert_eq!(
+            slice.metadata.annotations.unwrap()[MOUNT_ENDPOINT_ANNOTATION],
+            "10.96.4.7:2049"
+        );
+        assert_ne!(
+            fingerprint(&volume),
+            fingerprint(&shared_volume("10.0.0.5:2049")),
+            "publishing the mount endpoint changes what the slice is built from"
+        );
     }
 
     #[test]
