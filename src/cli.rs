@@ -59,6 +59,9 @@ pub enum Command {
     Controller(ControllerArgs),
     /// DRBD HA agent: one per node, fail-over, taints and endpoints that follow the primary.
     Agent(AgentArgs),
+    /// Conntrack repair: one per client node; after a volume's endpoint moves, deletes the
+    /// connection-tracking entries that still send its ClusterIP to the old NFS server.
+    Conntrack(ConntrackArgs),
     /// Checks an installation (what `helm test` runs): the leader Lease held and fresh, every
     /// agent pod ready, the admission policies bound. Exits non-zero when a check fails.
     Selftest(SelftestArgs),
@@ -202,6 +205,27 @@ pub enum DrainPolicy {
     /// Evict the local consumers of primaries of shared volumes when the node is cordoned or
     /// carries the evacuate taint, so the NFS service moves before the node goes down.
     Evacuate,
+}
+
+#[derive(Debug, Args)]
+pub struct ConntrackArgs {
+    /// The Kubernetes node this runs on (env: NODE_NAME, from the downward API); named in logs.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// The conntrack tool (conntrack-tools).
+    #[arg(long, env = "CONNTRACK_PATH", default_value = "conntrack")]
+    pub conntrack_path: String,
+    /// How often a volume whose endpoint moved is swept while its window lasts.
+    #[arg(long, env = "SWEEP_PERIOD", default_value = "250ms")]
+    pub sweep_period: Duration,
+    /// How long after a move its volume is swept at most: until this node's kube-proxy has
+    /// rewritten the Service's rules, a deleted entry comes back through the old ones. A sweep
+    /// that finds a flow to the new NFS server ends the window early.
+    #[arg(long, env = "SWEEP_FOR", default_value = "30s")]
+    pub sweep_for: Duration,
+    /// Bound of one conntrack command.
+    #[arg(long, env = "COMMAND_TIMEOUT", default_value = "10s")]
+    pub command_timeout: Duration,
 }
 
 #[derive(Debug, Args)]

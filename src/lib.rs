@@ -13,6 +13,7 @@ mod agent;
 mod apply;
 mod cli;
 mod compat;
+mod conntrack;
 mod controller;
 mod deadline;
 mod events;
@@ -84,6 +85,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             Command::Agent(args) => {
                 let client = kube_client::connect(&cli.common, false).await?;
                 agent::run(args, client, registry, probes.clone(), shutdown.clone(), events).await
+            }
+            Command::Conntrack(args) => {
+                let client = kube_client::connect(&cli.common, false).await?;
+                conntrack::run(args, client, registry, probes.clone(), shutdown.clone()).await
             }
             Command::Selftest(_) => anyhow::bail!("selftest runs without the admin server"),
         }

@@ -32,6 +32,11 @@ pub const AGENT_EVENTS2_MISMATCHES: &str = "storageos_drbd_agent_events2_mismatc
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
 pub const AGENT_FAIL_OVER_DURATION: &str = "storageos_drbd_agent_fail_over_duration_seconds";
+pub const CONNTRACK_DELETED: &str = "storageos_shared_volume_conntrack_entries_deleted_total";
+pub const CONNTRACK_REPAIR_DURATION: &str = "storageos_shared_volume_conntrack_repair_duration_seconds";
+pub const CONNTRACK_FAILURES: &str = "storageos_shared_volume_conntrack_failures_total";
+pub const CONNTRACK_SWEEPS: &str = "storageos_shared_volume_conntrack_sweeps_total";
+pub const CONNTRACK_SWEEPING: &str = "storageos_shared_volume_conntrack_volumes_sweeping";
 pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
 
 /// Reconcile-duration buckets, 1 ms to 30 s.
@@ -323,3 +328,51 @@ impl AgentMetrics {
 pub const ACTION_RESULTS: [&str; 4] = ["ok", "skipped", "blocked", "failed"];
 /// The `why` label values of [`AGENT_REFUSED_ACTIONS`].
 pub const REFUSAL_REASONS: [&str; 2] = ["guard", "dry_run"];
+
+/// Metrics of the conntrack repair.
+#[derive(Clone)]
+pub struct ConntrackMetrics {
+    /// Conntrack entries deleted because they bound a volume's ClusterIP to a server it left.
+    pub deleted: IntCounter,
+    /// From a move (its trigger time on the slice, else when this node saw it) to the sweep that
+    /// first deleted stranded entries of it on this node.
+    pub repair_duration: Histogram,
+    /// conntrack commands that failed (listing or deleting).
+    pub failures: IntCounter,
+    /// Listings of the table.
+    pub sweeps: IntCounter,
+    /// Volumes swept now (their endpoint moved within the sweep window).
+    pub sweeping: IntGauge,
+}
+
+impl ConntrackMetrics {
+    pub fn register(registry: &Registry) -> Result<Self> {
+        Ok(Self {
+            deleted: counter(
+                registry,
+                CONNTRACK_DELETED,
+                "Conntrack entries deleted because they bound a volume's ClusterIP to an NFS server it moved from.",
+            )?,
+            repair_duration: histogram_of(
+                registry,
+                CONNTRACK_REPAIR_DURATION,
+                "From a volume's endpoint move to the sweep that deleted its stranded conntrack entries on this node.",
+                REPAIR_BUCKETS,
+            )?,
+            failures: counter(registry, CONNTRACK_FAILURES, "conntrack commands that failed.")?,
+            sweeps: counter(
+                registry,
+                CONNTRACK_SWEEPS,
+                "Listings of the conntrack table by the repair.",
+            )?,
+            sweeping: int_gauge(
+                registry,
+                CONNTRACK_SWEEPING,
+                "Volumes whose endpoint moved within the sweep window, swept now.",
+            )?,
+        })
+    }
+}
+
+/// Conntrack repair buckets, 10 ms to 60 s.
+const REPAIR_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];

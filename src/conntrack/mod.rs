@@ -1,0 +1,213 @@
+//! The conntrack repair (`conntrack` subcommand), one per node that runs NFS clients: it watches
+//! the product's EndpointSlices, and when a volume's endpoint moves, deletes this node's conntrack
+//! entries that still bind the volume's ClusterIP to the old NFS server, so that clients holding
+//! their connection (or reconnecting from the same source port, as the kernel's NFS client does)
+//! follow the move instead of talking to a dead node until the entry times out.
+//!
+//! [`slices`] reads the watch, [`sweep`] decides which flows to delete and for how long to keep
+//! looking, [`table`] lists and deletes flows with the `conntrack` tool.
+
+mod slices;
+mod sweep;
+mod table;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, Result};
+use futures::StreamExt;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use prometheus::Registry;
+
+use crate::admin::Probes;
+use crate::cli::ConntrackArgs;
+use crate::metrics::ConntrackMetrics;
+use crate::names::{NFS_PORT, SLICE_MANAGED_BY_LABEL, SLICE_MANAGER};
+use crate::shutdown::Shutdown;
+use slices::{Seen, Slices};
+use sweep::Sweeps;
+use table::Conntrack;
+
+pub async fn run(
+    args: ConntrackArgs,
+    client: Client,
+    registry: Registry,
+    probes: Probes,
+    shutdown: Shutdown,
+) -> Result<()> {
+    let metrics = ConntrackMetrics::register(&registry)?;
+    let table = Conntrack {
+        binary: args.conntrack_path.clone(),
+        timeout: *args.command_timeout,
+    };
+    // A node where the tool cannot read the table is a misconfigured pod: say so at once.
+    table
+        .list(false, NFS_PORT)
+        .await
+        .context("cannot read this node's conntrack table")?;
+    tracing::info!(
+        node = %args.node_name,
+        sweep_period = %args.sweep_period,
+        sweep_for = %args.sweep_for,
+        selector = %selector(),
+        "conntrack repair started"
+    );
+    let mut repair = Repair {
+        table,
+        metrics,
+        window: *args.sweep_for,
+        slices: Slices::default(),
+        sweeps: Sweeps::default(),
+        listing: None,
+        started: false,
+    };
+    let api: Api<EndpointSlice> = Api::all(client);
+    let mut events = watcher(api, watcher::Config::default().labels(&selector()))
+        .default_backoff()
+        .boxed();
+    let mut ticker = tokio::time::interval(*args.sweep_period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            event = events.next() => match event {
+                Some(Ok(event)) => {
+                    if repair.watched(event) {
+                        probes.set_ready(true);
+                    }
+                }
+                Some(Err(err)) => tracing::warn!(error = %err, "EndpointSlice watch failed; retrying"),
+                None => anyhow::bail!("the EndpointSlice watch ended"),
+            },
+            _ = ticker.tick(), if !repair.sweeps.is_empty() => repair.sweep().await,
+        }
+    }
+    Ok(())
+}
+
+/// The product's EndpointSlices, and nothing else.
+fn selector() -> String {
+    format!("{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGER}")
+}
+
+struct Repair {
+    table: Conntrack,
+    metrics: ConntrackMetrics,
+    window: Duration,
+    slices: Slices,
+    sweeps: Sweeps,
+    /// The slices of a (re)list in progress.
+    listing: Option<BTreeSet<String>>,
+    /// Whether the first list is done: slices first seen after it are new volumes.
+    started: bool,
+}
+
+impl Repair {
+    /// Takes one watch event; whether the first list is now complete.
+    fn watched(&mut self, event: watcher::Event<EndpointSlice>) -> bool {
+        match event {
+            watcher::Event::Init => self.listing = Some(BTreeSet::new()),
+            watcher::Event::InitApply(slice) => {
+                if let Some(listing) = &mut self.listing {
+                    listing.insert(key(&slice));
+                }
+                self.slice(&slice);
+            }
+            watcher::Event::InitDone => {
+                for gone in self.slices.keep_only(&self.listing.take().unwrap_or_default()) {
+                    self.sweeps.forget(&gone);
+                }
+                let first = !self.started;
+                self.started = true;
+                return first;
+            }
+            watcher::Event::Apply(slice) => self.slice(&slice),
+            watcher::Event::Delete(slice) => {
+                self.slices.forget(&key(&slice));
+                self.sweeps.forget(&key(&slice));
+            }
+        }
+        self.metrics.sweeping.set(self.sweeps.len() as i64);
+        false
+    }
+
+    fn slice(&mut self, slice: &EndpointSlice) {
+        let key = key(slice);
+        let now = Instant::now();
+        match self.slices.seen(&key, slice) {
+            Seen::Moved(served) => {
+                tracing::info!(
+                    slice = %key,
+                    mount = %served.mount,
+                    backends = ?served.backends,
+                    "the volume's endpoint moved; sweeping its stranded conntrack entries"
+                );
+                self.sweeps
+                    .changed(&key, served, slices::triggered(slice), now, self.window);
+            }
+            // After a restart a move may have gone unseen: sweep every volume once more.
+            Seen::First(served) if !self.started => {
+                self.sweeps.changed(&key, served, None, now, self.window);
+            }
+            Seen::First(_) | Seen::Same => {}
+            Seen::Unusable(why) => tracing::debug!(slice = %key, "not repaired: {why}"),
+        }
+    }
+
+    /// Lists the flows of each address family being swept, deletes the stranded ones, and
+    /// reports each volume's first repair.
+    async fn sweep(&mut self) {
+        for ipv6 in [false, true] {
+            if !self.sweeps.any_of_family(ipv6) {
+                continue;
+            }
+            self.metrics.sweeps.inc();
+            let listed = match self.table.list(ipv6, NFS_PORT).await {
+                Ok(listed) => listed,
+                Err(err) => {
+                    self.metrics.failures.inc();
+                    tracing::warn!(error = %err, "cannot list conntrack entries; trying again next sweep");
+                    continue;
+                }
+            };
+            let mut deleted = Vec::new();
+            for (volume, flow) in self.sweeps.plan(&listed).delete {
+                match self.table.delete(&flow).await {
+                    Ok(0) => {}
+                    Ok(count) => {
+                        self.metrics.deleted.inc_by(count);
+                        tracing::info!(
+                            slice = %volume,
+                            client = %flow.orig_src,
+                            mount = %flow.orig_dst,
+                            old_backend = %flow.reply_src,
+                            state = %flow.state,
+                            "deleted a conntrack entry stranded on the old NFS server"
+                        );
+                        deleted.push(volume);
+                    }
+                    Err(err) => {
+                        self.metrics.failures.inc();
+                        tracing::warn!(slice = %volume, client = %flow.orig_src, error = %err, "cannot delete a stranded conntrack entry");
+                    }
+                }
+            }
+            for repaired in self.sweeps.swept(&listed, &deleted, Instant::now(), SystemTime::now()) {
+                self.metrics.repair_duration.observe(repaired.after.as_secs_f64());
+                tracing::info!(
+                    slice = %repaired.volume,
+                    mount = %repaired.mount,
+                    after_ms = repaired.after.as_millis() as u64,
+                    "clients of the volume on this node were sent to its new NFS server"
+                );
+            }
+        }
+        self.metrics.sweeping.set(self.sweeps.len() as i64);
+    }
+}
+
+fn key(slice: &EndpointSlice) -> String {
+    format!("{}/{}", slice.namespace().unwrap_or_default(), slice.name_any())
+}
