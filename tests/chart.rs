@@ -81,7 +81,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
         .map(|o| o["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(policies.len(), 7, "{policies:?}");
+    assert_eq!(policies.len(), 8, "{policies:?}");
     for policy in &policies {
         let binding = find(&defaults, "ValidatingAdmissionPolicyBinding", policy);
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
@@ -97,6 +97,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
             .unwrap()
             .contains(r#"["linstor.csi.linbit.com"]"#)
     );
+    the_conntrack_repair_runs_everywhere_with_net_admin_alone(&defaults);
     let without = template(&["admissionPolicies.enabled=false"]);
     assert!(!without.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
     let tolerated: Vec<&str> = pod["tolerations"]
@@ -247,6 +248,9 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     for (kind, object, namespaced) in [
         ("deployment", name("controller"), true),
         ("daemonset", name("agent"), true),
+        ("daemonset", name("conntrack"), true),
+        ("serviceaccount", name("conntrack"), true),
+        ("clusterrole", name("conntrack"), false),
         ("poddisruptionbudget", name("controller"), true),
         ("serviceaccount", name("controller"), true),
         ("serviceaccount", name("agent"), true),
@@ -268,6 +272,7 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
 
     let controller = format!("system:serviceaccount:{}:{}", env.ns, name("controller"));
     let agent = format!("system:serviceaccount:{}:{}", env.ns, name("agent"));
+    let conntrack = format!("system:serviceaccount:{}:{}", env.ns, name("conntrack"));
     let ns = env.ns.as_str();
     let elsewhere = "kube-system";
     // (who, namespace, verb, resource, allowed)
@@ -328,6 +333,14 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         (&agent, ns, "delete", "nodes", false),
         (&agent, elsewhere, "create", "pods", false),
         (&agent, ns, "get", "secrets", false),
+        (&conntrack, elsewhere, "list", "endpointslices.discovery.k8s.io", true),
+        (&conntrack, elsewhere, "watch", "endpointslices.discovery.k8s.io", true),
+        (&conntrack, elsewhere, "get", "endpointslices.discovery.k8s.io", false),
+        (&conntrack, elsewhere, "patch", "endpointslices.discovery.k8s.io", false),
+        (&conntrack, elsewhere, "get", "services", false),
+        (&conntrack, elsewhere, "list", "pods", false),
+        (&conntrack, elsewhere, "create", "events.events.k8s.io", false),
+        (&conntrack, ns, "get", "leases.coordination.k8s.io", false),
     ];
     let wrong: Vec<String> = matrix
         .iter()
@@ -346,6 +359,7 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     );
 
     run_as_the_charts_service_accounts(&env, &controller, &agent).await;
+    the_conntrack_repair_runs_as_its_account(&env, &conntrack).await;
     what_an_attacker_tries_is_refused(&env, &controller, &agent).await;
 
     run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
@@ -353,6 +367,8 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     assert!(!get("clusterrole", &name("agent"), false));
     assert!(!get("deployment", &name("controller"), true));
     assert!(!get("daemonset", &name("agent"), true));
+    assert!(!get("daemonset", &name("conntrack"), true));
+    assert!(!get("clusterrole", &name("conntrack"), false));
     let secrets_left = tool("kubectl")
         .args(["get", "secrets", "-n", &env.ns, "-l", "owner=helm", "-o", "name"])
         .output()
@@ -522,6 +538,57 @@ async fn run_as_the_charts_service_accounts(env: &TestEnv, controller_sa: &str, 
         let text = std::fs::read_to_string(&log).unwrap().to_lowercase();
         assert!(!text.contains("forbidden"), "RBAC too tight, see {}", log.display());
     }
+}
+
+/// The conntrack repair as the chart's account: it lists and watches the slices (ready), and its
+/// log says nothing was refused.
+async fn the_conntrack_repair_runs_as_its_account(env: &TestEnv, conntrack_sa: &str) {
+    let as_conntrack = kubeconfig_as(env, conntrack_sa, "conntrack");
+    let repair = Process::start_with_env(
+        &format!("{}-conntrack", env.ns),
+        &["conntrack", "--node-name", "chart-node"],
+        &[("KUBECONFIG", as_conntrack.as_str())],
+    );
+    repair.wait_ready().await;
+    let log = repair.log.clone();
+    repair.stop().await;
+    let text = std::fs::read_to_string(&log).unwrap().to_lowercase();
+    assert!(!text.contains("forbidden"), "RBAC too tight, see {}", log.display());
+}
+
+/// The rendered repair: on the host network with NET_ADMIN and nothing else, on every node
+/// unless told otherwise, and gone when turned off.
+fn the_conntrack_repair_runs_everywhere_with_net_admin_alone(defaults: &[Value]) {
+    let daemonset = find(defaults, "DaemonSet", "demo-shared-volume-controller-conntrack");
+    let pod = &daemonset["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true, "the host's conntrack table");
+    assert_eq!(
+        pod["tolerations"],
+        json!([{"operator": "Exists"}]),
+        "clients run on any node"
+    );
+    let container = &pod["containers"][0];
+    assert_eq!(container["args"], json!(["conntrack"]));
+    assert_eq!(
+        container["securityContext"]["capabilities"],
+        json!({"drop": ["ALL"], "add": ["NET_ADMIN"]})
+    );
+    assert_eq!(container["securityContext"]["privileged"], false);
+    assert_eq!(env_value(container, "SWEEP_FOR"), Some("30s"));
+    let role = find(defaults, "ClusterRole", "demo-shared-volume-controller-conntrack");
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}])
+    );
+    let chosen = template(&["conntrack.nodeSelector.clients=yes"]);
+    let pod = &find(&chosen, "DaemonSet", "demo-shared-volume-controller-conntrack")["spec"]["template"]["spec"];
+    assert_eq!(pod["nodeSelector"], json!({"clients": "yes"}));
+    let off = template(&["conntrack.enabled=false"]);
+    assert!(
+        !off.iter()
+            .any(|o| o["metadata"]["name"].as_str().is_some_and(|n| n.contains("conntrack"))),
+        "conntrack.enabled=false installs nothing of it"
+    );
 }
 
 /// A client acting as `service_account`.
@@ -983,7 +1050,7 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
         "{args:?}"
     );
     let policies = args.iter().find(|a| a.starts_with("--policies=")).unwrap();
-    assert_eq!(policies.split(',').count(), 7, "{policies}");
+    assert_eq!(policies.split(',').count(), 8, "{policies}");
     let role = find(&defaults, "Role", "demo-shared-volume-controller-selftest");
     let verbs: Vec<&Value> = role["rules"]
         .as_array()
@@ -1085,7 +1152,7 @@ async fn helm_test_passes_on_a_working_install_and_names_what_is_broken() {
         passed.then_some(output)
     })
     .await;
-    assert!(passed.contains("all 10 checks passed"), "{passed}");
+    assert!(passed.contains("all 11 checks passed"), "{passed}");
 
     // An agent down, and a policy unbound: both named.
     let stopped = agents.remove(1);

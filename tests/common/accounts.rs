@@ -12,9 +12,10 @@ use super::process::Process;
 use super::{TestEnv, tool};
 
 /// The chart's templates that grant or narrow what its accounts may do.
-const PERMISSION_TEMPLATES: [&str; 3] = [
+const PERMISSION_TEMPLATES: [&str; 4] = [
     "templates/controller-rbac.yaml",
     "templates/agent-rbac.yaml",
+    "templates/conntrack-rbac.yaml",
     "templates/admission-policies.yaml",
 ];
 
