@@ -11,10 +11,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::datapath::NfsGrace;
+use common::datapath::ProxyMode;
 use common::drbd::{cluster_events, drbd_taints, healthy, lost, node_monitor_grace_period, slice_addresses};
 use common::node_loss::{lose_the_primarys_node, side_by_side};
-use common::outage::client_through_a_fail_over;
+use common::outage::{Scenario, client_through_a_fail_over};
 use common::process::sample_value;
 use common::prometheus::Prometheus;
 use common::{MOUNT_ENDPOINT, eventually, serving};
@@ -275,7 +275,8 @@ async fn demo() {
 
     story.chapter("10. A real NFS client through the ClusterIP, across a fail-over");
     let nfs = common::setup("demo-nfs").await;
-    let outage = client_through_a_fail_over(&nfs, NfsGrace::Off, &|line| story.say(line)).await;
+    let scenario = Scenario::repaired(ProxyMode::Iptables);
+    let outage = client_through_a_fail_over(&nfs, scenario, &|line| story.say(line)).await;
     story.say(outage.to_string());
     nfs.cleanup().await;
     story.say("namespaces, links, NAT rules and NFS servers removed");

@@ -156,6 +156,7 @@ pub struct DataPath {
     proxy: Option<Child>,
     proxy_node: String,
     pub proxy_log: PathBuf,
+    pub mode: ProxyMode,
 }
 
 /// Runs a command that must succeed.
@@ -250,6 +251,7 @@ fn remove_leftovers() {
     quietly("ip", &["route", "del", "unreachable", NODE_RANGE]);
     quietly("ip", &["route", "del", SERVICE_CIDR]);
     remove_proxy_rules();
+    super::held::remove_rst_rules();
     fence("-D");
 }
 
@@ -308,8 +310,8 @@ fn remove_proxy_rules() {
 
 impl DataPath {
     /// Builds the data path for simulated nodes `names` (Node objects included) and starts
-    /// kube-proxy with a Node of its own.
-    pub async fn up(env: &TestEnv, names: &[&str]) -> Self {
+    /// kube-proxy, in `mode`, with a Node of its own.
+    pub async fn up(env: &TestEnv, names: &[&str], mode: ProxyMode) -> Self {
         assert!(
             Command::new("id")
                 .arg("-u")
@@ -379,6 +381,7 @@ impl DataPath {
             proxy: None,
             proxy_node,
             proxy_log,
+            mode,
         };
         path.proxy = Some(path.start_proxy());
         path
@@ -389,7 +392,8 @@ impl DataPath {
         let log = std::fs::File::create(&self.proxy_log).unwrap();
         tool("kube-proxy")
             .args(["--kubeconfig", &kubeconfig, "--hostname-override", &self.proxy_node])
-            .args(["--proxy-mode", "iptables", "--iptables-min-sync-period", "0"])
+            .args(["--proxy-mode", self.mode.flag()])
+            .args(["--iptables-min-sync-period", "0"])
             .args(["--bind-address", "127.0.0.1", "--nodeport-addresses", "127.0.0.1/32"])
             .args(["--metrics-bind-address", "", "--healthz-bind-address", ""])
             // Leave the machine's conntrack limits as they are.
@@ -466,20 +470,79 @@ impl DataPath {
         link.server = Some(server);
     }
 
-    /// Node `index` is lost: its NFS server stops and its link goes down.
+    /// Node `index` is lost as a powered-off node is: its namespace drops every packet, in and
+    /// out (no RST, no ICMP; its link stays up and the packets stay inside it), then its NFS
+    /// server stops (what it would still say is dropped).
     pub fn fail(&mut self, index: usize) {
         let link = &mut self.links[index];
+        for chain in ["INPUT", "OUTPUT"] {
+            must(
+                "ip",
+                &["netns", "exec", &link.netns, "iptables", "-I", chain, "-j", "DROP"],
+            );
+        }
         if let Some(mut server) = link.server.take() {
             stop(&mut server);
         }
-        must("ip", &["link", "set", &link.host_link, "down"]);
     }
 
-    /// Whether kube-proxy's rules send `namespace/service`'s NFS port to `ip`.
+    /// Stops kube-proxy where it is (SIGSTOP): the rules stay as they are until [`Self::resume_proxy`].
+    pub fn pause_proxy(&self) {
+        let proxy = self.proxy.as_ref().expect("kube-proxy running");
+        quietly("kill", &["-STOP", &proxy.id().to_string()]);
+    }
+
+    pub fn resume_proxy(&self) {
+        let proxy = self.proxy.as_ref().expect("kube-proxy running");
+        quietly("kill", &["-CONT", &proxy.id().to_string()]);
+    }
+
+    /// Whether kube-proxy's rules send `namespace/service`'s NFS port to `ip` (and only there).
     pub fn programmed(&self, namespace: &str, service: &str, ip: &str) -> bool {
-        let rules = Command::new("iptables-save").args(["-t", "nat"]).output().unwrap();
-        let wanted = format!("\"{namespace}/{service}:nfs -> {ip}:2049\"");
-        String::from_utf8_lossy(&rules.stdout).contains(&wanted)
+        match self.mode {
+            ProxyMode::Iptables => {
+                let rules = Command::new("iptables-save").args(["-t", "nat"]).output().unwrap();
+                let wanted = format!("\"{namespace}/{service}:nfs -> {ip}:2049\"");
+                String::from_utf8_lossy(&rules.stdout).contains(&wanted)
+            }
+            ProxyMode::Nftables => {
+                let table = Command::new("nft")
+                    .args(["list", "table", "ip", "kube-proxy"])
+                    .output()
+                    .unwrap();
+                service_chain_reaches(&String::from_utf8_lossy(&table.stdout), namespace, service, ip)
+            }
+        }
+    }
+}
+
+/// Whether, in `nft list table` output, the chain of `namespace/service`'s NFS port sends its
+/// traffic to the endpoint chain of `ip` (stale endpoint chains may outlive a change for a while).
+fn service_chain_reaches(table: &str, namespace: &str, service: &str, ip: &str) -> bool {
+    let name = format!("-{namespace}/{service}/tcp/nfs {{");
+    let mut lines = table
+        .lines()
+        .skip_while(|l| !(l.trim_start().starts_with("chain service-") && l.ends_with(&name)));
+    lines.next().is_some()
+        && lines
+            .take_while(|l| l.trim() != "}")
+            .any(|l| l.contains(&format!("nfs__{ip}/2049")))
+}
+
+/// How kube-proxy programs Services on the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyMode {
+    Iptables,
+    /// GA since Kubernetes 1.33.
+    Nftables,
+}
+
+impl ProxyMode {
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
     }
 }
 
@@ -578,17 +641,32 @@ pub fn leftovers() -> Vec<String> {
         left.extend(
             text(iptables, &[])
                 .lines()
-                .filter(|l| l.contains("KUBE-") || l.contains(FENCE))
+                .filter(|l| l.contains("KUBE-") || l.contains(FENCE) || l.contains(super::held::RST_RULE_COMMENT))
                 .map(|l| format!("{iptables}: {l}")),
         );
     }
-    for process in ["ganesha.nfsd", "kube-proxy --kubeconfig"] {
+    left.extend(
+        text("nft", &["list", "tables"])
+            .lines()
+            .filter(|l| l.contains("kube-proxy"))
+            .map(|l| format!("nftables {l}")),
+    );
+    for process in [
+        "ganesha.nfsd",
+        "kube-proxy --kubeconfig",
+        "shared-volume-controller conntrack",
+    ] {
         left.extend(text("pgrep", &["-af", process]).lines().map(|l| format!("process {l}")));
     }
     left
 }
 
 impl DataPath {
+    /// The Node kube-proxy runs as: the node of the clients.
+    pub fn proxy_node(&self) -> &str {
+        &self.proxy_node
+    }
+
     /// A scratch folder for the client's local files.
     pub fn scratch(&self) -> PathBuf {
         let scratch = self.dir.join("client");

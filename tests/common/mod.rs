@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod datapath;
 pub mod docs;
 pub mod drbd;
+pub mod held;
 pub mod helm;
 pub mod kubelet;
 pub mod node_loss;
