@@ -173,7 +173,7 @@ impl Repair {
                 }
             };
             let mut deleted = Vec::new();
-            for (volume, flow) in self.sweeps.plan(&listed).delete {
+            for (volume, flow) in self.sweeps.stranded(&listed) {
                 match self.table.delete(&flow).await {
                     Ok(0) => {}
                     Ok(count) => {

@@ -59,13 +59,6 @@ pub struct Repaired {
     pub after: Duration,
 }
 
-/// The flows to delete in one sweep, and what to report once they are.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct SweepPlan {
-    /// Each stranded flow with the volume it belongs to.
-    pub delete: Vec<(String, Flow)>,
-}
-
 /// The volumes being swept, by `namespace/name` of their EndpointSlice.
 #[derive(Debug, Default)]
 pub struct Sweeps {
@@ -112,15 +105,15 @@ impl Sweeps {
         self.sweeping.values().any(|s| s.served.mount.is_ipv6() == ipv6)
     }
 
-    /// The flows of `listed` that a volume being swept strands.
-    pub fn plan(&self, listed: &[Flow]) -> SweepPlan {
-        let mut delete = Vec::new();
-        for flow in listed {
-            if let Some((volume, _)) = self.sweeping.iter().find(|(_, s)| s.served.strands(flow)) {
-                delete.push((volume.clone(), flow.clone()));
-            }
-        }
-        SweepPlan { delete }
+    /// The flows of `listed` that a volume being swept strands, each with that volume.
+    pub fn stranded(&self, listed: &[Flow]) -> Vec<(String, Flow)> {
+        listed
+            .iter()
+            .filter_map(|flow| {
+                let (volume, _) = self.sweeping.iter().find(|(_, s)| s.served.strands(flow))?;
+                Some((volume.clone(), flow.clone()))
+            })
+            .collect()
     }
 
     /// After a sweep over `listed` deleted `deleted` (volume names of the flows that went): the
@@ -202,8 +195,7 @@ mod tests {
         let (mut sweeps, start, wall) = (Sweeps::default(), Instant::now(), SystemTime::now());
         sweeps.changed("apps/pvc-1", moved_to(NEW), None, start, Duration::from_secs(30));
         let listed = [flow(790, MOUNT, OLD), flow(795, MOUNT, "10.211.3.2:2049")];
-        let plan = sweeps.plan(&listed);
-        assert_eq!(plan.delete.len(), 2);
+        assert_eq!(sweeps.stranded(&listed).len(), 2);
 
         let deleted = vec!["apps/pvc-1".to_owned(); 2];
         let repaired = sweeps.swept(&listed, &deleted, start + Duration::from_millis(400), wall);
@@ -211,7 +203,7 @@ mod tests {
         assert_eq!(repaired[0].after, Duration::from_millis(400));
         // The old rules re-created the flow: it is deleted again, and not counted as a repair again.
         let again = [flow(790, MOUNT, OLD)];
-        assert_eq!(sweeps.plan(&again).delete.len(), 1);
+        assert_eq!(sweeps.stranded(&again).len(), 1);
         let deleted = vec!["apps/pvc-1".to_owned()];
         assert!(
             sweeps
@@ -229,7 +221,7 @@ mod tests {
         sweeps.changed("apps/pvc-1", moved_to(NEW), None, start, Duration::from_secs(30));
         let listed = [flow(790, MOUNT, OLD), flow(791, MOUNT, NEW)];
         assert_eq!(
-            sweeps.plan(&listed).delete,
+            sweeps.stranded(&listed),
             vec![("apps/pvc-1".to_owned(), flow(790, MOUNT, OLD))],
             "what this sweep listed is still deleted"
         );

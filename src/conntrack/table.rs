@@ -95,17 +95,19 @@ pub enum TableError {
     },
 }
 
-fn family(ip: IpAddr) -> &'static str {
-    if ip.is_ipv4() { "ipv4" } else { "ipv6" }
+fn family(ipv6: bool) -> &'static str {
+    if ipv6 { "ipv6" } else { "ipv4" }
 }
 
 impl Conntrack {
     /// The TCP flows whose original destination port is `port`, in one address family.
     pub async fn list(&self, ipv6: bool, port: u16) -> Result<Vec<Flow>, TableError> {
-        let family = if ipv6 { "ipv6" } else { "ipv4" };
         let port = port.to_string();
         let (_, stdout) = self
-            .run(&["-L", "-f", family, "-p", "tcp", "--orig-port-dst", &port], false)
+            .run(
+                &["-L", "-f", family(ipv6), "-p", "tcp", "--orig-port-dst", &port],
+                false,
+            )
             .await?;
         Ok(parse_flows(&stdout))
     }
@@ -122,7 +124,7 @@ impl Conntrack {
         let args = [
             "-D",
             "-f",
-            family(src.ip()),
+            family(src.is_ipv6()),
             "-p",
             "tcp",
             "--orig-src",
