@@ -73,12 +73,15 @@ async fn without_the_repair_a_client_reconnecting_from_its_port_stays_on_the_dea
         None,
         "its conntrack entry still sends it to node a:\n{outage}"
     );
-    for model in [ClientModel::NewConnection, ClientModel::HeldAbortiveClose] {
-        assert!(
-            outage.of(model).is_some_and(|t| t <= FOLLOWS_WITHIN),
-            "{model}:\n{outage}"
-        );
-    }
+    assert!(
+        outage
+            .of(ClientModel::NewConnection)
+            .is_some_and(|t| t <= FOLLOWS_WITHIN),
+        "a new port each write takes the new rules:\n{outage}"
+    );
+    // The abortive client is not asserted: its RST ends the old entry, so whether it follows
+    // depends on whether its next SYN went out before or after this node's rules changed (before,
+    // it makes a new entry to the dead node that each retried SYN keeps). It is reported above.
 }
 
 /// The race: a stranded entry deleted before this node's kube-proxy rewrote the Service's rules is
