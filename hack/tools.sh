@@ -188,9 +188,10 @@ install_debian_packages() {
   command -v jq >/dev/null || need+=(jq)
   command -v openssl >/dev/null || need+=(openssl)
   python3 -c 'import ensurepip' 2>/dev/null || need+=(python3-venv)
-  # The NFS data path: kube-proxy's iptables rules, a userspace NFS server and client, namespaces.
+  # The NFS data path: kube-proxy's iptables and nftables rules, a userspace NFS server and client, namespaces.
   command -v iptables >/dev/null || need+=(iptables)
   command -v conntrack >/dev/null || need+=(conntrack)
+  command -v nft >/dev/null || need+=(nftables)
   command -v ip >/dev/null || need+=(iproute2)
   command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha)
   [[ -n $(find /usr/lib -name libfsalvfs.so -print -quit 2>/dev/null) ]] || need+=(nfs-ganesha-vfs)

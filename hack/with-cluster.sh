@@ -9,11 +9,23 @@ bin=$(hack/tools.sh --print) # cluster.sh up builds whatever is missing
 export PATH="$bin:$PATH" SVC_TOOLS_BIN="$bin"
 
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/svc-cluster.XXXXXX")
-cleanup() { hack/cluster.sh down "$run_dir/cluster" >&2 || true; rm -rf "$run_dir"; }
+cleanup() {
+  hack/cluster.sh down "$run_dir/cluster" >&2 || true
+  if [[ -n "${SVC_KEEP_LOGS:-}" ]]; then
+    printf '==> kept the logs of this run in %s\n' "$run_dir/tmp" >&2
+    rm -rf "$run_dir/cluster"
+  else
+    rm -rf "$run_dir"
+  fi
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 printf '\n==> control plane up\n' >&2
 hack/cluster.sh up "$run_dir/cluster" >&2
 export KUBECONFIG="$run_dir/cluster/kubeconfig"
+# The tests' logs, kubeconfigs and simulated nodes go under the run's directory, removed with it
+# (SVC_KEEP_LOGS=1 keeps them).
+mkdir -p "$run_dir/tmp"
+export TMPDIR="$run_dir/tmp"
 "$@"
