@@ -849,8 +849,7 @@ async fn nfs_outage(sizes: &Sizes, full: bool) -> Vec<Figure> {
     use common::datapath::{NfsGrace, ProxyMode};
     use common::outage::{ClientModel, Scenario};
     let mut scenarios = Vec::new();
-    // nftables mode: not measured yet (kube-proxy programmed no rule in this harness).
-    for mode in [ProxyMode::Iptables] {
+    for mode in [ProxyMode::Iptables, ProxyMode::Nftables] {
         for repair in [Some("30s"), None] {
             let grace_off = Scenario {
                 repair,

@@ -1,16 +1,16 @@
 //! The NFS data path end to end: NFS clients reach the claim's ClusterIP, translated by the real
-//! kube-proxy (iptables and nftables modes) to an NFS server (nfs-ganesha) in the primary's
-//! network namespace, and keep working through a fail-over that loses the primary's node silently
-//! (its namespace drops every packet), without changing the address they use. Three client
-//! models: a new connection per write (libnfs), and a connection held from a fixed source port,
-//! closed normally or abortively before reconnecting from that port (the Linux kernel's NFS client
-//! keeps its port). The conntrack repair is what lets the held connections follow.
+//! kube-proxy (iptables mode; nftables mode with the repair) to an NFS server (nfs-ganesha) in the
+//! primary's network namespace, and keep working through a fail-over that loses the primary's node
+//! silently (its namespace drops every packet), without changing the address they use. Three
+//! client models: a new connection per write (libnfs), and a connection held from a fixed source
+//! port, closed normally or abortively before reconnecting from that port (the Linux kernel's NFS
+//! client keeps its port). The conntrack repair is what lets the held connections follow.
 
 mod common;
 
 use std::time::Duration;
 
-use common::datapath::{NfsGrace, ProxyMode, leftovers};
+use common::datapath::{NfsGrace, ProxyMode, leftovers, service_chain_reaches};
 use common::outage::{ClientModel, Outage, Scenario, client_through_a_fail_over};
 
 /// Grace on, as a production server should run it, with the rule grace ≥ lease; shorter than
@@ -53,9 +53,14 @@ fn every_client_followed_within(outage: &Outage, bound: Duration) {
 #[tokio::test]
 #[ignore = "needs a control plane and root: run `make test`"]
 async fn every_client_follows_the_primary_in_seconds() {
-    // kube-proxy's nftables mode is not run yet: in this harness it never programmed the first
-    // rule (see the issue's notes).
     let outage = fail_over("datapath-repaired", Scenario::repaired(ProxyMode::Iptables)).await;
+    every_client_followed_within(&outage, FOLLOWS_WITHIN);
+}
+
+#[tokio::test]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn every_client_follows_the_primary_in_seconds_with_kube_proxy_in_nftables_mode() {
+    let outage = fail_over("datapath-nft", Scenario::repaired(ProxyMode::Nftables)).await;
     every_client_followed_within(&outage, FOLLOWS_WITHIN);
 }
 
@@ -116,4 +121,21 @@ async fn a_server_in_its_grace_period_holds_new_clients_until_it_ends() {
     for model in [ClientModel::HeldNormalClose, ClientModel::HeldAbortiveClose] {
         assert!(on.of(model).is_some_and(|t| t <= FOLLOWS_WITHIN), "{model}:\n{on}");
     }
+}
+
+/// How the harness tells that kube-proxy's nftables rules moved (kube-proxy 1.36's service chain).
+#[test]
+fn an_nftables_service_chain_names_its_endpoint() {
+    const TABLE: &str = "table ip kube-proxy {
+\tchain service-GDWIIWMN-ns/pvc-1/tcp/nfs {
+\t\tmeta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.211.0.5 . 2049 }
+\t}
+\tchain service-AAAAAAAA-ns/pvc-2/tcp/nfs {
+\t\tmeta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.211.0.51 . 2049 }
+\t}
+}";
+    assert!(service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.5"));
+    assert!(!service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.51"));
+    assert!(!service_chain_reaches(TABLE, "ns", "pvc-2", "10.211.0.5"));
+    assert!(!service_chain_reaches(TABLE, "ns", "pvc-3", "10.211.0.5"));
 }

@@ -517,16 +517,18 @@ impl DataPath {
 }
 
 /// Whether, in `nft list table` output, the chain of `namespace/service`'s NFS port sends its
-/// traffic to the endpoint chain of `ip` (stale endpoint chains may outlive a change for a while).
-fn service_chain_reaches(table: &str, namespace: &str, service: &str, ip: &str) -> bool {
+/// traffic to `ip`: kube-proxy 1.36 DNATs there through a `numgen` map (`0 : <ip> . 2049`); older
+/// ones jumped to an endpoint chain named after the endpoint (`…nfs__<ip>/2049`).
+pub fn service_chain_reaches(table: &str, namespace: &str, service: &str, ip: &str) -> bool {
     let name = format!("-{namespace}/{service}/tcp/nfs {{");
     let mut lines = table
         .lines()
         .skip_while(|l| !(l.trim_start().starts_with("chain service-") && l.ends_with(&name)));
+    let (mapped, chained) = (format!(" {ip} . 2049"), format!("nfs__{ip}/2049"));
     lines.next().is_some()
         && lines
             .take_while(|l| l.trim() != "}")
-            .any(|l| l.contains(&format!("nfs__{ip}/2049")))
+            .any(|l| l.contains(&mapped) || l.contains(&chained))
 }
 
 /// How kube-proxy programs Services on the host.
