@@ -875,7 +875,7 @@ async fn nfs_outage(sizes: &Sizes, full: bool) -> Vec<Figure> {
         let mut per_model: Vec<Vec<Option<Duration>>> = vec![Vec::new(); ClientModel::ALL.len()];
         for run in 0..runs {
             let env = common::setup(&format!("bench-nfs-{at}-{run}")).await;
-            let outage = common::outage::client_through_a_fail_over(&env, scenario, &|_| {}).await;
+            let outage = common::outage::client_through_a_fail_over(&env, scenario, &|_| {}, None).await;
             println!("P8 {scenario}, run {run}: {outage}");
             for (i, model) in ClientModel::ALL.into_iter().enumerate() {
                 per_model[i].push(outage.of(model));

@@ -30,7 +30,7 @@ static DATA_PATH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 async fn fail_over(name: &str, scenario: Scenario) -> Outage {
     let _alone = DATA_PATH.lock().await;
     let env = common::setup(name).await;
-    let outage = client_through_a_fail_over(&env, scenario, &|line| eprintln!("{line}")).await;
+    let outage = client_through_a_fail_over(&env, scenario, &|line| eprintln!("{line}"), None).await;
     eprintln!("{outage}");
     assert!(
         outage.succeeded > 0 && outage.succeeded < outage.operations,

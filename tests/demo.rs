@@ -16,7 +16,7 @@ use common::drbd::{cluster_events, drbd_taints, healthy, lost, node_monitor_grac
 use common::node_loss::{lose_the_primarys_node, side_by_side};
 use common::outage::{Scenario, client_through_a_fail_over};
 use common::process::sample_value;
-use common::prometheus::Prometheus;
+use common::prometheus::{Panels, Prometheus};
 use common::{MOUNT_ENDPOINT, eventually, serving};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -240,15 +240,16 @@ async fn demo() {
     ));
 
     story.chapter("7. The Grafana dashboard against the real Prometheus");
-    let (panels, queries) = prometheus.check_dashboard().await;
-    story.say(format!("all {panels} panels ({queries} queries) return data"));
+    let (panels, queries) = prometheus.check_dashboard(Panels::ControlPlane).await;
+    story.say(format!(
+        "all {panels} panels ({queries} queries) return data; those of the clients' data path in chapter 10"
+    ));
 
     story.chapter("8. Clean up");
     agents.push(controller);
     for process in agents {
         process.stop().await;
     }
-    drop(prometheus);
     env.cleanup().await;
     story.say("processes stopped, objects deleted");
 
@@ -276,8 +277,9 @@ async fn demo() {
     story.chapter("10. A real NFS client through the ClusterIP, across a fail-over");
     let nfs = common::setup("demo-nfs").await;
     let scenario = Scenario::repaired(ProxyMode::Iptables);
-    let outage = client_through_a_fail_over(&nfs, scenario, &|line| story.say(line)).await;
+    let outage = client_through_a_fail_over(&nfs, scenario, &|line| story.say(line), Some(&prometheus)).await;
     story.say(outage.to_string());
+    drop(prometheus);
     nfs.cleanup().await;
     story.say("namespaces, links, NAT rules and NFS servers removed");
     story.say("the demo ran every step");

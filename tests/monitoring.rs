@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::process::Command;
 
 use common::helm::{alerts, find, run, template};
-use common::prometheus::{dashboard, dashboard_queries};
+use common::prometheus::{Query, dashboard, dashboard_queries};
 use serde_json::{Value, json};
 
 const ALERT_TESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/alerts/rules.test.yaml");
@@ -149,7 +149,15 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
         .collect();
     assert_eq!(
         variables,
-        ["datasource", "cluster", "namespace", "job", "instance", "node"]
+        [
+            "datasource",
+            "cluster",
+            "namespace",
+            "job",
+            "instance",
+            "node",
+            "kube_proxy_job"
+        ]
     );
     let cluster = &dashboard["templating"]["list"][1];
     assert_eq!(
@@ -160,14 +168,26 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
     let queries = dashboard_queries(&dashboard);
     assert!(queries.len() > 20, "{} queries", queries.len());
     let mut exprs = Vec::new();
-    for (title, expr) in &queries {
-        for variable in ["cluster", "namespace", "job", "instance", "node"] {
-            // Every selector of the query carries every scope, so two releases never mix.
+    for Query { title, expr, .. } in &queries {
+        // Every selector of the query carries every scope, so two releases never mix; kube-proxy's
+        // metrics are not this release's: its job and the cluster scope them.
+        let scopes: &[(&str, &str)] = if expr.contains("kubeproxy_") {
+            &[("cluster", "cluster"), ("job", "kube_proxy_job")]
+        } else {
+            &[
+                ("cluster", "cluster"),
+                ("namespace", "namespace"),
+                ("job", "job"),
+                ("instance", "instance"),
+                ("node", "node"),
+            ]
+        };
+        for (label, variable) in scopes {
             let selectors = expr.matches('{').count();
-            let scoped = expr.matches(&format!("{variable}=~\"${variable}\"")).count();
+            let scoped = expr.matches(&format!("{label}=~\"${variable}\"")).count();
             assert!(
                 selectors > 0 && scoped == selectors,
-                "{title}: every selector of {expr} filters {variable}=~\"${variable}\""
+                "{title}: every selector of {expr} filters {label}=~\"${variable}\""
             );
         }
         exprs.push(expr.as_str());
@@ -454,10 +474,22 @@ fn the_top_row_turns_red_when_it_should() {
         .filter(|p| p["type"] == "row")
         .map(|p| p["title"].as_str().unwrap())
         .collect();
-    assert_eq!(rows, ["Overview", "Shared-volume controller", "HA agents", "Processes"]);
+    assert_eq!(
+        rows,
+        [
+            "Overview",
+            "Shared-volume controller",
+            "HA agents",
+            "Clients' data path",
+            "Processes"
+        ]
+    );
     let legends: Vec<&str> = dashboard_queries_legends(&dashboard);
+    // kube-proxy's instance label is its node's name (kube-prometheus relabels it so).
     assert!(
-        legends.iter().all(|l| !l.contains("{{instance}}")),
+        legends
+            .iter()
+            .all(|l| !l.contains("{{instance}}") || l.starts_with("kube-proxy on")),
         "legends name nodes: {legends:?}"
     );
     assert!(legends.iter().any(|l| l.contains("{{node}}")), "{legends:?}");

@@ -156,6 +156,7 @@ pub struct DataPath {
     proxy: Option<Child>,
     proxy_node: String,
     pub proxy_log: PathBuf,
+    proxy_metrics: SocketAddr,
     pub mode: ProxyMode,
 }
 
@@ -370,6 +371,10 @@ impl DataPath {
             .await
             .unwrap();
         let proxy_log = dir.join("kube-proxy.log");
+        let proxy_metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
         let mut path = Self {
             dir,
             export_dir,
@@ -381,6 +386,7 @@ impl DataPath {
             proxy: None,
             proxy_node,
             proxy_log,
+            proxy_metrics,
             mode,
         };
         path.proxy = Some(path.start_proxy());
@@ -395,7 +401,8 @@ impl DataPath {
             .args(["--proxy-mode", self.mode.flag()])
             .args(["--iptables-min-sync-period", "0"])
             .args(["--bind-address", "127.0.0.1", "--nodeport-addresses", "127.0.0.1/32"])
-            .args(["--metrics-bind-address", "", "--healthz-bind-address", ""])
+            .args(["--metrics-bind-address", &self.proxy_metrics.to_string()])
+            .args(["--healthz-bind-address", ""])
             // Leave the machine's conntrack limits as they are.
             .args(["--conntrack-max-per-core", "0"])
             .stdout(Stdio::null())
@@ -664,6 +671,11 @@ pub fn leftovers() -> Vec<String> {
 }
 
 impl DataPath {
+    /// Where kube-proxy serves its `/metrics`.
+    pub fn proxy_metrics(&self) -> SocketAddr {
+        self.proxy_metrics
+    }
+
     /// The Node kube-proxy runs as: the node of the clients.
     pub fn proxy_node(&self) -> &str {
         &self.proxy_node

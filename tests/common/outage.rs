@@ -13,6 +13,7 @@ use serde_json::json;
 use super::datapath::{DataPath, NfsGrace, ProxyMode, fenced_packets, nfs_read, nfs_write};
 use super::drbd::{LOST_QUORUM, healthy, lost, no_labels, slice_addresses};
 use super::held::{Close, HeldClient};
+use super::prometheus::{Panels, Prometheus};
 use super::{MOUNT_ENDPOINT, TestEnv, serving};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -280,8 +281,15 @@ impl std::fmt::Display for Outage {
 /// Three netns-backed nodes, the controller and an agent each, one claim served from node a;
 /// a client of each [`ClientModel`] at the ClusterIP while node a is lost (its namespace drops
 /// every packet) and node b takes over. Asserts that the address never changed and that every
-/// write the new-connection client was told succeeded is there. `say` narrates.
-pub async fn client_through_a_fail_over(env: &TestEnv, scenario: Scenario, say: &dyn Fn(String)) -> Outage {
+/// write the new-connection client was told succeeded is there. `say` narrates. With
+/// `prometheus`, it scrapes the repair and kube-proxy meanwhile, and the dashboard's data-path
+/// panels must return data before they stop.
+pub async fn client_through_a_fail_over(
+    env: &TestEnv,
+    scenario: Scenario,
+    say: &dyn Fn(String),
+    prometheus: Option<&Prometheus>,
+) -> Outage {
     let mut path = DataPath::up(env, &["a", "b", "c"], scenario.mode).await;
     path.grace = scenario.grace;
     let (a, b) = (path.nodes[0].ip.clone(), path.nodes[1].ip.clone());
@@ -307,6 +315,12 @@ pub async fn client_through_a_fail_over(env: &TestEnv, scenario: Scenario, say: 
         Some(window) => Some(start_repair(env, &path, window).await),
         None => None,
     };
+    if let Some(prometheus) = prometheus {
+        prometheus.scrape("kube-proxy", &[path.proxy_metrics()]);
+        if let Some(repair) = &repair {
+            prometheus.scrape("shared-volume-conntrack", &[repair.admin]);
+        }
+    }
     let mount = super::eventually("the mount endpoint", WAIT, || env.pv_annotation(&pv, MOUNT_ENDPOINT)).await;
     let cluster_ip = env.cluster_ip(&pv).await.expect("a ClusterIP");
     until("kube-proxy's rule to node a", || {
@@ -415,6 +429,12 @@ pub async fn client_through_a_fail_over(env: &TestEnv, scenario: Scenario, say: 
         "the clients carried on through the same ClusterIP {cluster_ip}: {} of {} writes worked, all read back",
         outage.succeeded, outage.operations
     ));
+    if let Some(prometheus) = prometheus {
+        let (panels, queries) = prometheus.check_dashboard(Panels::DataPath).await;
+        say(format!(
+            "the dashboard's {panels} data-path panels ({queries} queries) return data: the repair's figures and kube-proxy's move-to-rules latency"
+        ));
+    }
     for process in agents.into_iter().chain([controller]).chain(repair) {
         process.stop().await;
     }
