@@ -10,6 +10,9 @@ use humantime::Duration;
 
 use crate::telemetry::LogFormat;
 
+/// The `--help` heading of the flags other tools spelt that way (Piraeus, StorageOS, klog).
+pub const COMPATIBILITY: &str = "Compatibility (Piraeus, StorageOS)";
+
 #[derive(Debug, Parser)]
 #[command(name = "shared-volume-controller", version, about)]
 pub struct Cli {
@@ -45,10 +48,10 @@ pub struct CommonArgs {
     #[arg(long, env = "WARNING_REPEAT_INTERVAL", default_value = "30m", global = true)]
     pub warning_repeat_interval: Duration,
     /// Piraeus and klog: log verbosity (0–1 info, 2–4 debug, 5+ trace). Use --log-level.
-    #[arg(long = "v", value_name = "LEVEL", global = true)]
+    #[arg(help_heading = COMPATIBILITY, long = "v", value_name = "LEVEL", global = true)]
     pub verbosity: Option<u8>,
     /// Piraeus: the timeout of one API request ("0": none). Use --kube-api-timeout.
-    #[arg(long, value_name = "DURATION", global = true)]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "DURATION", global = true)]
     pub request_timeout: Option<String>,
 }
 
@@ -151,29 +154,29 @@ pub struct ControllerArgs {
     #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
     /// StorageOS: enable leader election (`-enable-leader-election`, `=true` or `=false`).
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub enable_leader_election: Option<bool>,
     /// StorageOS: the metrics address (`:8080`). Sets --admin-addr.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
     /// StorageOS: how often cached volumes are re-validated. Accepted, no effect: every poll
     /// lists every volume.
-    #[arg(long, value_name = "DURATION")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "DURATION")]
     pub volume_expiry_interval: Option<Duration>,
     /// StorageOS (zap): log level, `debug`, `info`, `error` or a number. Sets --log-level.
-    #[arg(long, value_name = "LEVEL")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "LEVEL")]
     pub zap_log_level: Option<String>,
     /// StorageOS (zap): log encoding, `json` or `console`. Sets --log-format.
-    #[arg(long, value_name = "ENCODER")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "ENCODER")]
     pub zap_encoder: Option<String>,
     /// StorageOS (zap): development logging. Accepted, no effect.
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
     pub zap_devel: Option<bool>,
     /// StorageOS (zap): stack trace level. Accepted, no effect.
-    #[arg(long, value_name = "LEVEL")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "LEVEL")]
     pub zap_stacktrace_level: Option<String>,
     /// StorageOS (zap): time encoding. Accepted, no effect.
-    #[arg(long, value_name = "ENCODING")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "ENCODING")]
     pub zap_time_encoding: Option<String>,
     /// Name of the leader-election Lease.
     #[arg(long, env = "LEASE_NAME", default_value = "shared-volume-controller")]
@@ -266,7 +269,7 @@ pub struct AgentArgs {
     #[arg(long, env = "RESYNC_INTERVAL", default_value = "5m")]
     pub resync_interval: Duration,
     /// Piraeus: address of the /healthz endpoint. Sets --admin-addr.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(help_heading = COMPATIBILITY, long, value_name = "ADDR")]
     pub health_bind_address: Option<String>,
     /// Also fail over pods with volumes that are not safe to fail over (hostPath, other network storage…).
     #[arg(long, env = "FAIL_OVER_UNSAFE_PODS")]

@@ -11,7 +11,7 @@
 mod admin;
 mod agent;
 mod apply;
-mod cli;
+pub mod cli;
 mod compat;
 mod conntrack;
 mod controller;

@@ -1,0 +1,161 @@
+//! Every flag the binary takes, read from clap's own definition, against what the chart and the
+//! flags page say about it: a chart value in `values.yaml` and its schema for each flag of a
+//! long-running component (or set by the chart's own template), whose environment variable is the
+//! one the flag reads; no chart value the binary does not take; every flag on the flags page.
+
+use std::collections::BTreeSet;
+
+use clap::{Arg, CommandFactory};
+use serde_json::Value;
+use shared_volume_controller::Cli;
+use shared_volume_controller::cli::COMPATIBILITY;
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
+const FLAGS_PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/flags.md");
+
+/// The chart's components that run a subcommand for good: (subcommand, values key, template).
+const COMPONENTS: [(&str, &str, &str); 3] = [
+    ("controller", "controller", "controller-deployment.yaml"),
+    ("agent", "agent", "agent-daemonset.yaml"),
+    ("conntrack", "conntrack", "conntrack-daemonset.yaml"),
+];
+
+/// The flags of `subcommand`, the global ones included, `--help` left out.
+fn flags_of(subcommand: &str) -> Vec<Arg> {
+    let mut cli = Cli::command();
+    cli.build();
+    let command = cli
+        .find_subcommand(subcommand)
+        .unwrap_or_else(|| panic!("no subcommand {subcommand}"));
+    command
+        .get_arguments()
+        .filter(|arg| arg.get_long().is_some_and(|long| long != "help"))
+        .cloned()
+        .collect()
+}
+
+fn long(arg: &Arg) -> &str {
+    arg.get_long().unwrap()
+}
+
+fn env(arg: &Arg) -> Option<String> {
+    arg.get_env().map(|e| e.to_string_lossy().into_owned())
+}
+
+/// Flags other tools spelt that way; the chart uses the product's own names.
+fn is_compatibility(arg: &Arg) -> bool {
+    arg.get_help_heading() == Some(COMPATIBILITY)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+fn values() -> Value {
+    serde_yaml::from_str(&read(&format!("{CHART}/values.yaml"))).unwrap()
+}
+
+fn schema() -> Value {
+    serde_json::from_str(&read(&format!("{CHART}/values.schema.json"))).unwrap()
+}
+
+/// The environment variables a template sets by name itself (downward API, admin address).
+fn set_by_template(template: &str) -> BTreeSet<String> {
+    read(&format!("{CHART}/templates/{template}"))
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("- name: "))
+        .filter(|name| name.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn every_flag_of_a_component_is_a_chart_value_with_the_environment_variable_it_reads() {
+    let (values, schema) = (values(), schema());
+    let mut missing = Vec::new();
+    for (subcommand, key, template) in COMPONENTS {
+        let in_values = values[key]["flags"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{key}.flags"));
+        let in_schema = schema["properties"][key]["properties"]["flags"]["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("schema {key}.flags"));
+        let by_template = set_by_template(template);
+        let flags = flags_of(subcommand);
+        for arg in flags.iter().filter(|a| !is_compatibility(a)) {
+            let name = long(arg);
+            match env(arg) {
+                // The chart runs in the cluster: no kubeconfig file.
+                None if name == "kubeconfig" => {}
+                None => missing.push(format!("{subcommand} --{name}: no environment variable")),
+                Some(variable) if by_template.contains(&variable) => {}
+                Some(variable) => {
+                    if !in_values.contains_key(name) {
+                        missing.push(format!("{key}.flags.{name} is not in values.yaml"));
+                    }
+                    if !in_schema.contains_key(name) {
+                        missing.push(format!("{key}.flags.{name} is not in values.schema.json"));
+                    }
+                    // The chart turns a value's key into the variable (svc.flagEnv).
+                    let rendered = name.to_uppercase().replace('-', "_");
+                    if rendered != variable {
+                        missing.push(format!(
+                            "{key}.flags.{name} sets {rendered}, but --{name} reads {variable}"
+                        ));
+                    }
+                }
+            }
+        }
+        let taken: BTreeSet<&str> = flags.iter().map(long).collect();
+        for name in in_values.keys().chain(in_schema.keys()) {
+            if !taken.contains(name.as_str()) {
+                missing.push(format!("{key}.flags.{name}: `{subcommand}` takes no --{name}"));
+            }
+        }
+    }
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "the chart's flags and the binary's differ:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_flags_page_lists_every_flag_of_every_subcommand() {
+    let page = read(FLAGS_PAGE);
+    let mut cli = Cli::command();
+    cli.build();
+    let mut missing = Vec::new();
+    for subcommand in cli.get_subcommands() {
+        for arg in flags_of(subcommand.get_name()) {
+            let name = long(&arg);
+            if !page.contains(&format!("`--{name}`")) {
+                missing.push(format!("{} --{name}", subcommand.get_name()));
+            }
+            if let Some(variable) = env(&arg)
+                && !page.contains(&format!("`{variable}`"))
+            {
+                missing.push(format!("{} --{name}: its variable {variable}", subcommand.get_name()));
+            }
+        }
+    }
+    missing.dedup();
+    assert!(
+        missing.is_empty(),
+        "docs/reference/flags.md does not name:\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn the_check_reads_compatibility_flags_from_clap() {
+    let compatibility: Vec<String> = flags_of("agent")
+        .iter()
+        .filter(|a| is_compatibility(a))
+        .map(|a| long(a).to_owned())
+        .collect();
+    for name in ["health-bind-address", "v", "request-timeout"] {
+        assert!(compatibility.iter().any(|c| c == name), "{compatibility:?}");
+    }
+}
