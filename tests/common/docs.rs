@@ -80,12 +80,30 @@ pub fn repository_urls(text: &str) -> Vec<String> {
     urls
 }
 
+/// The repository's tags.
+fn tags() -> Vec<String> {
+    let out = std::process::Command::new("git")
+        .args(["-C", ROOT, "tag", "--list"])
+        .output()
+        .expect("git");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Why `link`, found in `from`, leads nowhere; `None` when it resolves (or leaves the repository).
 pub fn broken(from: &Path, link: &str) -> Option<String> {
     let (file, anchor) = match link.strip_prefix(REPOSITORY_URL) {
-        // `<ref>/<path>`: the ref is the version the link is for; the path must exist here.
+        // `<ref>/<path>`: the ref is the version the link is for, `main` or a tag this repository
+        // has; the path must exist here.
         Some(at_ref) => {
-            let path = at_ref.split_once('/')?.1;
+            let (git_ref, path) = at_ref.split_once('/')?;
+            if git_ref != "main" && !tags().iter().any(|t| t == git_ref) {
+                return Some(format!(
+                    "{link}: no branch or tag {git_ref} (only main until releases are tagged)"
+                ));
+            }
             let (path, anchor) = path.split_once('#').unwrap_or((path, ""));
             (Path::new(ROOT).join(path), anchor)
         }
