@@ -137,6 +137,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     let custom = template(&[
         "controller.replicas=3",
         "controller.flags.storage-class=fast\\,slow",
+        "controller.flags.warning-repeat-interval=20m",
         "agent.flags.dry-run=true",
         "agent.flags.node-drain-policy=evacuate",
         "agent.useNodeInternalIP=true",
@@ -162,6 +163,14 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         ),
         Some("fast,slow")
     );
+    assert_eq!(
+        env_value(
+            &deployment["spec"]["template"]["spec"]["containers"][0],
+            "WARNING_REPEAT_INTERVAL"
+        ),
+        Some("20m"),
+        "a documented chart flag renders"
+    );
     let agent_pod = &find(&custom, "DaemonSet", "demo-shared-volume-controller-agent")["spec"]["template"]["spec"];
     let agent = &agent_pod["containers"][0];
     assert_eq!(env_value(agent, "DRY_RUN"), Some("true"));
@@ -183,6 +192,11 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
             "value must be one of 'ignore', 'evacuate'",
         ),
         ("agent.flags.fail-over-timeout=five", "/agent/flags/fail-over-timeout"),
+        // Host-network DaemonSets: a surge pod would bind the node's port beside the old one.
+        (
+            "agent.updateStrategy.rollingUpdate.maxSurge=1",
+            "additional properties 'maxSurge' not allowed",
+        ),
     ] {
         refused_with(&[typo], says);
     }
