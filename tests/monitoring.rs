@@ -458,6 +458,13 @@ fn the_top_row_turns_red_when_it_should() {
         ),
         "green"
     );
+    let piraeus = panel("Piraeus HA Controller pods");
+    assert_eq!(
+        color(&piraeus["fieldConfig"]["defaults"]["thresholds"], 1.0),
+        "red",
+        "a second HA controller racing the agents"
+    );
+    assert_eq!(color(&piraeus["fieldConfig"]["defaults"]["thresholds"], 0.0), "green");
     let alive = panel("HA agents alive");
     assert_eq!(
         color(&alive["fieldConfig"]["defaults"]["thresholds"], 0.0),
