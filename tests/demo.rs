@@ -16,7 +16,7 @@ use common::drbd::{cluster_events, drbd_taints, healthy, lost, node_monitor_grac
 use common::node_loss::{lose_the_primarys_node, side_by_side};
 use common::outage::{Scenario, client_through_a_fail_over};
 use common::process::sample_value;
-use common::prometheus::{Panels, Prometheus};
+use common::prometheus::{AGENT_JOB, CONTROLLER_JOB, Panels, Prometheus};
 use common::{MOUNT_ENDPOINT, eventually, serving};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -76,8 +76,8 @@ async fn demo() {
     let prometheus = Prometheus::start(
         &env.ns,
         &[
-            ("shared-volume-controller", vec![controller.admin]),
-            ("shared-volume-agent", agents.iter().map(|a| a.admin).collect()),
+            (CONTROLLER_JOB, vec![controller.admin]),
+            (AGENT_JOB, agents.iter().map(|a| a.admin).collect()),
         ],
     )
     .await;
@@ -244,6 +244,7 @@ async fn demo() {
     story.say(format!(
         "all {panels} panels ({queries} queries) return data; those of the clients' data path in chapter 10"
     ));
+    plain_rules_hold(&prometheus, &story).await;
 
     story.chapter("8. Clean up");
     agents.push(controller);
@@ -283,6 +284,39 @@ async fn demo() {
     nfs.cleanup().await;
     story.say("namespaces, links, NAT rules and NFS servers removed");
     story.say("the demo ran every step");
+}
+
+/// The plain rules file, loaded by a plain Prometheus scraping the jobs it documents: every rule
+/// evaluates, the controller's leader is seen (no NoLeader while one leads), and the agent the
+/// demo stopped on node-a is what SharedVolumeAgentDown's expression finds (its 5 minutes are
+/// not waited for).
+async fn plain_rules_hold(prometheus: &Prometheus, story: &Story) {
+    let rules = prometheus.alerting_rules().await;
+    assert!(rules.len() > 10, "the plain rules file is loaded: {rules:?}");
+    for rule in &rules {
+        assert_eq!(rule.health, "ok", "{rule:?} evaluates");
+    }
+    let rule = |name: &str| {
+        rules
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    let no_leader = rule("SharedVolumeControllerNoLeader");
+    assert_eq!(
+        no_leader.state, "inactive",
+        "a replica leads, and the plain rules see it"
+    );
+    let down = prometheus.query(&rule("SharedVolumeAgentDown").query).await;
+    assert_eq!(
+        down.len(),
+        1,
+        "SharedVolumeAgentDown's expression finds node-a's agent: {down:?}"
+    );
+    story.say(format!(
+        "the plain rules file (docs/reference/prometheus-rules.yaml): {} alerts evaluate, NoLeader quiet, AgentDown's expression finds node-a's stopped agent",
+        rules.len()
+    ));
 }
 
 /// Prometheus's `histogram_quantile` over one histogram's cumulative buckets, as exposed.

@@ -12,6 +12,7 @@ use common::prometheus::{Query, dashboard, dashboard_queries};
 use serde_json::{Value, json};
 
 const ALERT_TESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/alerts/rules.test.yaml");
+const POD_MONITOR_ALERT_TESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/alerts/pod-monitor.test.yaml");
 const ALERTS_PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/alerts.md");
 const LINT_EXCLUSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/.lint");
 const METRICS_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs");
@@ -63,16 +64,13 @@ fn assert_exported(exprs: &[&str], what: &str) {
     );
 }
 
-#[test]
-#[ignore = "needs helm and promtool: run `make test`"]
-fn the_alerts_fire_when_they_should_and_only_then() {
-    let rendered = template(&ALERT_VALUES);
-    let rule = find(&rendered, "PrometheusRule", "demo-shared-volume-controller");
-    let dir = std::env::temp_dir().join(format!("svc-alerts-{}", std::process::id()));
+/// `promtool check rules` on the alerts of `rule`, then `promtool test rules` with `tests`.
+fn promtool_test(rule: &Value, tests: &str) {
+    let dir = std::env::temp_dir().join(format!("svc-alerts-{}-{}", std::process::id(), unique()));
     std::fs::create_dir_all(&dir).unwrap();
     let groups = json!({"groups": rule["spec"]["groups"]});
     std::fs::write(dir.join("rules.yaml"), serde_yaml::to_string(&groups).unwrap()).unwrap();
-    std::fs::copy(ALERT_TESTS, dir.join("rules.test.yaml")).unwrap();
+    std::fs::copy(tests, dir.join("rules.test.yaml")).unwrap();
     run(Command::new("promtool")
         .current_dir(&dir)
         .args(["check", "rules", "rules.yaml"]));
@@ -81,6 +79,33 @@ fn the_alerts_fire_when_they_should_and_only_then() {
         .args(["test", "rules", "rules.test.yaml"]));
     println!("{}", String::from_utf8_lossy(&tested.stdout));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn unique() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The Prometheus Operator names a PodMonitor's job after the monitor's namespace: the alerts
+/// must find the components' series whatever namespace the monitors live in.
+#[test]
+#[ignore = "needs helm and promtool: run `make test`"]
+fn the_alerts_find_the_jobs_of_monitors_in_another_namespace() {
+    let rendered = template(&[
+        ALERT_VALUES[0],
+        "metrics.podMonitor.enabled=true",
+        "metrics.podMonitor.namespace=monitoring",
+    ]);
+    let rule = find(&rendered, "PrometheusRule", "demo-shared-volume-controller");
+    promtool_test(rule, POD_MONITOR_ALERT_TESTS);
+}
+
+#[test]
+#[ignore = "needs helm and promtool: run `make test`"]
+fn the_alerts_fire_when_they_should_and_only_then() {
+    let rendered = template(&ALERT_VALUES);
+    let rule = find(&rendered, "PrometheusRule", "demo-shared-volume-controller");
+    promtool_test(rule, ALERT_TESTS);
 
     // Every alert is tested both ways.
     let tests: Value = serde_yaml::from_str(&std::fs::read_to_string(ALERT_TESTS).unwrap()).unwrap();

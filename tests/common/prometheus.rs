@@ -12,6 +12,11 @@ use tokio::process::{Child, Command};
 use super::eventually;
 
 const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/shared-volume-controller.json");
+/// The alerts as a plain rules file, for a Prometheus without the Operator: it selects the jobs
+/// [`CONTROLLER_JOB`] and [`AGENT_JOB`].
+const PLAIN_RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/prometheus-rules.yaml");
+pub const CONTROLLER_JOB: &str = "shared-volume-controller";
+pub const AGENT_JOB: &str = "shared-volume-agent";
 
 /// The dashboard's row of the clients' data path (the conntrack repair, kube-proxy): its panels
 /// have data only while a data path runs.
@@ -33,14 +38,15 @@ pub struct Prometheus {
 }
 
 impl Prometheus {
-    /// Starts Prometheus scraping `jobs`: (job name, admin addresses); [`Self::scrape`] adds more.
+    /// Starts Prometheus scraping `jobs`: (job name, admin addresses), with the plain rules file
+    /// loaded; [`Self::scrape`] adds more.
     pub async fn start(name: &str, jobs: &[(&str, Vec<SocketAddr>)]) -> Self {
         let dir = std::env::temp_dir().join(format!("svc-e2e-prometheus-{name}"));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("targets")).unwrap();
         // Targets come from files Prometheus watches, so that jobs started later join.
         let config = format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: processes\n    file_sd_configs:\n      - files: ['{}/targets/*.json']\n",
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files: ['{PLAIN_RULES}']\nscrape_configs:\n  - job_name: processes\n    file_sd_configs:\n      - files: ['{}/targets/*.json']\n",
             dir.display()
         );
         std::fs::write(dir.join("prometheus.yml"), config).unwrap();
@@ -87,6 +93,31 @@ impl Prometheus {
         std::fs::rename(&partial, &file).unwrap();
     }
 
+    /// The alerting rules Prometheus loaded.
+    pub async fn alerting_rules(&self) -> Vec<LoadedRule> {
+        let url = format!("http://{}/api/v1/rules?type=alert", self.addr);
+        let response: Value = reqwest::get(url)
+            .await
+            .expect("ask Prometheus for its rules")
+            .json()
+            .await
+            .expect("Prometheus answers JSON");
+        let groups = response["data"]["groups"].as_array().cloned().unwrap_or_default();
+        groups
+            .iter()
+            .flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default())
+            .map(|r| {
+                let field = |k: &str| r[k].as_str().unwrap_or_default().to_owned();
+                LoadedRule {
+                    name: field("name"),
+                    state: field("state"),
+                    health: field("health"),
+                    query: field("query"),
+                }
+            })
+            .collect()
+    }
+
     /// The `data.result` of an instant query.
     pub async fn query(&self, expr: &str) -> Vec<Value> {
         let url = format!("http://{}/api/v1/query", self.addr);
@@ -131,6 +162,16 @@ impl Prometheus {
             .collect();
         (titles.len(), queries.len())
     }
+}
+
+/// An alerting rule as Prometheus reports it: its state (`inactive`, `pending`, `firing`), its
+/// health (`ok` when it evaluates) and its expression.
+#[derive(Debug)]
+pub struct LoadedRule {
+    pub name: String,
+    pub state: String,
+    pub health: String,
+    pub query: String,
 }
 
 pub fn dashboard() -> Value {

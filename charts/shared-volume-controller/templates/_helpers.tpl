@@ -90,7 +90,9 @@ ServiceMonitor (job: the metrics Service) or PodMonitor (job: namespace/monitor)
 pass (dict "root" $ "component" "agent"). */}}
 {{- define "svc.seriesOf" -}}
 {{- $name := include "svc.componentName" . -}}
-namespace="{{ .root.Release.Namespace }}", job=~"({{ .root.Release.Namespace }}/)?{{ $name }}(-metrics)?"
+{{- /* A PodMonitor's job is <the monitor's namespace>/<its name>; a ServiceMonitor's, the Service's name. */ -}}
+{{- $monitors := .root.Values.metrics.podMonitor.namespace | default .root.Release.Namespace -}}
+namespace="{{ .root.Release.Namespace }}", job=~"({{ $monitors }}/)?{{ $name }}(-metrics)?"
 {{- end -}}
 
 {{/* An alert's labels, in flow style: pass (dict "severity" "warning" "labels" extraLabels). */}}
