@@ -89,7 +89,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     let attachments = find(
         &defaults,
         "ValidatingAdmissionPolicy",
-        "demo-shared-volume-controller-agent-attachments",
+        "storage-demo-shared-volume-controller-agent-attachments",
     );
     assert!(
         attachments["spec"]["validations"][0]["expression"]
@@ -251,6 +251,8 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     );
 
     let name = |component: &str| format!("{release}-shared-volume-controller-{component}");
+    // Cluster-wide objects carry the release namespace first.
+    let cluster_name = |component: &str| format!("{}-{}", env.ns, name(component));
     let get = |kind: &str, object: &str, namespaced: bool| {
         let mut kubectl = tool("kubectl");
         kubectl.args(["get", kind, object, "-o", "name"]);
@@ -264,7 +266,7 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         ("daemonset", name("agent"), true),
         ("daemonset", name("conntrack"), true),
         ("serviceaccount", name("conntrack"), true),
-        ("clusterrole", name("conntrack"), false),
+        ("clusterrole", cluster_name("conntrack"), false),
         ("poddisruptionbudget", name("controller"), true),
         ("serviceaccount", name("controller"), true),
         ("serviceaccount", name("agent"), true),
@@ -275,8 +277,8 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
             format!("{release}-shared-volume-controller-dashboard"),
             true,
         ),
-        ("clusterrole", name("controller"), false),
-        ("clusterrole", name("agent"), false),
+        ("clusterrole", cluster_name("controller"), false),
+        ("clusterrole", cluster_name("agent"), false),
         ("servicemonitor", name("controller"), true),
         ("servicemonitor", name("agent"), true),
         ("prometheusrule", format!("{release}-shared-volume-controller"), true),
@@ -377,12 +379,15 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     what_an_attacker_tries_is_refused(&env, &controller, &agent).await;
 
     run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
-    assert!(!get("clusterrole", &name("controller"), false), "cluster roles removed");
-    assert!(!get("clusterrole", &name("agent"), false));
+    assert!(
+        !get("clusterrole", &cluster_name("controller"), false),
+        "cluster roles removed"
+    );
+    assert!(!get("clusterrole", &cluster_name("agent"), false));
     assert!(!get("deployment", &name("controller"), true));
     assert!(!get("daemonset", &name("agent"), true));
     assert!(!get("daemonset", &name("conntrack"), true));
-    assert!(!get("clusterrole", &name("conntrack"), false));
+    assert!(!get("clusterrole", &cluster_name("conntrack"), false));
     let secrets_left = tool("kubectl")
         .args(["get", "secrets", "-n", &env.ns, "-l", "owner=helm", "-o", "name"])
         .output()
@@ -589,7 +594,11 @@ fn the_conntrack_repair_runs_everywhere_with_net_admin_alone(defaults: &[Value])
     );
     assert_eq!(container["securityContext"]["privileged"], false);
     assert_eq!(env_value(container, "SWEEP_FOR"), Some("30s"));
-    let role = find(defaults, "ClusterRole", "demo-shared-volume-controller-conntrack");
+    let role = find(
+        defaults,
+        "ClusterRole",
+        "storage-demo-shared-volume-controller-conntrack",
+    );
     assert_eq!(
         role["rules"],
         json!([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}])
@@ -1167,7 +1176,7 @@ async fn helm_test_passes_on_a_working_install_and_names_what_is_broken() {
     // An agent down, and a policy unbound: both named.
     let stopped = agents.remove(1);
     stopped.stop().await;
-    let binding = format!("{release}-shared-volume-controller-leases");
+    let binding = format!("{}-{release}-shared-volume-controller-leases", env.ns);
     run(tool("kubectl").args(["delete", "validatingadmissionpolicybinding", &binding]));
     let (passed, output) = selftest(&args, &env.ns);
     assert!(!passed, "{output}");
@@ -1263,4 +1272,88 @@ async fn in_a_baseline_namespace_the_agent_is_refused_and_notes_say_so() {
     );
     run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
     env.cleanup().await;
+}
+
+/// The install page's split: the agent and the controller as two releases of the same name in two
+/// namespaces. Both install (cluster-wide names carry the namespace), each holds only its own
+/// components' admission policies, `helm test`'s policy checks pass for each, and uninstalling one
+/// leaves the other's cluster-wide objects alone.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn the_controller_and_the_agent_install_as_two_releases() {
+    let agents = common::setup("chart-split-agent").await;
+    let controllers = common::setup("chart-split-controller").await;
+    let release = "shared-volume";
+    let install = |namespace: &str, sets: &[&str]| {
+        let mut helm = tool("helm");
+        helm.args(["install", release, CHART, "--namespace", namespace]);
+        for set in sets {
+            helm.args(["--set", set]);
+        }
+        run(&mut helm);
+    };
+    install(&agents.ns, &["controller.enabled=false"]);
+    install(&controllers.ns, &["agent.enabled=false", "conntrack.enabled=false"]);
+
+    let policies = |namespace: &str| -> Vec<String> {
+        let listed = run(tool("kubectl").args(["get", "validatingadmissionpolicies", "-o", "name"]));
+        let prefix = format!(
+            "validatingadmissionpolicy.admissionregistration.k8s.io/{namespace}-{release}-shared-volume-controller-"
+        );
+        String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .filter_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
+            .collect()
+    };
+    let of_agents = policies(&agents.ns);
+    for policy in [
+        "agent-node-taints",
+        "agent-attachments",
+        "conntrack-read-only",
+        "leases",
+    ] {
+        assert!(of_agents.iter().any(|p| p == policy), "{policy} in {of_agents:?}");
+    }
+    assert!(!of_agents.iter().any(|p| p == "claim-status"), "{of_agents:?}");
+    let of_controllers = policies(&controllers.ns);
+    assert!(of_controllers.iter().any(|p| p == "claim-status"), "{of_controllers:?}");
+    for policy in ["agent-node-taints", "agent-attachments", "conntrack-read-only"] {
+        assert!(!of_controllers.iter().any(|p| p == policy), "{of_controllers:?}");
+    }
+
+    for (env, sets) in [
+        (&agents, vec!["controller.enabled=false"]),
+        (&controllers, vec!["agent.enabled=false", "conntrack.enabled=false"]),
+    ] {
+        let mut helm = tool("helm");
+        helm.args(["template", release, CHART, "--namespace", &env.ns]);
+        helm.args(["--show-only", "templates/tests/selftest.yaml"]);
+        for set in sets {
+            helm.args(["--set", set]);
+        }
+        let rendered = objects(&run(&mut helm).stdout);
+        let pod = rendered.iter().find(|o| o["kind"] == "Pod").expect("the selftest pod");
+        let args: Vec<String> = pod["spec"]["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect();
+        let (_, output) = selftest(&args, &env.ns);
+        let checked: Vec<&str> = output.lines().filter(|l| l.contains("admission policy")).collect();
+        assert!(!checked.is_empty(), "{output}");
+        assert!(checked.iter().all(|l| l.starts_with("ok")), "{output}");
+    }
+
+    run(tool("helm").args(["uninstall", release, "--namespace", &agents.ns, "--wait"]));
+    assert!(policies(&agents.ns).is_empty(), "the agents' release took its policies");
+    assert_eq!(
+        policies(&controllers.ns),
+        of_controllers,
+        "and left the controller's alone"
+    );
+    run(tool("helm").args(["uninstall", release, "--namespace", &controllers.ns, "--wait"]));
+    assert!(policies(&controllers.ns).is_empty());
+    agents.cleanup().await;
+    controllers.cleanup().await;
 }

@@ -68,6 +68,13 @@ metricRelabelings: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end -}}
 
+{{/* The name of a cluster-scoped object (ClusterRole, its binding, an admission policy): the release
+namespace first, so that releases of the same name in two namespaces (the controller and the agent
+installed apart) do not collide. Pass (dict "root" $ "name" name). */}}
+{{- define "svc.clusterScopedName" -}}
+{{- printf "%s-%s" .root.Release.Namespace .name | trunc 253 | trimSuffix "-" -}}
+{{- end -}}
+
 {{/* A service account's user name in admission requests: pass (dict "root" $ "component" "agent"). */}}
 {{- define "svc.serviceAccountUser" -}}
 {{- printf "system:serviceaccount:%s:%s" .root.Release.Namespace (include "svc.componentName" .) -}}
