@@ -98,13 +98,41 @@ pub async fn bind(
     shutdown: Shutdown,
     limits: Limits,
 ) -> Result<(JoinHandle<Result<()>>, SocketAddr)> {
-    let listener = TcpListener::bind(addr)
-        .await
+    let listener = listen(addr)
+        .and_then(|std| {
+            std.set_nonblocking(true)?;
+            TcpListener::from_std(std)
+        })
         .with_context(|| format!("cannot listen on admin address {addr} (change it with --admin-addr)"))?;
     let bound = listener.local_addr()?;
     tracing::info!(address = %bound, "admin server listening");
     let task = tokio::spawn(accept_loop(listener, registry, probes, shutdown, limits));
     Ok((task, bound))
+}
+
+/// A listener on `addr`. The IPv6 unspecified address (`[::]`, the default) takes both families
+/// whatever `net.ipv6.bindv6only` says, so that probes reach it on IPv4, IPv6 and dual-stack
+/// clusters alike; on a host without IPv6 it falls back to `0.0.0.0`.
+fn listen(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Socket, Type};
+    let open = |addr: SocketAddr, dual_stack: bool| -> std::io::Result<std::net::TcpListener> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None)?;
+        if dual_stack {
+            socket.set_only_v6(false)?;
+        }
+        socket.set_reuse_address(true)?;
+        socket.bind(&addr.into())?;
+        socket.listen(1024)?;
+        Ok(socket.into())
+    };
+    if addr.ip() != std::net::Ipv6Addr::UNSPECIFIED {
+        return open(addr, false);
+    }
+    open(addr, true).or_else(|error| {
+        let v4 = SocketAddr::from((std::net::Ipv4Addr::UNSPECIFIED, addr.port()));
+        tracing::info!(%error, fallback = %v4, "no IPv6 on this host: the admin server listens on IPv4 only");
+        open(v4, false)
+    })
 }
 
 /// The open connections, oldest first, each with the token that closes it.
@@ -297,6 +325,29 @@ mod tests {
             tokio::net::TcpStream::connect(addr).await.is_err(),
             "listener still open"
         );
+    }
+
+    /// The default admin address answers probes over both families: an IPv6 single-stack cluster's
+    /// kubelet probes the pod's IPv6 address, an IPv4 one its IPv4 address.
+    #[tokio::test]
+    async fn the_default_admin_address_answers_on_both_families() {
+        use clap::Parser;
+        let cli = crate::Cli::try_parse_from(["shared-volume-controller", "controller"]).unwrap();
+        let mut addr = cli.common.admin_addr;
+        addr.set_port(0);
+        let probes = Probes::default();
+        probes.set_ready(true);
+        let shutdown = Shutdown::new();
+        let registry = crate::metrics::new_registry().unwrap();
+        let (task, bound) = bind(addr, registry, probes, shutdown.clone(), Limits::default())
+            .await
+            .unwrap();
+        for loopback in ["127.0.0.1", "::1"] {
+            let at = SocketAddr::new(loopback.parse().unwrap(), bound.port());
+            assert_eq!(get(at, "/readyz").await.0, 200, "over {loopback}");
+        }
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
     }
 
     async fn start(limits: Limits) -> (SocketAddr, Shutdown, JoinHandle<Result<()>>) {

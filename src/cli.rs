@@ -26,8 +26,9 @@ pub struct Cli {
 #[derive(Debug, Args)]
 pub struct CommonArgs {
     /// Address of the admin server (/metrics, /healthz, /readyz): `IP:PORT`, or `[IP]:PORT` for
-    /// either family (the chart passes the node's address from the downward API that way).
-    #[arg(long, env = "ADMIN_ADDR", default_value = "0.0.0.0:8080", global = true, value_parser = socket_address)]
+    /// either family (the chart passes the node's address from the downward API that way). The
+    /// default, `[::]`, takes both families (IPv4 only on a host without IPv6).
+    #[arg(long, env = "ADMIN_ADDR", default_value = "[::]:8080", global = true, value_parser = socket_address)]
     pub admin_addr: SocketAddr,
     /// Log line format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text", global = true)]

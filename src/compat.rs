@@ -232,10 +232,11 @@ fn go_duration(value: &str) -> Result<Option<humantime::Duration>, String> {
     Ok((!duration.is_zero()).then_some(duration))
 }
 
-/// A Go listen address (`:8080`, `host:8080`) as a socket address.
+/// A Go listen address (`:8080`, `host:8080`) as a socket address. Go's `:8080` listens on every
+/// address of both families: `[::]:8080` here.
 fn listen_address(addr: &str) -> Result<SocketAddr, String> {
     let full = if addr.starts_with(':') {
-        format!("0.0.0.0{addr}")
+        format!("[::]{addr}")
     } else {
         addr.to_owned()
     };
@@ -310,7 +311,7 @@ mod tests {
             cli.common.kube_api_timeout.map(|t| *t),
             Some(std::time::Duration::from_secs(30))
         );
-        assert_eq!(cli.common.admin_addr, "0.0.0.0:8000".parse().unwrap());
+        assert_eq!(cli.common.admin_addr, "[::]:8000".parse().unwrap());
         assert_eq!(warnings.len(), 3);
         let Command::Agent(agent) = cli.command else { panic!() };
         assert_eq!(*agent.operations_timeout, std::time::Duration::from_secs(60));
@@ -340,7 +341,7 @@ mod tests {
             "-api-retry-interval",
             "7s",
         ]);
-        assert_eq!(cli.common.admin_addr, "0.0.0.0:9090".parse().unwrap());
+        assert_eq!(cli.common.admin_addr, "[::]:9090".parse().unwrap());
         assert_eq!(cli.common.log_level, "debug");
         assert_eq!(cli.common.log_format, LogFormat::Text);
         let Command::Controller(controller) = cli.command else {

@@ -143,7 +143,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         "agent.useNodeInternalIP=true",
         "agent.tolerations[0].operator=Exists",
         "controller.priorityClassName=system-cluster-critical",
-        "agent.adminAddress=0.0.0.0",
+        "agent.adminAddress=::",
         "metrics.serviceMonitor.enabled=true",
         "metrics.serviceMonitor.labels.release=prometheus",
         "dashboard.label=grafana_dashboard_custom",
@@ -174,7 +174,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     let agent_pod = &find(&custom, "DaemonSet", "demo-shared-volume-controller-agent")["spec"]["template"]["spec"];
     let agent = &agent_pod["containers"][0];
     assert_eq!(env_value(agent, "DRY_RUN"), Some("true"));
-    assert_eq!(env_value(agent, "ADMIN_ADDR"), Some("[0.0.0.0]:9820"));
+    assert_eq!(env_value(agent, "ADMIN_ADDR"), Some("[::]:9820"));
     assert_eq!(env_value(agent, "NODE_DRAIN_POLICY"), Some("evacuate"));
     assert!(agent["env"].as_array().unwrap().iter().all(|e| e["name"] != "NODE_IP"));
     assert_eq!(agent_pod["tolerations"].as_array().unwrap().len(), 5);
