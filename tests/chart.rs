@@ -956,7 +956,8 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
     let controller = &deployment["containers"][0];
     assert_eq!(
         controller["image"],
-        "mirror.example.com/ghcr.io/storageos/shared-volume-controller@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+        "mirror.example.com/storageos/shared-volume-controller@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "the registry takes the place of the repository's own host"
     );
     assert_eq!(env_value(controller, "HTTPS_PROXY"), Some("http://proxy:3128"));
     assert_eq!(controller["volumeMounts"][0]["mountPath"], "/etc/ca");
@@ -974,7 +975,7 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
     let agent = &agent_pod["containers"][0];
     assert_eq!(
         agent["image"],
-        "mirror.example.com/ghcr.io/storageos/shared-volume-agent:0.1.0"
+        "mirror.example.com/storageos/shared-volume-agent:0.1.0"
     );
     assert_eq!(env_value(agent, "SSL_CERT_FILE"), Some("/etc/ca/ca.crt"));
     let mounts: Vec<&str> = agent["volumeMounts"]

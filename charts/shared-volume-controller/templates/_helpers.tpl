@@ -34,7 +34,16 @@ app.kubernetes.io/component: {{ .component }}
 {{/* An image reference: [registry/]repository, then @digest when pinned, else :tag. */}}
 {{- define "svc.image" -}}
 {{- $repository := .image.repository -}}
-{{- with .image.registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}{{ end -}}
+{{- with .image.registry }}
+{{- /* The registry replaces the host the repository names (its first part, when that has a dot or a
+port, or is localhost), as a container runtime reads a reference. */ -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .) $repository -}}
+{{- end -}}
 {{- if .image.digest -}}
 {{- printf "%s@%s" $repository .image.digest -}}
 {{- else -}}
