@@ -27,14 +27,16 @@ cluster-up:
 cluster-down:
 	hack/cluster.sh down
 
-# Both images (controller, agent) for every platform in PLATFORMS, tagged VERSION and pushed to
-# REGISTRY with docker buildx: `make images REGISTRY=registry.example.com/storage`. The chart's
-# defaults name ghcr.io/storageos/shared-volume-{controller,agent}.
+# Both images (controller, agent) for every platform in PLATFORMS (default: this machine's alone),
+# tagged VERSION and pushed to REGISTRY with docker buildx: `make images
+# REGISTRY=registry.example.com/storage`. More platforms (PLATFORMS=linux/amd64,linux/arm64) need
+# builders for them or QEMU's binfmt handlers on the Docker host. The chart's defaults name
+# ghcr.io/storageos/shared-volume-{controller,agent}.
 REGISTRY ?= ghcr.io/storageos
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE ?= $(shell git remote get-url origin 2>/dev/null || echo unknown)
-PLATFORMS ?= linux/amd64,linux/arm64
+PLATFORMS ?= linux/$(shell uname -m | sed 's/x86_64/amd64/; s/aarch64/arm64/')
 PUSH ?= --push
 images:
 	for image in controller:shared-volume-controller agent:shared-volume-agent; do \
