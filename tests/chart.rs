@@ -249,6 +249,11 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         notes.contains("Next:") && notes.contains(&format!("kubectl -n {} get deploy", env.ns)),
         "NOTES.txt tells what to do next: {notes}"
     );
+    assert!(
+        notes.contains("WARNING: no node matches agent.nodeSelector (node-role.kubernetes.io/storage=)")
+            && notes.contains("kubectl label node <storage node> node-role.kubernetes.io/storage="),
+        "no node here carries the README's storage label: the notes say no agent runs: {notes}"
+    );
 
     let name = |component: &str| format!("{release}-shared-volume-controller-{component}");
     // Cluster-wide objects carry the release namespace first.
@@ -973,10 +978,7 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
     );
     let agent_pod = &daemonset["spec"]["template"]["spec"];
     let agent = &agent_pod["containers"][0];
-    assert_eq!(
-        agent["image"],
-        "mirror.example.com/storageos/shared-volume-agent:0.1.0"
-    );
+    assert_eq!(agent["image"], "mirror.example.com/storageos/shared-volume-agent:0.1.0");
     assert_eq!(env_value(agent, "SSL_CERT_FILE"), Some("/etc/ca/ca.crt"));
     let mounts: Vec<&str> = agent["volumeMounts"]
         .as_array()
