@@ -11,7 +11,7 @@
 mod admin;
 mod agent;
 mod apply;
-pub mod cli;
+mod cli;
 mod compat;
 mod conntrack;
 mod controller;
@@ -33,7 +33,7 @@ mod volume;
 // the crate is listed here.
 //
 // For the binary (src/main.rs): the command line, the StorageOS flag mapping, logging.
-pub use cli::Cli;
+pub use cli::{COMPATIBILITY, Cli};
 pub use compat::{apply as apply_legacy_flags, normalize as normalize_legacy_flags};
 pub use telemetry::init as init_logging;
 // For the property tests and the benchmarks: the DRBD parsers, the agent's pure core, the

@@ -7,8 +7,7 @@ use std::collections::BTreeSet;
 
 use clap::{Arg, CommandFactory};
 use serde_json::Value;
-use shared_volume_controller::Cli;
-use shared_volume_controller::cli::COMPATIBILITY;
+use shared_volume_controller::{COMPATIBILITY, Cli};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
 const FLAGS_PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/flags.md");
