@@ -69,6 +69,38 @@ pub enum Command {
     /// Checks an installation (what `helm test` runs): the leader Lease held and fresh, every
     /// agent pod ready, the admission policies bound. Exits non-zero when a check fails.
     Selftest(SelftestArgs),
+    /// The installation at a glance: the leader, each agent (node, ready, heartbeat, DRBD report,
+    /// taints), the fail-over guard's reservations and each managed claim (condition, mount
+    /// endpoint, primary node, last move). Read-only. As a kubectl plugin: `kubectl shared-volume
+    /// status` (the binary installed as `kubectl-shared_volume`).
+    Status(StatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The release's namespace: its leader Lease, agent pods and agent Leases. Default: the
+    /// kubeconfig context's namespace.
+    #[arg(long, short = 'n', env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The controller's leader Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = "shared-volume-controller")]
+    pub lease_name: String,
+    /// Label selector of the agent pods.
+    #[arg(
+        long,
+        env = "AGENT_SELECTOR",
+        default_value = "app.kubernetes.io/name=shared-volume-controller,app.kubernetes.io/component=agent"
+    )]
+    pub agent_selector: String,
+    /// `table` for people, `json` for scripts.
+    #[arg(long, short = 'o', env = "OUTPUT", value_enum, default_value = "table")]
+    pub output: StatusOutput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    Table,
+    Json,
 }
 
 #[derive(Debug, Args)]

@@ -26,6 +26,7 @@ mod scripted_api;
 mod selftest;
 mod sharedvolume;
 mod shutdown;
+mod status;
 mod telemetry;
 mod volume;
 
@@ -53,9 +54,16 @@ use crate::cli::Command;
 
 /// Runs the chosen subcommand until it fails or a termination signal arrives.
 pub async fn run(cli: Cli) -> Result<()> {
-    if let Command::Selftest(args) = cli.command {
-        let client = kube_client::connect(&cli.common, false).await?;
-        return selftest::run(args, client).await;
+    match cli.command {
+        Command::Selftest(args) => {
+            let client = kube_client::connect(&cli.common, false).await?;
+            return selftest::run(args, client).await;
+        }
+        Command::Status(args) => {
+            let client = kube_client::connect(&cli.common, false).await?;
+            return status::run(args, client).await;
+        }
+        _ => {}
     }
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),
@@ -90,7 +98,9 @@ pub async fn run(cli: Cli) -> Result<()> {
                 let client = kube_client::connect(&cli.common, false).await?;
                 conntrack::run(args, client, registry, probes.clone(), shutdown.clone()).await
             }
-            Command::Selftest(_) => anyhow::bail!("selftest runs without the admin server"),
+            Command::Selftest(_) | Command::Status(_) => {
+                anyhow::bail!("selftest and status run without the admin server")
+            }
         }
     }
     .await;

@@ -132,7 +132,7 @@ impl FailOverGuard {
 }
 
 /// The reservations on the guard Lease, node → expiry (malformed entries count as none).
-fn reservations(lease: &Lease) -> BTreeMap<String, Timestamp> {
+pub fn reservations(lease: &Lease) -> BTreeMap<String, Timestamp> {
     let stored: BTreeMap<String, String> = lease
         .annotations()
         .get(FAIL_OVER_RESERVATIONS_ANNOTATION)

@@ -1,0 +1,476 @@
+//! What `status` shows, built from the objects it read (pure): the leader, each agent, the
+//! fail-over guard's reservations and each claim the controller states a condition on; as a table
+//! for people or as JSON for scripts.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use serde::Serialize;
+
+use crate::agent::heartbeat::{lease_name, report_lease_name};
+use crate::agent::report::Report;
+use crate::names::{CLAIM_CONDITION_TYPE, DRBD_REPORT_ANNOTATION, FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION};
+use crate::sharedvolume::stamp::MoveStamp;
+use crate::volume::csi_resource_name;
+
+/// Everything `status` reads, as the API returned it.
+#[derive(Debug, Default)]
+pub struct Observed {
+    pub namespace: String,
+    pub lease_name: String,
+    /// The leader Lease, if it exists.
+    pub leader: Option<Lease>,
+    pub agent_pods: Vec<Pod>,
+    /// The Leases of the release namespace (heartbeats, reports, the guard).
+    pub leases: Vec<Lease>,
+    pub nodes: Vec<Node>,
+    pub claims: Vec<PersistentVolumeClaim>,
+    pub pvs: Vec<PersistentVolume>,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusView {
+    pub namespace: String,
+    pub leader: Leader,
+    pub agents: Vec<Agent>,
+    pub reservations: Vec<Reservation>,
+    pub claims: Vec<Claim>,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Leader {
+    pub lease: String,
+    pub holder: Option<String>,
+    pub renewed_seconds_ago: Option<i64>,
+    /// Held, and renewed within its duration.
+    pub fresh: bool,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Agent {
+    pub node: String,
+    pub pod: String,
+    pub ready: bool,
+    pub heartbeat_seconds_ago: Option<i64>,
+    /// When it last reported a change of its DRBD view (the report Lease).
+    pub drbd_reported_seconds_ago: Option<i64>,
+    /// The DRBD resources it reports as Primary.
+    pub primaries: usize,
+    /// The node's `drbd.linbit.com/` taints, `key=value:effect`.
+    pub taints: Vec<String>,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Reservation {
+    pub node: String,
+    pub expires_in_seconds: i64,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Claim {
+    pub namespace: String,
+    pub name: String,
+    pub volume: String,
+    /// The SharedVolumeReady condition's status: `True`, `False` or `Unknown`.
+    pub ready: String,
+    pub reason: String,
+    pub message: String,
+    pub mount_endpoint: Option<String>,
+    /// The node whose agent reports the volume's DRBD resource as Primary.
+    pub primary_node: Option<String>,
+    pub last_move: Option<Move>,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Move {
+    pub node: Option<String>,
+    pub at: Option<String>,
+}
+
+pub fn build(observed: &Observed, now: Timestamp) -> StatusView {
+    let leases: BTreeMap<String, &Lease> = observed.leases.iter().map(|l| (l.name_any(), l)).collect();
+    let reports: BTreeMap<&str, Report> = observed
+        .agent_pods
+        .iter()
+        .filter_map(|pod| {
+            let node = pod.spec.as_ref()?.node_name.as_deref()?;
+            let lease = leases.get(&report_lease_name(node))?;
+            Some((node, Report::parse(lease.annotations().get(DRBD_REPORT_ANNOTATION)?)?))
+        })
+        .collect();
+    StatusView {
+        namespace: observed.namespace.clone(),
+        leader: leader(&observed.lease_name, observed.leader.as_ref(), now),
+        agents: observed
+            .agent_pods
+            .iter()
+            .map(|pod| agent(pod, &leases, &reports, &observed.nodes, now))
+            .collect(),
+        reservations: leases
+            .get(FAIL_OVER_GUARD_LEASE)
+            .map(|guard| reservations(guard, now))
+            .unwrap_or_default(),
+        claims: observed
+            .claims
+            .iter()
+            .filter_map(|claim| self::claim(claim, &observed.pvs, &reports))
+            .collect(),
+    }
+}
+
+fn seconds_since(then: Timestamp, now: Timestamp) -> i64 {
+    now.duration_since(then).as_secs()
+}
+
+fn renewed(lease: &Lease) -> Option<Timestamp> {
+    Some(lease.spec.as_ref()?.renew_time.as_ref()?.0)
+}
+
+fn leader(name: &str, lease: Option<&Lease>, now: Timestamp) -> Leader {
+    let spec = lease.and_then(|l| l.spec.as_ref());
+    let holder = spec.and_then(|s| s.holder_identity.clone()).filter(|h| !h.is_empty());
+    let age = lease.and_then(renewed).map(|at| seconds_since(at, now));
+    let duration = spec.and_then(|s| s.lease_duration_seconds).unwrap_or(0);
+    Leader {
+        lease: name.to_owned(),
+        fresh: holder.is_some() && age.is_some_and(|age| age <= i64::from(duration)),
+        holder,
+        renewed_seconds_ago: age,
+    }
+}
+
+fn agent(
+    pod: &Pod,
+    leases: &BTreeMap<String, &Lease>,
+    reports: &BTreeMap<&str, Report>,
+    nodes: &[Node],
+    now: Timestamp,
+) -> Agent {
+    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    let ready = pod
+        .status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let age_of = |lease: Option<&&Lease>| lease.and_then(|l| renewed(l)).map(|at| seconds_since(at, now));
+    let report = reports.get(node.as_str());
+    let reported = report
+        .and_then(|r| r.at.parse::<Timestamp>().ok())
+        .map(|at| seconds_since(at, now));
+    let taints = nodes
+        .iter()
+        .find(|n| n.name_any() == node)
+        .and_then(|n| n.spec.as_ref()?.taints.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| t.key.starts_with("drbd.linbit.com/"))
+        .map(|t| format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect))
+        .collect();
+    Agent {
+        pod: pod.name_any(),
+        ready,
+        heartbeat_seconds_ago: age_of(leases.get(&lease_name(&node))),
+        drbd_reported_seconds_ago: reported,
+        primaries: report.map_or(0, |r| r.resources.values().filter(|r| r.primary).count()),
+        taints,
+        node,
+    }
+}
+
+fn reservations(guard: &Lease, now: Timestamp) -> Vec<Reservation> {
+    crate::agent::guard::reservations(guard)
+        .into_iter()
+        .filter_map(|(node, expiry)| {
+            let left = expiry.duration_since(now).as_secs();
+            (left > 0).then_some(Reservation {
+                node,
+                expires_in_seconds: left,
+            })
+        })
+        .collect()
+}
+
+fn claim(claim: &PersistentVolumeClaim, pvs: &[PersistentVolume], reports: &BTreeMap<&str, Report>) -> Option<Claim> {
+    let condition = claim
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == CLAIM_CONDITION_TYPE)?;
+    let volume = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .unwrap_or_default();
+    let pv = pvs.iter().find(|pv| pv.name_any() == volume);
+    let resource = pv.and_then(csi_resource_name).unwrap_or_else(|| volume.clone());
+    let primary_node = reports
+        .iter()
+        .find(|(_, report)| report.resources.get(&resource).is_some_and(|r| r.primary))
+        .map(|(node, _)| (*node).to_owned());
+    let annotations = pv.map(|pv| pv.annotations());
+    Some(Claim {
+        namespace: claim.namespace().unwrap_or_default(),
+        name: claim.name_any(),
+        ready: condition.status.clone(),
+        reason: condition.reason.clone().unwrap_or_default(),
+        message: condition.message.clone().unwrap_or_default(),
+        mount_endpoint: annotations.and_then(|a| a.get(MOUNT_ENDPOINT_ANNOTATION).cloned()),
+        primary_node,
+        last_move: MoveStamp::read(annotations).map(|stamp| Move {
+            node: stamp.node,
+            at: stamp.at,
+        }),
+        volume,
+    })
+}
+
+/// The view as aligned text for a terminal.
+pub fn table(view: &StatusView) -> String {
+    let mut out = String::new();
+    let leader = &view.leader;
+    let lead = match (&leader.holder, leader.renewed_seconds_ago) {
+        (Some(holder), Some(age)) if leader.fresh => format!("held by {holder}, renewed {age}s ago"),
+        (Some(holder), Some(age)) => format!("STALE: held by {holder}, last renewed {age}s ago"),
+        _ => "NONE: no replica leads".to_owned(),
+    };
+    out.push_str(&format!("Leader ({}/{}): {lead}\n\n", view.namespace, leader.lease));
+    let ago = |s: Option<i64>| s.map_or("-".to_owned(), |s| format!("{s}s ago"));
+    let yes = |b: bool| if b { "yes" } else { "NO" }.to_owned();
+    let dash = |list: &[String]| {
+        if list.is_empty() {
+            "-".to_owned()
+        } else {
+            list.join(",")
+        }
+    };
+    let agents: Vec<Vec<String>> = view
+        .agents
+        .iter()
+        .map(|a| {
+            vec![
+                a.node.clone(),
+                a.pod.clone(),
+                yes(a.ready),
+                ago(a.heartbeat_seconds_ago),
+                ago(a.drbd_reported_seconds_ago),
+                a.primaries.to_string(),
+                dash(&a.taints),
+            ]
+        })
+        .collect();
+    out.push_str(&format!("Agents ({})\n", view.agents.len()));
+    out.push_str(&columns(
+        &[
+            "NODE",
+            "POD",
+            "READY",
+            "HEARTBEAT",
+            "DRBD REPORTED",
+            "PRIMARIES",
+            "TAINTS",
+        ],
+        &agents,
+    ));
+    let reserved: Vec<String> = view
+        .reservations
+        .iter()
+        .map(|r| format!("{} (expires in {}s)", r.node, r.expires_in_seconds))
+        .collect();
+    out.push_str(&format!("\nFail-over guard reservations: {}\n\n", dash(&reserved)));
+    let claims: Vec<Vec<String>> = view
+        .claims
+        .iter()
+        .map(|c| {
+            let moved = c.last_move.as_ref().map_or("-".to_owned(), |m| {
+                format!(
+                    "to {} at {}",
+                    m.node.as_deref().unwrap_or("?"),
+                    m.at.as_deref().unwrap_or("?")
+                )
+            });
+            vec![
+                format!("{}/{}", c.namespace, c.name),
+                c.ready.clone(),
+                c.reason.clone(),
+                c.mount_endpoint.clone().unwrap_or_else(|| "-".into()),
+                c.primary_node.clone().unwrap_or_else(|| "-".into()),
+                moved,
+            ]
+        })
+        .collect();
+    out.push_str(&format!("Claims ({})\n", view.claims.len()));
+    out.push_str(&columns(
+        &["CLAIM", "READY", "REASON", "MOUNT ENDPOINT", "PRIMARY", "LAST MOVE"],
+        &claims,
+    ));
+    out
+}
+
+/// Rows under a header, each column as wide as its widest cell, indented by two.
+fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(cell, width)| format!("{cell:<width$}"))
+            .collect();
+        format!("  {}\n", padded.join("  ").trim_end())
+    };
+    let mut out = line(header.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+        serde_json::from_value(value).unwrap()
+    }
+
+    const NOW: &str = "2026-11-26T12:00:30Z";
+
+    fn observed() -> Observed {
+        let report = r#"{"at":"2026-11-26T12:00:20Z","resources":{"pvc-1":{"primary":true,"quorum":true}}}"#;
+        Observed {
+            namespace: "storage-system".into(),
+            lease_name: "shared-volume-controller".into(),
+            leader: Some(parse(json!({"metadata": {"name": "shared-volume-controller"},
+                "spec": {"holderIdentity": "controller-0", "leaseDurationSeconds": 15, "renewTime": "2026-11-26T12:00:25.000000Z"}}))),
+            agent_pods: vec![
+                parse(
+                    json!({"metadata": {"name": "agent-a"}, "spec": {"nodeName": "node-a", "containers": []},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}]}}),
+                ),
+                parse(
+                    json!({"metadata": {"name": "agent-b"}, "spec": {"nodeName": "node-b", "containers": []},
+                    "status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+                ),
+            ],
+            leases: vec![
+                parse(json!({"metadata": {"name": "shared-volume-agent-node-a"},
+                    "spec": {"renewTime": "2026-11-26T12:00:28.000000Z"}})),
+                parse(json!({"metadata": {"name": "shared-volume-agent-report-node-a",
+                    "annotations": {"storageos.com/drbd-report": report}}})),
+                parse(json!({"metadata": {"name": "shared-volume-agent-fail-over-guard",
+                    "annotations": {"storageos.com/fail-over-reservations":
+                        r#"{"node-b":"2026-11-26T12:02:00Z","node-c":"2026-11-26T11:00:00Z"}"#}}})),
+            ],
+            nodes: vec![parse(json!({"metadata": {"name": "node-b"}, "spec": {"taints": [
+                {"key": "drbd.linbit.com/lost-quorum", "value": "fail-over", "effect": "NoSchedule"},
+                {"key": "other", "effect": "NoSchedule"}]}}))],
+            claims: vec![
+                parse(
+                    json!({"metadata": {"namespace": "apps", "name": "data"}, "spec": {"volumeName": "pv-1"},
+                    "status": {"conditions": [{"type": "SharedVolumeReady", "status": "True", "reason": "ServedAfterMove",
+                        "message": "clients mount 10.96.0.10:2049", "lastTransitionTime": "2026-11-26T12:00:00Z"}]}}),
+                ),
+                parse(json!({"metadata": {"namespace": "apps", "name": "rwo"}, "spec": {"volumeName": "pv-2"}})),
+            ],
+            pvs: vec![parse(json!({"metadata": {"name": "pv-1", "annotations": {
+                    "storageos.com/nfs-mount-endpoint": "10.96.0.10:2049",
+                    "storageos.com/nfs-endpoint-move": r#"{"endpoint":"10.0.0.1:2049","overPvVersion":"7","node":"node-a","at":"2026-11-26T11:59:00Z"}"#}},
+                "spec": {"csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": "pvc-1/0"}}}))],
+        }
+    }
+
+    #[test]
+    fn the_view_names_the_leader_each_agent_the_reservations_and_each_stated_claim() {
+        let view = build(&observed(), NOW.parse().unwrap());
+        assert_eq!(
+            view.leader,
+            Leader {
+                lease: "shared-volume-controller".into(),
+                holder: Some("controller-0".into()),
+                renewed_seconds_ago: Some(5),
+                fresh: true,
+            }
+        );
+        assert_eq!(view.agents.len(), 2);
+        let a = &view.agents[0];
+        assert_eq!(
+            (a.node.as_str(), a.ready, a.heartbeat_seconds_ago),
+            ("node-a", true, Some(2))
+        );
+        assert_eq!((a.drbd_reported_seconds_ago, a.primaries), (Some(10), 1));
+        let b = &view.agents[1];
+        assert_eq!((b.ready, b.heartbeat_seconds_ago), (false, None));
+        assert_eq!(b.taints, ["drbd.linbit.com/lost-quorum=fail-over:NoSchedule"]);
+        assert_eq!(
+            view.reservations,
+            [Reservation {
+                node: "node-b".into(),
+                expires_in_seconds: 90
+            }],
+            "an expired reservation is no reservation"
+        );
+        assert_eq!(
+            view.claims.len(),
+            1,
+            "a claim with no condition is not the controller's"
+        );
+        let claim = &view.claims[0];
+        assert_eq!(claim.mount_endpoint.as_deref(), Some("10.96.0.10:2049"));
+        assert_eq!(claim.primary_node.as_deref(), Some("node-a"), "by the agents' reports");
+        assert_eq!(
+            claim.last_move,
+            Some(Move {
+                node: Some("node-a".into()),
+                at: Some("2026-11-26T11:59:00Z".into())
+            })
+        );
+    }
+
+    #[test]
+    fn a_leader_lease_past_its_duration_is_stale_and_a_missing_one_names_no_holder() {
+        let mut observed = observed();
+        let late: Timestamp = "2026-11-26T12:01:00Z".parse().unwrap();
+        assert!(!build(&observed, late).leader.fresh);
+        assert!(table(&build(&observed, late)).contains("STALE: held by controller-0"));
+        observed.leader = None;
+        let view = build(&observed, NOW.parse().unwrap());
+        assert_eq!((view.leader.holder, view.leader.fresh), (None, false));
+    }
+
+    #[test]
+    fn the_table_lines_up_and_the_json_names_every_field() {
+        let view = build(&observed(), NOW.parse().unwrap());
+        let text = table(&view);
+        assert!(
+            text.starts_with("Leader (storage-system/shared-volume-controller): held by controller-0, renewed 5s ago")
+        );
+        let header = text.lines().find(|l| l.trim_start().starts_with("NODE")).unwrap();
+        let row = text.lines().find(|l| l.trim_start().starts_with("node-a")).unwrap();
+        assert_eq!(header.find("READY"), row.find("yes"), "{text}");
+        assert!(
+            text.contains("Fail-over guard reservations: node-b (expires in 90s)"),
+            "{text}"
+        );
+        assert!(text.contains("apps/data"), "{text}");
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["claims"][0]["primaryNode"], "node-a");
+        assert_eq!(json["agents"][0]["drbdReportedSecondsAgo"], 10);
+        assert_eq!(json["leader"]["fresh"], true);
+    }
+}
