@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use serde_json::json;
 use shared_volume_controller::{
-    Connection, DecisionSettings, Device, DrbdState, Resource, Snapshot, Timers, decide, observe,
+    Connection, DecisionSettings, Device, DrbdState, Filters, Resource, Snapshot, Timers, decide, observe,
 };
 
 const LOCAL_RESOURCES: usize = 100;
@@ -96,7 +96,7 @@ fn round_time(snapshot: &Snapshot) -> Duration {
     let rounds = 20;
     let started = Instant::now();
     for _ in 0..rounds {
-        let mut observed = observe("node-0", None, drbd(), snapshot);
+        let mut observed = observe("node-0", None, drbd(), snapshot, &Filters::default());
         observed.api_answering_since = Some(Instant::now());
         let actions = decide(&observed, &settings, &mut Timers::new(), Instant::now());
         black_box(actions);

@@ -304,6 +304,13 @@ pub struct AgentArgs {
     /// Piraeus: address of the /healthz endpoint. Sets --admin-addr.
     #[arg(help_heading = COMPATIBILITY, long, value_name = "ADDR")]
     pub health_bind_address: Option<String>,
+    /// Publish only volumes of this StorageClass (repeatable; env: comma-separated). Default: all.
+    /// The HA rules apply to every DRBD volume whatever this says.
+    #[arg(long, env = "STORAGE_CLASS", value_delimiter = ',')]
+    pub storage_class: Vec<String>,
+    /// Publish only volumes of this CSI driver (repeatable; env: comma-separated). Default: all.
+    #[arg(long, env = "CSI_DRIVER", value_delimiter = ',')]
+    pub csi_driver: Vec<String>,
     /// Also fail over pods with volumes that are not safe to fail over (hostPath, other network storage…).
     #[arg(long, env = "FAIL_OVER_UNSAFE_PODS")]
     pub fail_over_unsafe_pods: bool,

@@ -19,6 +19,12 @@ pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/l
 pub const STORAGEOS_MOUNT_ENDPOINT_LABEL: &str = "storageos.com/nfs/mount-endpoint";
 /// The condition the controller keeps on every claim it manages: is its shared endpoint ready.
 pub const CLAIM_CONDITION_TYPE: &str = "SharedVolumeReady";
+/// On a PersistentVolume, `"false"`: neither loop publishes or serves it over NFS (the HA rules
+/// still apply to its DRBD resource).
+pub const SHARED_VOLUME_OPT_OUT_ANNOTATION: &str = "storageos.com/shared-volume";
+/// CSI volume attributes that say another NFS server serves the volume on its own address:
+/// LINSTOR CSI's NFS export (1.10+, `nfs://<its Service>:<port>/…`).
+pub const SERVED_ELSEWHERE_ATTRIBUTES: [&str; 1] = ["linstor.csi.linbit.com/nfs-export"];
 /// Label on every object we create, naming the volume it serves.
 pub const VOLUME_ID_LABEL: &str = "storageos.com/volume-id";
 

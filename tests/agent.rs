@@ -6,9 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::drbd::{
-    FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, cluster_events_now, drbd_taints,
-    fail_over_durations, healthy, lost, no_labels, pod_state, resource, slice_addresses, suspended, teardown,
-    three_nodes, untouched, wait_for_eviction, wait_for_taint,
+    FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, fail_over_durations, healthy, lost,
+    no_labels, pod_state, resource, slice_addresses, suspended, teardown, three_nodes, untouched, wait_for_eviction,
+    wait_for_taint,
 };
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -253,21 +253,88 @@ async fn a_renamed_resource_keeps_the_events2_stream_trusted() {
     teardown(env, vec![agent]).await;
 }
 
-/// An RWX Block volume (a VM disk shared for live migration) is no NFS share: its primary's agent
-/// publishes nothing for it.
+/// Volumes that are not this product's to share get nothing from either loop: an RWX Block volume
+/// (a VM disk shared for live migration), one LINSTOR CSI's own NFS export serves, one whose PV is
+/// opted out, and one of a storage class the agent is not given. No service endpoint, no Service,
+/// no condition, no event, while an ordinary volume beside them is published and served (so the
+/// test can fail).
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
-async fn a_block_volumes_primary_publishes_nothing() {
-    let env = common::setup("agent-block").await;
+async fn volumes_that_are_not_ours_to_share_get_nothing() {
+    let env = common::setup("agent-not-ours").await;
     let nodes = env.sim_nodes(&["a", "b"]).await;
-    let (_, pv) = env.bound_rwx_block_claim("vm-disk", Default::default()).await;
-    let pv = pv.metadata.name.unwrap();
-    healthy(&nodes, &[&pv], 0);
-    let agent = env.start_agent(&nodes[0], &[]).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(env.pv_annotation(&pv, SERVICE_ENDPOINT).await, None);
-    assert!(cluster_events_now(&env, &pv, "ServiceEndpointMoved").await.is_empty());
-    teardown(env, vec![agent]).await;
+    let opt_out = [("storageos.com/shared-volume".to_owned(), "false".to_owned())].into();
+    let pvs = [
+        env.bound_rwx_block_claim("vm-disk", Default::default()).await,
+        env.bound_rwx_claim_served_by_linstor_nfs("linstor-nfs").await,
+        env.bound_rwx_claim("opted-out", opt_out).await,
+        env.bound_claim("other-class", "ReadWriteMany", "other", Default::default())
+            .await,
+        env.bound_rwx_claim("ours", Default::default()).await,
+    ]
+    .map(|(_, pv)| pv.metadata.name.unwrap());
+    let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
+    healthy(&nodes, &resources, 0);
+    let agent = env.start_agent(&nodes[0], &["--storage-class", "replicated"]).await;
+    let controller = env.start_as(
+        "controller",
+        &format!("{}-controller", env.ns),
+        &[
+            "controller",
+            "--watch-namespace",
+            &env.ns,
+            "--leader-elect",
+            "false",
+            "--csi-driver",
+            "linstor.csi.linbit.com",
+        ],
+        &[],
+    );
+    controller.wait_ready().await;
+    let ours = &pvs[4];
+    eventually("the ordinary volume published", WAIT, || {
+        env.pv_annotation(ours, SERVICE_ENDPOINT)
+    })
+    .await;
+    env.claim_condition_becomes("ours", "True", "Served").await;
+    // Rounds enough for the agent and the controller to have acted on the others too.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let claims = ["vm-disk", "linstor-nfs", "opted-out", "other-class"];
+    for (claim, pv) in claims.iter().zip(&pvs) {
+        assert_eq!(
+            env.pv_annotation(pv, SERVICE_ENDPOINT).await,
+            None,
+            "{claim}: no service endpoint"
+        );
+        assert_eq!(env.cluster_ip(pv).await, None, "{claim}: no Service");
+        let pvc = env
+            .api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+            .get(claim)
+            .await
+            .unwrap();
+        let conditions = pvc.status.and_then(|s| s.conditions).unwrap_or_default();
+        assert!(
+            conditions.iter().all(|c| c.type_ != "SharedVolumeReady"),
+            "{claim}: no condition"
+        );
+        let events = Api::<k8s_openapi::api::events::v1::Event>::all(env.client.clone())
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items;
+        let about: Vec<_> = events
+            .iter()
+            .filter(|e| {
+                e.regarding
+                    .as_ref()
+                    .and_then(|r| r.name.as_deref())
+                    .is_some_and(|n| n == *claim || n == pv)
+            })
+            .map(|e| e.reason.clone())
+            .collect();
+        assert!(about.is_empty(), "{claim}: no event, got {about:?}");
+    }
+    teardown(env, vec![agent, controller]).await;
 }
 
 #[tokio::test]

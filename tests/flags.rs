@@ -120,22 +120,54 @@ fn every_flag_of_a_component_is_a_chart_value_with_the_environment_variable_it_r
     );
 }
 
+/// The part of the flags page under `heading`, up to the next heading of its level or above.
+fn section<'a>(page: &'a str, heading: &str) -> &'a str {
+    let start = page
+        .find(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("docs/reference/flags.md has no heading {heading:?}"));
+    let level = heading.split(' ').next().unwrap().len();
+    let rest = &page[start + heading.len() + 2..];
+    let end = rest
+        .match_indices("\n#")
+        .find(|(at, _)| rest[at + 1..].chars().take_while(|c| *c == '#').count() <= level)
+        .map_or(rest.len(), |(at, _)| at);
+    &rest[..end]
+}
+
+/// Where the flags page documents a subcommand's own flags.
+fn heading_of(subcommand: &str) -> String {
+    match subcommand {
+        "controller" => "### Controller flags".into(),
+        "agent" => "### Agent flags".into(),
+        other => format!("## `{other}`"),
+    }
+}
+
 #[test]
-fn the_flags_page_lists_every_flag_of_every_subcommand() {
+fn the_flags_page_lists_every_flag_of_every_subcommand_where_it_belongs() {
     let page = read(FLAGS_PAGE);
     let mut cli = Cli::command();
     cli.build();
     let mut missing = Vec::new();
     for subcommand in cli.get_subcommands() {
-        for arg in flags_of(subcommand.get_name()) {
-            let name = long(&arg);
-            if !page.contains(&format!("`--{name}`")) {
-                missing.push(format!("{} --{name}", subcommand.get_name()));
+        let name = subcommand.get_name();
+        for arg in flags_of(name) {
+            let flag = long(&arg);
+            let heading = if is_compatibility(&arg) {
+                "## Compatibility flags".to_owned()
+            } else if arg.is_global_set() {
+                "## Common flags".to_owned()
+            } else {
+                heading_of(name)
+            };
+            let text = section(&page, &heading);
+            if !text.contains(&format!("`--{flag}`")) {
+                missing.push(format!("{name} --{flag} under {heading:?}"));
             }
             if let Some(variable) = env(&arg)
-                && !page.contains(&format!("`{variable}`"))
+                && !text.contains(&format!("`{variable}`"))
             {
-                missing.push(format!("{} --{name}: its variable {variable}", subcommand.get_name()));
+                missing.push(format!("{name} --{flag}: its variable {variable} under {heading:?}"));
             }
         }
     }

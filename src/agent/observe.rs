@@ -16,6 +16,7 @@ use super::report::Report;
 use super::view::{AttachmentView, NodeView, Observed, PeerReport, PodView, VolumeView};
 use crate::names::{DRBD_REPORT_ANNOTATION, IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
+use crate::sharedvolume::classify::Filters;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, csi_resource_name};
 
@@ -32,7 +33,14 @@ pub struct Snapshot {
 }
 
 /// Builds the view of `node`. Only PVs of local DRBD resources are looked at.
-pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &Snapshot) -> Observed {
+/// What this node sees; `publishable` says which of its volumes it may publish over NFS.
+pub fn observe(
+    node: &str,
+    node_ip: Option<IpAddr>,
+    drbd: DrbdState,
+    snapshot: &Snapshot,
+    publishable: &Filters,
+) -> Observed {
     let nodes: BTreeMap<String, NodeView> = snapshot.nodes.iter().map(|n| (n.name_any(), node_view(n))).collect();
     let node_ip = node_ip
         .or_else(|| own_internal_ip(node, snapshot))
@@ -89,7 +97,7 @@ pub fn observe(node: &str, node_ip: Option<IpAddr>, drbd: DrbdState, snapshot: &
             pv_version: pv.resource_version().unwrap_or_default(),
             pods,
             attachments,
-            shared_claim: claim.clone().filter(|_| pv_backs_shared_claim(pv)),
+            shared_claim: claim.clone().filter(|_| pv_backs_shared_claim(pv, publishable)),
             service_endpoint: pv.annotations().get(SERVICE_ENDPOINT_ANNOTATION).cloned(),
             moved_by: MoveStamp::read(pv.metadata.annotations.as_ref()).and_then(|stamp| stamp.node),
         };
@@ -423,7 +431,7 @@ mod tests {
 
     #[test]
     fn indexes_volumes_pods_attachments_nodes_and_satellites() {
-        let observed = observe("node-b", None, drbd(), &snapshot());
+        let observed = observe("node-b", None, drbd(), &snapshot(), &Filters::default());
         assert_eq!(observed.node_ip.as_deref(), Some("10.0.0.2"));
         assert_eq!(observed.volumes.len(), 1, "only local DRBD resources");
         let volume = &observed.volumes["pvc-1"];
@@ -465,7 +473,7 @@ mod tests {
 
     #[test]
     fn reports_are_indexed_by_node_and_not_trusted_until_checked() {
-        let observed = observe("node-b", None, drbd(), &snapshot());
+        let observed = observe("node-b", None, drbd(), &snapshot(), &Filters::default());
         assert_eq!(observed.agent_nodes, ["node-a", "node-c"].map(String::from).into());
         let a = &observed.reports["node-a"];
         assert!(!a.alive, "alive only once the heartbeat was read");
@@ -519,10 +527,15 @@ mod tests {
     fn the_node_ip_flag_wins_over_the_node_address() {
         let ip = "fd00::7".parse().ok();
         assert_eq!(
-            observe("node-b", ip, drbd(), &snapshot()).node_ip.as_deref(),
+            observe("node-b", ip, drbd(), &snapshot(), &Filters::default())
+                .node_ip
+                .as_deref(),
             Some("fd00::7")
         );
-        assert_eq!(observe("node-x", None, drbd(), &snapshot()).node_ip, None);
+        assert_eq!(
+            observe("node-x", None, drbd(), &snapshot(), &Filters::default()).node_ip,
+            None
+        );
     }
 
     fn trimmed<K: Clone>(list: &[Arc<K>], trim: fn(&mut K)) -> Vec<Arc<K>> {
@@ -544,8 +557,8 @@ mod tests {
             attachments: trimmed(&full.attachments, trim_attachment),
             ..snapshot()
         };
-        let before = observe("node-b", None, drbd(), &full);
-        let after = observe("node-b", None, drbd(), &trimmed);
+        let before = observe("node-b", None, drbd(), &full, &Filters::default());
+        let after = observe("node-b", None, drbd(), &trimmed, &Filters::default());
         assert_eq!(after.volumes, before.volumes);
         assert_eq!(after.nodes, before.nodes);
         assert_eq!(after.node_ip, before.node_ip);

@@ -2,6 +2,7 @@
 //! the cache holds only this node's pods and Node, and heartbeats are not watched. What a
 //! destructive step depends on is read here, every round that has a suspect.
 
+use crate::sharedvolume::classify::Filters;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -39,10 +40,11 @@ impl PeerReads<'_> {
         node_ip: Option<IpAddr>,
         state: &DrbdState,
         mut snapshot: Snapshot,
+        publishable: &Filters,
     ) -> Observed {
         let suspects = suspected_peers(node, state, &snapshot);
         let unreadable = read_peer_pods(self.client, &suspects, &mut snapshot, self.timeout, self.api).await;
-        let mut observed = observe(node, node_ip, state.clone(), &snapshot);
+        let mut observed = observe(node, node_ip, state.clone(), &snapshot, publishable);
         if !suspects.is_empty() {
             add_uncached_peers(self.client, &mut observed, &suspects, self.timeout, self.api).await;
             confirm_alive(self.leases, &mut observed, &suspects, self.timeout, self.api).await;

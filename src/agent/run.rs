@@ -2,6 +2,7 @@
 //! expires, or the periodic safety-net intervals; read, decide, act. [`run`] wires the parts,
 //! [`Rounds`] turns the loop.
 
+use crate::sharedvolume::classify::Filters;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -130,6 +131,8 @@ struct Rounds {
     metrics: AgentMetrics,
     health: Health,
     settings: DecisionSettings,
+    /// Which volumes this agent may publish (`--storage-class`, `--csi-driver`).
+    publishable: Filters,
     status_interval: Duration,
     reconcile_interval: Duration,
     resync_interval: Duration,
@@ -191,6 +194,10 @@ impl Rounds {
             metrics,
             health,
             settings: decision_settings(args),
+            publishable: Filters {
+                storage_classes: args.storage_class.clone(),
+                csi_drivers: args.csi_driver.clone(),
+            },
             status_interval: *args.drbd_status_interval,
             reconcile_interval: *args.reconcile_interval,
             resync_interval: *args.resync_interval,
@@ -371,7 +378,7 @@ impl Rounds {
         let state = &state;
         let snapshot = cache.snapshot();
         // Publications first, from the cache alone: they wait for nothing about the peers.
-        let cached = observe(&self.node, self.node_ip, state.clone(), &snapshot);
+        let cached = observe(&self.node, self.node_ip, state.clone(), &snapshot, &self.publishable);
         let piraeus_here = i64::try_from(cached.piraeus_ha_controllers.len()).unwrap_or(i64::MAX);
         self.metrics.piraeus_ha_controllers.set(piraeus_here);
         let mut publications = decide::publications(&cached, &self.settings, &mut self.timers);
@@ -393,7 +400,7 @@ impl Rounds {
         // The report (evidence for the peers) goes out beside the reads: a write the API server
         // does not take tells this round, like a failed read, that the peers cannot be heard.
         let (mut observed, (), stated) = tokio::join!(
-            reads.observe(&self.node, self.node_ip, state, snapshot),
+            reads.observe(&self.node, self.node_ip, state, snapshot, &self.publishable),
             self.executor.run(Scope::Publications, publications, read_at, &no_nodes),
             report(&self.heartbeat, state, self.reported.take()),
         );

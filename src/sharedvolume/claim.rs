@@ -10,7 +10,11 @@
 use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec};
 use kube::ResourceExt;
 
-use crate::names::{MOUNT_ENDPOINT_ANNOTATION, MOVE_STAMP_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
+use super::classify::Filters;
+use crate::names::{
+    MOUNT_ENDPOINT_ANNOTATION, MOVE_STAMP_ANNOTATION, SERVED_ELSEWHERE_ATTRIBUTES, SERVICE_ENDPOINT_ANNOTATION,
+    SHARED_VOLUME_OPT_OUT_ANNOTATION,
+};
 use crate::volume::ClaimKey;
 
 pub const READ_WRITE_MANY: &str = "ReadWriteMany";
@@ -35,17 +39,40 @@ pub fn is_filesystem(volume_mode: Option<&String>) -> bool {
     volume_mode.is_none_or(|mode| mode == "Filesystem")
 }
 
-/// The agent's idea of a shared volume: a ReadWriteMany filesystem PV bound to a claim.
-pub fn pv_backs_shared_claim(pv: &PersistentVolume) -> bool {
+/// Whether another NFS server serves this volume on its own address (LINSTOR CSI's NFS export:
+/// its CSI volume attributes say where): nothing of this product publishes or serves it.
+pub fn served_elsewhere(pv: &PersistentVolume) -> bool {
+    let attributes = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .and_then(|c| c.volume_attributes.as_ref());
+    attributes.is_some_and(|a| SERVED_ELSEWHERE_ATTRIBUTES.iter().any(|k| a.contains_key(*k)))
+}
+
+/// Whether the volume's owner opted it out (`storageos.com/shared-volume: "false"` on the PV).
+pub fn opted_out(pv: &PersistentVolume) -> bool {
+    pv.annotations()
+        .get(SHARED_VOLUME_OPT_OUT_ANNOTATION)
+        .is_some_and(|v| v.eq_ignore_ascii_case("false"))
+}
+
+/// The agent's idea of a shared volume it may publish: a ReadWriteMany filesystem PV bound to a
+/// claim, that `filters` admit, that nobody else serves and that is not opted out.
+pub fn pv_backs_shared_claim(pv: &PersistentVolume, filters: &Filters) -> bool {
     let spec = pv.spec.as_ref();
     is_read_write_many(spec.and_then(|s| s.access_modes.as_ref()))
         && is_filesystem(spec.and_then(|s| s.volume_mode.as_ref()))
         && bound_claim(pv).is_some()
+        && filters.admit_pv(pv)
+        && !served_elsewhere(pv)
+        && !opted_out(pv)
 }
 
 /// Drops from a cached PV what neither loop reads (labels, status, managed fields, most of the
 /// spec): what remains is its name, uid, resourceVersion, the service- and mount-endpoint
-/// annotations and the stamp of the last agent move, access and volume modes, claimRef, storage class and CSI driver and handle. Both loops cache
+/// annotations, the stamp of the last agent move and the opt-out, access and volume modes, claimRef,
+/// storage class, CSI driver and handle, and the CSI attributes that say another server serves it. Both loops cache
 /// every PV in the cluster, so this is most of their memory.
 pub fn trim_pv(pv: &mut PersistentVolume) {
     pv.managed_fields_mut().clear();
@@ -55,6 +82,7 @@ pub fn trim_pv(pv: &mut PersistentVolume) {
             SERVICE_ENDPOINT_ANNOTATION,
             MOUNT_ENDPOINT_ANNOTATION,
             MOVE_STAMP_ANNOTATION,
+            SHARED_VOLUME_OPT_OUT_ANNOTATION,
         ]
         .contains(&k.as_str())
     });
@@ -63,6 +91,14 @@ pub fn trim_pv(pv: &mut PersistentVolume) {
         let csi = spec.csi.map(|csi| CSIPersistentVolumeSource {
             driver: csi.driver,
             volume_handle: csi.volume_handle,
+            volume_attributes: csi
+                .volume_attributes
+                .map(|a| {
+                    a.into_iter()
+                        .filter(|(k, _)| SERVED_ELSEWHERE_ATTRIBUTES.contains(&k.as_str()))
+                        .collect::<std::collections::BTreeMap<_, _>>()
+                })
+                .filter(|a| !a.is_empty()),
             ..Default::default()
         });
         pv.spec = Some(PersistentVolumeSpec {
@@ -95,28 +131,79 @@ mod tests {
                 name: "data".into()
             })
         );
-        assert!(pv_backs_shared_claim(&bound));
+        assert!(pv_backs_shared_claim(&bound, &Filters::default()));
         let rwo = pv(json!({"accessModes": ["ReadWriteOnce"], "claimRef": {"namespace": "apps", "name": "data"}}));
-        assert!(!pv_backs_shared_claim(&rwo));
+        assert!(!pv_backs_shared_claim(&rwo, &Filters::default()));
         let unbound = pv(json!({"accessModes": ["ReadWriteMany"]}));
         assert_eq!(bound_claim(&unbound), None);
-        assert!(!pv_backs_shared_claim(&unbound));
+        assert!(!pv_backs_shared_claim(&unbound, &Filters::default()));
         let nameless = pv(json!({"claimRef": {"namespace": "apps"}}));
         assert_eq!(bound_claim(&nameless), None);
         let block = pv(json!({"accessModes": ["ReadWriteMany"], "volumeMode": "Block",
                               "claimRef": {"namespace": "apps", "name": "data"}}));
         assert!(
-            !pv_backs_shared_claim(&block),
+            !pv_backs_shared_claim(&block, &Filters::default()),
             "a VM disk shared for live migration is no NFS share"
         );
         let mut trimmed = block.clone();
         trim_pv(&mut trimmed);
-        assert!(!pv_backs_shared_claim(&trimmed), "the cache keeps the volume mode");
+        assert!(
+            !pv_backs_shared_claim(&trimmed, &Filters::default()),
+            "the cache keeps the volume mode"
+        );
+    }
+
+    #[test]
+    fn a_volume_another_server_serves_or_its_owner_opted_out_is_not_published() {
+        let any = Filters::default();
+        let linstor_nfs = pv(
+            json!({"accessModes": ["ReadWriteMany"], "claimRef": {"namespace": "apps", "name": "data"},
+            "storageClassName": "linstor-rwx",
+            "csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": "pvc-1",
+                    "volumeAttributes": {"linstor.csi.linbit.com/nfs-export": "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/export/pvc-1",
+                                         "linstor.csi.linbit.com/uses-volume-context": "true"}}}),
+        );
+        assert!(served_elsewhere(&linstor_nfs));
+        assert!(
+            !pv_backs_shared_claim(&linstor_nfs, &any),
+            "LINSTOR CSI's own NFS serves it"
+        );
+        let mut trimmed = linstor_nfs.clone();
+        trim_pv(&mut trimmed);
+        assert!(served_elsewhere(&trimmed), "the cache keeps what says so");
+        let attributes = &trimmed.spec.as_ref().unwrap().csi.as_ref().unwrap().volume_attributes;
+        assert_eq!(
+            attributes.as_ref().map(|a| a.len()),
+            Some(1),
+            "and nothing else of them"
+        );
+
+        let mut ours = linstor_nfs.clone();
+        ours.spec.as_mut().unwrap().csi.as_mut().unwrap().volume_attributes = None;
+        assert!(pv_backs_shared_claim(&ours, &any));
+        ours.annotations_mut()
+            .insert("storageos.com/shared-volume".into(), "false".into());
+        assert!(!pv_backs_shared_claim(&ours, &any), "opted out");
+        let mut trimmed = ours.clone();
+        trim_pv(&mut trimmed);
+        assert!(opted_out(&trimmed), "the cache keeps the opt-out");
+        ours.annotations_mut().clear();
+
+        let fast = Filters {
+            storage_classes: vec!["fast".into()],
+            csi_drivers: vec![],
+        };
+        assert!(!pv_backs_shared_claim(&ours, &fast), "another class");
+        let linstor = Filters {
+            storage_classes: vec![],
+            csi_drivers: vec!["linstor.csi.linbit.com".into()],
+        };
+        assert!(pv_backs_shared_claim(&ours, &linstor));
     }
 
     #[test]
     fn a_trimmed_pv_reads_as_the_whole_one_for_both_loops() {
-        use crate::sharedvolume::classify::{Filters, candidate_volume, shared_volume};
+        use crate::sharedvolume::classify::{candidate_volume, shared_volume};
         use crate::volume::kubernetes::volume_from_pv;
         use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 
@@ -163,7 +250,7 @@ mod tests {
                 volume,
                 format!("{shared:?}"),
                 bound_claim(pv),
-                pv_backs_shared_claim(pv),
+                pv_backs_shared_claim(pv, &filters),
             )
         };
         assert_eq!(read(&trimmed), read(&full));

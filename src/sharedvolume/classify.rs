@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
 
-use super::claim::{is_filesystem, is_read_write_many};
+use super::claim::{is_filesystem, is_read_write_many, opted_out, served_elsewhere};
 use super::desired::{SharedVolume, label_value, service_name};
 use crate::volume::{NfsEndpoint, VolumeInfo};
 
@@ -15,6 +15,26 @@ use crate::volume::{NfsEndpoint, VolumeInfo};
 pub struct Filters {
     pub storage_classes: Vec<String>,
     pub csi_drivers: Vec<String>,
+}
+
+impl Filters {
+    /// Whether a storage class passes (no filter: any).
+    pub fn admit_class(&self, class: &str) -> bool {
+        self.storage_classes.is_empty() || self.storage_classes.iter().any(|c| c == class)
+    }
+
+    /// Whether a CSI driver passes (no filter: any).
+    pub fn admit_driver(&self, driver: &str) -> bool {
+        self.csi_drivers.is_empty() || self.csi_drivers.iter().any(|d| d == driver)
+    }
+
+    /// Whether a PV's own storage class and CSI driver pass.
+    pub fn admit_pv(&self, pv: &PersistentVolume) -> bool {
+        let spec = pv.spec.as_ref();
+        let class = spec.and_then(|s| s.storage_class_name.as_deref()).unwrap_or("");
+        let driver = spec.and_then(|s| s.csi.as_ref()).map_or("", |c| c.driver.as_str());
+        self.admit_class(class) && self.admit_driver(driver)
+    }
 }
 
 /// Why a claim is left alone; none of these is an error.
@@ -28,6 +48,10 @@ pub enum Skip {
     NoServiceEndpoint,
     /// `volumeMode: Block`: a raw device, never an NFS share.
     BlockVolume,
+    /// Another NFS server serves it on its own address (LINSTOR CSI's NFS export).
+    ServedElsewhere,
+    /// `storageos.com/shared-volume: "false"` on its PV.
+    OptedOut,
 }
 
 /// A claim we should manage but cannot, because of bad input. Reported as a Warning event.
@@ -115,25 +139,26 @@ pub fn candidate_volume<'a>(
             format!("PersistentVolume {pv_name:?} is bound to {holder}, not to this claim; fix the volume's claimRef"),
         )));
     }
-    if !filters.storage_classes.is_empty() {
-        let class = spec
-            .and_then(|s| s.storage_class_name.as_deref())
-            .or_else(|| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()))
-            .unwrap_or("");
-        if !filters.storage_classes.iter().any(|c| c == class) {
-            return Err(NotManaged::Skip(Skip::StorageClassFiltered));
-        }
+    let class = spec
+        .and_then(|s| s.storage_class_name.as_deref())
+        .or_else(|| pv.spec.as_ref().and_then(|s| s.storage_class_name.as_deref()))
+        .unwrap_or("");
+    if !filters.admit_class(class) {
+        return Err(NotManaged::Skip(Skip::StorageClassFiltered));
     }
-    if !filters.csi_drivers.is_empty() {
-        let driver = pv
-            .spec
-            .as_ref()
-            .and_then(|s| s.csi.as_ref())
-            .map(|c| c.driver.as_str())
-            .unwrap_or("");
-        if !filters.csi_drivers.iter().any(|d| d == driver) {
-            return Err(NotManaged::Skip(Skip::CsiDriverFiltered));
-        }
+    let driver = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map_or("", |c| c.driver.as_str());
+    if !filters.admit_driver(driver) {
+        return Err(NotManaged::Skip(Skip::CsiDriverFiltered));
+    }
+    if served_elsewhere(pv) {
+        return Err(NotManaged::Skip(Skip::ServedElsewhere));
+    }
+    if opted_out(pv) {
+        return Err(NotManaged::Skip(Skip::OptedOut));
     }
     Ok(pv)
 }
@@ -230,6 +255,25 @@ mod tests {
             ..Default::default()
         };
         let rwx = claim(&["ReadWriteMany"], "Bound");
+        let mut served_by_linstor = ours.clone();
+        served_by_linstor
+            .spec
+            .as_mut()
+            .unwrap()
+            .csi
+            .as_mut()
+            .unwrap()
+            .volume_attributes = Some(
+            [(
+                "linstor.csi.linbit.com/nfs-export".to_owned(),
+                "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/export/pvc-1".to_owned(),
+            )]
+            .into(),
+        );
+        let mut opted_out = ours.clone();
+        opted_out
+            .annotations_mut()
+            .insert("storageos.com/shared-volume".into(), "false".into());
         type Case<'a> = (
             &'a str,
             PersistentVolumeClaim,
@@ -282,6 +326,20 @@ mod tests {
                 Some(&ours),
                 &none,
                 Ok(Err(Skip::BlockVolume)),
+            ),
+            (
+                "LINSTOR CSI's own NFS export serves it",
+                rwx.clone(),
+                Some(&served_by_linstor),
+                &none,
+                Ok(Err(Skip::ServedElsewhere)),
+            ),
+            (
+                "opted out on its PV",
+                rwx.clone(),
+                Some(&opted_out),
+                &none,
+                Ok(Err(Skip::OptedOut)),
             ),
             (
                 "rwx filesystem, said so",

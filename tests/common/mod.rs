@@ -103,6 +103,15 @@ pub const SERVICE_ENDPOINT: &str = "storageos.com/nfs-service-endpoint";
 const FILESYSTEM: &str = "Filesystem";
 pub const MOUNT_ENDPOINT: &str = "storageos.com/nfs-mount-endpoint";
 
+/// What a test PV is made of besides its name and claim.
+struct PvShape<'a> {
+    /// (access mode, volume mode).
+    modes: (&'a str, &'a str),
+    storage_class: &'a str,
+    annotations: BTreeMap<String, String>,
+    csi_attributes: BTreeMap<String, String>,
+}
+
 impl TestEnv {
     pub fn api<K>(&self) -> Api<K>
     where
@@ -176,6 +185,27 @@ impl TestEnv {
             .await
     }
 
+    /// An RWX filesystem claim bound to a PV shaped as LINSTOR CSI's NFS export makes them (1.10+):
+    /// its own NFS server, behind its own Service, serves the volume.
+    pub async fn bound_rwx_claim_served_by_linstor_nfs(
+        &self,
+        claim: &str,
+    ) -> (PersistentVolumeClaim, PersistentVolume) {
+        let export = format!(
+            "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/srv/linstor-csi-nfs/{}",
+            self.pv_name(claim)
+        );
+        let attributes = [("linstor.csi.linbit.com/nfs-export".to_owned(), export)].into();
+        self.bound_claim_with(
+            claim,
+            ("ReadWriteMany", FILESYSTEM),
+            "replicated",
+            Default::default(),
+            attributes,
+        )
+        .await
+    }
+
     async fn bound_claim_in_mode(
         &self,
         claim: &str,
@@ -184,18 +214,29 @@ impl TestEnv {
         volume_mode: &str,
         pv_annotations: BTreeMap<String, String>,
     ) -> (PersistentVolumeClaim, PersistentVolume) {
-        let pv_name = self.pv_name(claim);
         let modes = (access_mode, volume_mode);
+        self.bound_claim_with(claim, modes, storage_class, pv_annotations, BTreeMap::new())
+            .await
+    }
+
+    async fn bound_claim_with(
+        &self,
+        claim: &str,
+        modes: (&str, &str),
+        storage_class: &str,
+        pv_annotations: BTreeMap<String, String>,
+        csi_attributes: BTreeMap<String, String>,
+    ) -> (PersistentVolumeClaim, PersistentVolume) {
+        let pv_name = self.pv_name(claim);
         let pvc = self.create_claim_in_mode(claim, &pv_name, modes, storage_class).await;
+        let shape = PvShape {
+            modes,
+            storage_class,
+            annotations: pv_annotations,
+            csi_attributes,
+        };
         let pv = self
-            .create_pv_in_mode(
-                &pv_name,
-                claim,
-                pvc.metadata.uid.as_deref(),
-                modes,
-                storage_class,
-                pv_annotations,
-            )
+            .create_pv_in_mode(&pv_name, claim, pvc.metadata.uid.as_deref(), shape)
             .await;
         let pvc = self.mark_bound(claim).await;
         (pvc, pv)
@@ -255,9 +296,13 @@ impl TestEnv {
         storage_class: &str,
         annotations: BTreeMap<String, String>,
     ) -> PersistentVolume {
-        let modes = (access_mode, FILESYSTEM);
-        self.create_pv_in_mode(pv_name, claim, claim_uid, modes, storage_class, annotations)
-            .await
+        let shape = PvShape {
+            modes: (access_mode, FILESYSTEM),
+            storage_class,
+            annotations,
+            csi_attributes: BTreeMap::new(),
+        };
+        self.create_pv_in_mode(pv_name, claim, claim_uid, shape).await
     }
 
     /// [`TestEnv::create_pv`] with (access mode, volume mode).
@@ -266,20 +311,20 @@ impl TestEnv {
         pv_name: &str,
         claim: &str,
         claim_uid: Option<&str>,
-        (access_mode, volume_mode): (&str, &str),
-        storage_class: &str,
-        annotations: BTreeMap<String, String>,
+        shape: PvShape<'_>,
     ) -> PersistentVolume {
+        let (access_mode, volume_mode) = shape.modes;
         let pv: PersistentVolume = serde_json::from_value(json!({
-            "metadata": {"name": pv_name, "annotations": annotations},
+            "metadata": {"name": pv_name, "annotations": shape.annotations},
             "spec": {
                 "accessModes": [access_mode],
                 "volumeMode": volume_mode,
                 "capacity": {"storage": "1Gi"},
-                "storageClassName": storage_class,
+                "storageClassName": shape.storage_class,
                 "persistentVolumeReclaimPolicy": "Delete",
                 "claimRef": {"namespace": self.ns, "name": claim, "uid": claim_uid},
-                "csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": pv_name},
+                "csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": pv_name,
+                        "volumeAttributes": shape.csi_attributes},
             }
         }))
         .unwrap();
