@@ -145,3 +145,27 @@ fn the_changelog_and_the_charts_changes_say_the_same() {
     let license = std::fs::read_to_string(Path::new(ROOT).join("LICENSE")).unwrap();
     assert!(license.contains("Apache License") && license.contains("Version 2.0"));
 }
+
+/// Every reason a failed reconcile is counted under (`ReconcileError::reason`, read from its
+/// source) is named on the metrics page, where operators look a label value up.
+#[test]
+fn the_metrics_page_names_every_reconcile_error_reason() {
+    let source = std::fs::read_to_string(Path::new(ROOT).join("src/controller/reconcile.rs")).unwrap();
+    let body = source
+        .split("pub fn reason(&self) -> &'static str {")
+        .nth(1)
+        .and_then(|rest| rest.split("\n    }\n").next())
+        .expect("ReconcileError::reason in src/controller/reconcile.rs");
+    let reasons: Vec<&str> = body
+        .lines()
+        .filter_map(|line| line.split("=> \"").nth(1)?.split('"').next())
+        .collect();
+    assert!(reasons.len() >= 5, "{reasons:?}");
+    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/reference/metrics.md")).unwrap();
+    let row = page
+        .lines()
+        .find(|l| l.starts_with("| `storageos_shared_volume_reconcile_errors_total{reason}`"))
+        .expect("the reconcile errors row");
+    let missing: Vec<&&str> = reasons.iter().filter(|r| !row.contains(&format!("`{r}`"))).collect();
+    assert!(missing.is_empty(), "docs/reference/metrics.md does not name {missing:?}");
+}
