@@ -255,7 +255,7 @@ async fn a_renamed_resource_keeps_the_events2_stream_trusted() {
 
 /// Volumes that are not this product's to share get nothing from either loop: an RWX Block volume
 /// (a VM disk shared for live migration), one LINSTOR CSI's own NFS export serves, one whose PV is
-/// opted out, and one of a storage class the agent is not given. No service endpoint, no Service,
+/// opted out, and one of a storage class neither loop is given. No service endpoint, no Service,
 /// no condition, no event, while an ordinary volume beside them is published and served (so the
 /// test can fail).
 #[tokio::test]
@@ -287,6 +287,8 @@ async fn volumes_that_are_not_ours_to_share_get_nothing() {
             "false",
             "--csi-driver",
             "linstor.csi.linbit.com",
+            "--storage-class",
+            "replicated",
         ],
         &[],
     );
@@ -296,7 +298,8 @@ async fn volumes_that_are_not_ours_to_share_get_nothing() {
         env.pv_annotation(ours, SERVICE_ENDPOINT)
     })
     .await;
-    env.claim_condition_becomes("ours", "True", "Served").await;
+    // The agent published it, so the controller tells where it moved.
+    env.claim_condition_becomes("ours", "True", "ServedAfterMove").await;
     // Rounds enough for the agent and the controller to have acted on the others too.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let claims = ["vm-disk", "linstor-nfs", "opted-out", "other-class"];

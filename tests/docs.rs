@@ -167,5 +167,8 @@ fn the_metrics_page_names_every_reconcile_error_reason() {
         .find(|l| l.starts_with("| `storageos_shared_volume_reconcile_errors_total{reason}`"))
         .expect("the reconcile errors row");
     let missing: Vec<&&str> = reasons.iter().filter(|r| !row.contains(&format!("`{r}`"))).collect();
-    assert!(missing.is_empty(), "docs/reference/metrics.md does not name {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/reference/metrics.md does not name {missing:?}"
+    );
 }
