@@ -1133,39 +1133,11 @@ async fn helm_test_passes_on_a_working_install_and_names_what_is_broken() {
     let (env, nodes, _pv) = common::drbd::three_nodes("selftest").await;
     let release = env.release();
     let args = selftest_args(&release, &env.ns);
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--lease-namespace", &env.ns],
-        &[],
-    );
-    controller.wait_ready().await;
-    // The agents as the DaemonSet's pods would be seen: the chart's selector labels, their
-    // address and admin port (the test's processes listen on loopback).
+    let controller = env.start_leading_controller().await;
     let mut agents = Vec::new();
     for node in &nodes[..2] {
         let agent = env.start_agent(node, &[]).await;
-        let labels = json!({
-            "app.kubernetes.io/name": "shared-volume-controller",
-            "app.kubernetes.io/instance": release,
-            "app.kubernetes.io/component": "agent",
-        });
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-            "metadata": {"name": format!("agent-{}", node.name), "labels": labels},
-            "spec": {"nodeName": node.name, "containers": [{"name": "agent", "image": "agent",
-                "ports": [{"name": "admin", "containerPort": agent.admin.port()}]}]},
-        }))
-        .unwrap();
-        let pods = env.api::<k8s_openapi::api::core::v1::Pod>();
-        pods.create(&Default::default(), &pod).await.unwrap();
-        let status = json!({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}});
-        pods.patch_status(
-            &pod.metadata.name.clone().unwrap(),
-            &Default::default(),
-            &kube::api::Patch::Merge(status),
-        )
-        .await
-        .unwrap();
+        env.agent_pod(&node.name, &agent, Some(&release)).await;
         agents.push(agent);
     }
     // The leader Lease may take a renewal to appear.

@@ -31,34 +31,11 @@ fn status(namespace: &str, args: &[&str]) -> Result<String, String> {
 async fn status_shows_the_leader_the_agents_and_each_served_claim() {
     let (env, nodes, pv) = three_nodes("status").await;
     healthy(&nodes, &[&pv], 0);
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--lease-namespace", &env.ns],
-        &[],
-    );
-    controller.wait_ready().await;
-    let mut processes = vec![controller];
+    let mut processes = vec![env.start_leading_controller().await];
     for node in &nodes {
-        processes.push(env.start_agent(node, &[]).await);
-        // The agent's pod as the DaemonSet's would be seen: the chart's labels, on its node, ready.
-        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
-            "metadata": {"name": format!("agent-{}", node.name), "labels": {
-                "app.kubernetes.io/name": "shared-volume-controller",
-                "app.kubernetes.io/component": "agent"}},
-            "spec": {"nodeName": node.name, "containers": [{"name": "agent", "image": "agent"}]},
-        }))
-        .unwrap();
-        let pods = env.api::<k8s_openapi::api::core::v1::Pod>();
-        pods.create(&Default::default(), &pod).await.unwrap();
-        let ready = json!({"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}});
-        pods.patch_status(
-            &format!("agent-{}", node.name),
-            &Default::default(),
-            &kube::api::Patch::Merge(ready),
-        )
-        .await
-        .unwrap();
+        let agent = env.start_agent(node, &[]).await;
+        env.agent_pod(&node.name, &agent, None).await;
+        processes.push(agent);
     }
 
     let view: Value = eventually(

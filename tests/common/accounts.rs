@@ -66,6 +66,53 @@ impl TestEnv {
         path.display().to_string()
     }
 
+    /// The controller for this test's namespace alone, leader-elected through its Lease in this
+    /// namespace (as the chart runs it), as the chart's account; once it is ready.
+    pub async fn start_leading_controller(&self) -> Process {
+        let controller = self.start_as(
+            "controller",
+            &format!("{}-controller", self.ns),
+            &[
+                "controller",
+                "--watch-namespace",
+                &self.ns,
+                "--lease-namespace",
+                &self.ns,
+            ],
+            &[],
+        );
+        controller.wait_ready().await;
+        controller
+    }
+
+    /// The agent running as `agent` seen as the chart's DaemonSet pod on `node`: the chart's
+    /// selector labels (`instance` when given), Running and Ready at loopback (where the test's
+    /// processes listen), its `admin` port.
+    pub async fn agent_pod(&self, node: &str, agent: &Process, instance: Option<&str>) {
+        use k8s_openapi::api::core::v1::Pod;
+        let mut labels = json!({
+            "app.kubernetes.io/name": "shared-volume-controller",
+            "app.kubernetes.io/component": "agent",
+        });
+        if let Some(instance) = instance {
+            labels["app.kubernetes.io/instance"] = json!(instance);
+        }
+        let name = format!("agent-{node}");
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "agent",
+                "ports": [{"name": "admin", "containerPort": agent.admin.port()}]}]},
+        }))
+        .unwrap();
+        let pods = self.api::<Pod>();
+        pods.create(&Default::default(), &pod).await.unwrap();
+        let status = json!({"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+            "conditions": [{"type": "Ready", "status": "True"}]}});
+        pods.patch_status(&name, &Default::default(), &kube::api::Patch::Merge(status))
+            .await
+            .unwrap();
+    }
+
     /// The controller for this test's namespace alone, leader election off, as the chart's
     /// account; once it is ready.
     pub async fn start_namespace_controller(&self) -> Process {
