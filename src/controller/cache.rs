@@ -70,20 +70,18 @@ impl Caches {
     /// Resolves once every store has listed its objects. Until then a reconcile reads the API:
     /// a store still listing would take what exists for missing.
     pub async fn synced(&self) {
-        // A store's readiness signal wakes only its most recent waiter, and the controller may
-        // wait on it too: ask again now and then instead of waiting once.
-        loop {
+        let all_listed = until_ready(|| async {
             let all = futures::future::join4(
                 self.pvs.wait_until_ready(),
                 self.services.wait_until_ready(),
                 self.endpoints.wait_until_ready(),
                 self.slices.wait_until_ready(),
             );
-            match tokio::time::timeout(Duration::from_millis(250), all).await {
-                Ok((Ok(()), Ok(()), Ok(()), Ok(()))) => return,
-                Ok(_) => return std::future::pending().await,
-                Err(_) => continue,
-            }
+            matches!(all.await, (Ok(()), Ok(()), Ok(()), Ok(())))
+        })
+        .await;
+        if !all_listed {
+            std::future::pending().await
         }
     }
 
@@ -170,6 +168,21 @@ pub fn watch_backoff() -> ExponentialBackoff {
         .with_jitter()
         .without_max_times()
         .into()
+}
+
+/// Waits until `ready` (a store's readiness, made anew each time) says yes (`true`) or that it never
+/// will (`false`), asking again every 250 ms: a store's readiness signal wakes only its most recent
+/// waiter, and the kube-runtime Controller waits on it too.
+pub async fn until_ready<F, Fut>(mut ready: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    loop {
+        if let Ok(ready) = tokio::time::timeout(Duration::from_millis(250), ready()).await {
+            return ready;
+        }
+    }
 }
 
 const FIRST_RETRY: Duration = Duration::from_millis(500);

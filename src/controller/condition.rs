@@ -13,7 +13,7 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
-use super::reconcile::{Outcome, ReconcileError};
+use super::outcome::{Outcome, ReconcileError};
 use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::classify::Skip;
 use crate::sharedvolume::desired::service_name;

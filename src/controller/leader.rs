@@ -11,11 +11,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use kube_lease_manager::LeaseManagerBuilder;
 
-use super::Health;
 use super::cache::watch_backoff;
 use super::context::Context;
 use super::fence::{self, Fence};
-use super::run_controller;
+use super::run::{Health, run_controller};
 use crate::cli::ControllerArgs;
 use crate::metrics::ControllerMetrics;
 use crate::names::CONTROLLER_NAME;

@@ -10,8 +10,10 @@ mod fence;
 mod leader;
 #[cfg(test)]
 mod move_model;
+mod outcome;
 mod plan;
 pub mod reconcile;
+mod run;
 mod service;
 mod watchdog;
 
@@ -19,29 +21,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Client;
-use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use prometheus::Registry;
 
 use crate::admin::Probes;
 use crate::cli::{ControllerArgs, VolumeBackendKind};
 use crate::events::{EventSettings, EventSink};
-use crate::metrics::{ControllerMetrics, set_to_now};
-use crate::names::{CONTROLLER_NAME, managed_selector};
-use crate::sharedvolume::{claim::bound_claim, classify};
+use crate::metrics::ControllerMetrics;
+use crate::names::CONTROLLER_NAME;
+use crate::sharedvolume::classify;
 use crate::shutdown::Shutdown;
 use crate::volume::storageos::api::HttpSettings;
-use crate::volume::{self, BackendSettings, ClaimKey};
-use cache::{Caches, watch_backoff};
+use crate::volume::{self, BackendSettings};
 use context::{Context, ReconcileSettings};
 use fence::{Fence, FenceLayer};
 use hyper::header::HeaderValue;
-use reconcile::ReconcileError;
-use watchdog::{PROBE_NAME, Watchdog};
+use run::{Health, run_controller};
+use watchdog::Watchdog;
 
 pub async fn run(
     args: ControllerArgs,
@@ -135,127 +131,4 @@ fn fenced_client(config: kube::Config, fence: Option<Fence>, identity: &str) -> 
     let user_agent = HeaderValue::from_str(&agent).unwrap_or_else(|_| HeaderValue::from_static(CONTROLLER_NAME));
     let builder = crate::kube_client::client_builder(&config)?;
     Ok(builder.with_layer(&FenceLayer { fence, user_agent }).build())
-}
-
-/// Runs the kube-runtime Controller; marks the replica ready once claims are cached. `stop` lets
-/// reconciles in flight finish (shutting down while leading); `abandon` drops them at once
-/// (leadership lost: whatever they would still write is no longer ours to write).
-pub(crate) async fn run_controller(
-    ctx: Arc<Context>,
-    namespace: Option<String>,
-    concurrency: u16,
-    health: Health,
-    stop: Shutdown,
-    abandon: Shutdown,
-) {
-    let Health { probes, watchdog } = health;
-    let client = ctx.client.clone();
-    let managed = watcher::Config::default().labels(&managed_selector());
-    let (caches, triggers) = Caches::new(&client, namespace.as_deref(), &managed);
-    let use_caches = {
-        let ctx = ctx.clone();
-        tokio::spawn(async move {
-            caches.synced().await;
-            tracing::info!("volume, Service, Endpoints and EndpointSlice caches synced; reconciles read them");
-            ctx.use_caches(Some(caches));
-        })
-    };
-    let mut controller = Controller::for_stream(triggers.claims, triggers.claim_store)
-        .owns_stream(triggers.services)
-        .owns_stream(triggers.endpoints)
-        .owns_stream(triggers.slices)
-        .watches_stream(triggers.pvs, claim_of_volume)
-        .with_config(controller::Config::default().concurrency(concurrency))
-        // Errors of every watch also pass through the controller's own back-off: keep it as
-        // short as the watches' own, or a restarted API server is waited out for half a minute.
-        .trigger_backoff(watch_backoff())
-        .graceful_shutdown_on({
-            let stop = stop.clone();
-            async move { stop.cancelled().await }
-        });
-    if let Some(changes) = ctx.backend.changes() {
-        controller = controller.reconcile_on(changes.map(|claim| ObjectRef::new(&claim.name).within(&claim.namespace)));
-    }
-    controller = controller.reconcile_on(liveness_probes(watchdog.clone()));
-    let readiness = tokio::spawn(ready_once_claims_are_cached(controller.store(), probes.clone()));
-    let running = controller
-        .run(reconcile::reconcile, reconcile::error_policy, ctx.clone())
-        .for_each(|result| {
-            let (ctx, watchdog) = (ctx.clone(), watchdog.clone());
-            async move { after_reconcile(result, &ctx, &watchdog) }
-        });
-    tokio::select! {
-        () = running => {}
-        () = abandon.cancelled() => tracing::warn!("reconciles in flight dropped: no longer leading"),
-    }
-    watchdog.stand_down();
-    readiness.abort();
-    use_caches.abort();
-    ctx.use_caches(None);
-    // Stopped (lost leadership, or shutting down): this replica no longer speaks for any claim,
-    // so its gauges must not add to the new leader's.
-    ctx.book(|book| book.clear());
-}
-
-/// Marks the replica ready once the claim store has listed.
-async fn ready_once_claims_are_cached(store: Store<PersistentVolumeClaim>, probes: Probes) {
-    // The store's readiness signal wakes only its most recent waiter, and the controller itself
-    // waits on it too: poll again now and then instead of waiting once.
-    loop {
-        match tokio::time::timeout(Duration::from_millis(250), store.wait_until_ready()).await {
-            Ok(Ok(())) => break,
-            Ok(Err(_)) => return,
-            Err(_) => continue,
-        }
-    }
-    tracing::info!("claim cache synced; reconciling");
-    probes.set_ready(true);
-}
-
-type ReconcileResult = Result<
-    (ObjectRef<PersistentVolumeClaim>, kube::runtime::controller::Action),
-    controller::Error<ReconcileError, watcher::Error>,
->;
-
-/// What the loop does with each finished reconcile besides requeueing it: a liveness probe that
-/// came through is answered, a claim deleted without a finalizer is forgotten.
-fn after_reconcile(result: ReconcileResult, ctx: &Context, watchdog: &Watchdog) {
-    match result {
-        Err(controller::Error::ObjectNotFound(probe)) if probe.name == PROBE_NAME => {
-            watchdog.answered();
-            set_to_now(&ctx.metrics.loop_turned);
-        }
-        // A claim deleted without a finalizer is never reconciled as deleting.
-        Err(controller::Error::ObjectNotFound(claim)) => {
-            let key = ClaimKey {
-                namespace: claim.namespace.unwrap_or_default(),
-                name: claim.name,
-            };
-            ctx.book(|book| book.forget(&key));
-        }
-        Err(err) => tracing::debug!(error = %err, "controller event"),
-        Ok(_) => {}
-    }
-}
-
-/// What a replica tells about itself: whether it is ready, and whether its loop turns.
-#[derive(Clone)]
-pub(crate) struct Health {
-    pub probes: Probes,
-    pub watchdog: Watchdog,
-}
-
-/// A probe every [`watchdog::PROBE_EVERY`] through the controller's own queue (see [`Watchdog`]).
-fn liveness_probes(watchdog: Watchdog) -> impl futures::Stream<Item = ObjectRef<PersistentVolumeClaim>> + Send {
-    futures::stream::unfold(watchdog, |watchdog| async move {
-        tokio::time::sleep(watchdog::PROBE_EVERY).await;
-        watchdog.sent(std::time::Instant::now());
-        Some((ObjectRef::new(PROBE_NAME), watchdog))
-    })
-}
-
-/// A PV change is a change of the claim it is bound to.
-fn claim_of_volume(pv: PersistentVolume) -> Option<ObjectRef<PersistentVolumeClaim>> {
-    let claim = bound_claim(&pv)?;
-    Some(ObjectRef::new(&claim.name).within(&claim.namespace))
 }

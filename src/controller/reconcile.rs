@@ -12,69 +12,16 @@ use kube::{Api, Resource};
 use super::book::Standing;
 use super::condition;
 use super::context::Context;
+use super::outcome::{Outcome, ReconcileError};
 use super::plan::{Current, Drift, Held, MoveStep, Plan, PvSight, move_step};
 use super::service::{EnsuredService, ensure_service};
-use crate::deadline::{TimedOut, within};
-use crate::kube_client::Refusal;
+use crate::deadline::within;
 use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER};
 use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
 use crate::sharedvolume::endpoints::write_endpoints_over;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, VolumeError, VolumeInfo};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("volume backend: {0}")]
-    Volume(#[from] VolumeError),
-    #[error("Service {0} has no ClusterIP after {1:?}")]
-    NoClusterIp(String, Duration),
-    #[error("Service {0} was there when created and gone when read; retrying")]
-    Gone(String),
-    #[error("the reconcile was dropped: {0}")]
-    Timeout(#[from] TimedOut),
-}
-
-impl ReconcileError {
-    pub fn reason(&self) -> &'static str {
-        match self {
-            Self::Kube(_) => "KubernetesApi",
-            Self::Volume(_) => "VolumeBackend",
-            Self::NoClusterIp(..) => "NoClusterIP",
-            Self::Gone(..) => "ServiceGone",
-            Self::Timeout(..) => "Timeout",
-        }
-    }
-
-    /// The API server's answer, when it is one that no retry of the same write can change.
-    pub fn refusal(&self) -> Option<Refusal> {
-        match self {
-            Self::Kube(err) => Refusal::of(err),
-            _ => None,
-        }
-    }
-}
-
-/// What one reconcile ended with (for metrics and tests).
-#[derive(Debug, PartialEq)]
-pub enum Outcome {
-    Skipped(Skip),
-    Invalid(Invalid),
-    Shared {
-        mount_endpoint: String,
-        published: bool,
-        /// The NFS server behind it, `IP:port`.
-        server: String,
-        /// The last agent's move of it, as stamped on the PV.
-        moved: Option<MoveStamp>,
-    },
-    /// Served, but something keeps changing its objects: the repair waits this long.
-    RepairDeferred(Duration),
-    /// Served, and an agent's move of its endpoints is in flight: looked at again after this.
-    MoveHeld(Duration),
-}
 
 pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();

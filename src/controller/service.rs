@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Service;
 use kube::{Api, ResourceExt};
 
 use super::context::Context;
-use super::reconcile::ReconcileError;
+use super::outcome::ReconcileError;
 use crate::apply::{apply_if_changed, create};
 use crate::names::CONTROLLER_FIELD_MANAGER;
 use crate::sharedvolume::desired::{self, SharedVolume};

@@ -1,0 +1,64 @@
+//! What one reconcile of a claim ends with: an [`Outcome`], or a [`ReconcileError`]. Below both the
+//! reconcile and the pieces it calls (the condition, the Service), so that they share these types
+//! without importing the shell that runs them.
+
+use std::time::Duration;
+
+use crate::deadline::TimedOut;
+use crate::kube_client::Refusal;
+use crate::sharedvolume::classify::{Invalid, Skip};
+use crate::sharedvolume::stamp::MoveStamp;
+use crate::volume::VolumeError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("volume backend: {0}")]
+    Volume(#[from] VolumeError),
+    #[error("Service {0} has no ClusterIP after {1:?}")]
+    NoClusterIp(String, Duration),
+    #[error("Service {0} was there when created and gone when read; retrying")]
+    Gone(String),
+    #[error("the reconcile was dropped: {0}")]
+    Timeout(#[from] TimedOut),
+}
+
+impl ReconcileError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::Kube(_) => "KubernetesApi",
+            Self::Volume(_) => "VolumeBackend",
+            Self::NoClusterIp(..) => "NoClusterIP",
+            Self::Gone(..) => "ServiceGone",
+            Self::Timeout(..) => "Timeout",
+        }
+    }
+
+    /// The API server's answer, when it is one that no retry of the same write can change.
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Self::Kube(err) => Refusal::of(err),
+            _ => None,
+        }
+    }
+}
+
+/// What one reconcile ended with (for metrics and tests).
+#[derive(Debug, PartialEq)]
+pub enum Outcome {
+    Skipped(Skip),
+    Invalid(Invalid),
+    Shared {
+        mount_endpoint: String,
+        published: bool,
+        /// The NFS server behind it, `IP:port`.
+        server: String,
+        /// The last agent's move of it, as stamped on the PV.
+        moved: Option<MoveStamp>,
+    },
+    /// Served, but something keeps changing its objects: the repair waits this long.
+    RepairDeferred(Duration),
+    /// Served, and an agent's move of its endpoints is in flight: looked at again after this.
+    MoveHeld(Duration),
+}
