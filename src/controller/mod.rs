@@ -6,6 +6,7 @@ mod book;
 pub mod cache;
 mod condition;
 mod context;
+mod endpoints;
 mod fence;
 mod leader;
 #[cfg(test)]

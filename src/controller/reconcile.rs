@@ -11,6 +11,7 @@ use kube::{Api, Resource};
 
 use super::book::Standing;
 use super::condition;
+use super::endpoints::write_endpoints_over;
 use super::context::Context;
 use super::outcome::{Outcome, ReconcileError};
 use super::plan::{Current, Drift, Held, MoveStep, Plan, PvSight, move_step};
@@ -19,7 +20,6 @@ use crate::deadline::within;
 use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER};
 use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
-use crate::sharedvolume::endpoints::write_endpoints_over;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, VolumeError, VolumeInfo};
 

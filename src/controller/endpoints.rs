@@ -1,13 +1,13 @@
 //! The controller's writes of a shared volume's Endpoints and EndpointSlice, over what it read,
 //! where they differ. The agent's move patches the same fields (`agent::follow`); both build them
-//! with [`super::desired`], so their writes always agree.
+//! with [`crate::sharedvolume::desired`], so their writes always agree.
 
 use k8s_openapi::api::core::v1::Endpoints;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
-use super::desired::EndpointObjects;
+use crate::sharedvolume::desired::EndpointObjects;
 use crate::apply::create_or_apply;
 use crate::kube_client::api_status;
 
