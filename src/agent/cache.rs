@@ -15,12 +15,12 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::observe::{Snapshot, trim_attachment, trim_node, trim_pod};
+use super::observe::{PIRAEUS_HA_CONTROLLER_LABELS, Snapshot};
 use crate::kube_client::drop_managed_fields;
-use crate::names::AGENT_REPORT_LABEL;
+use crate::names::{AGENT_REPORT_LABEL, IGNORE_FAIL_OVER_ANNOTATION};
 use crate::producer;
 use crate::sharedvolume::claim::trim_pv;
 use prometheus::{IntCounter, IntCounterVec};
@@ -161,4 +161,58 @@ where
         })
         .boxed();
     (store, changes)
+}
+
+/// Drops what the decisions never read from a cached Node (its status lists images and
+/// volumes, often the larger part of it): readiness, addresses, taints and cordon remain.
+pub fn trim_node(node: &mut Node) {
+    node.managed_fields_mut().clear();
+    node.labels_mut().clear();
+    node.annotations_mut().clear();
+    if let Some(spec) = node.spec.take() {
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            taints: spec.taints,
+            unschedulable: spec.unschedulable,
+            ..Default::default()
+        });
+    }
+    if let Some(status) = node.status.take() {
+        let ready = status
+            .conditions
+            .map(|c| c.into_iter().filter(|c| c.type_ == "Ready").collect());
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            conditions: ready,
+            addresses: status.addresses,
+            ..Default::default()
+        });
+    }
+}
+
+/// Drops what the decisions never read from a cached VolumeAttachment.
+pub fn trim_attachment(attachment: &mut VolumeAttachment) {
+    attachment.managed_fields_mut().clear();
+    attachment.labels_mut().clear();
+    attachment.annotations_mut().clear();
+    attachment.status = None;
+}
+
+/// Drops what the decisions never read from a cached Pod, to keep the cache small.
+pub fn trim_pod(pod: &mut Pod) {
+    pod.managed_fields_mut().clear();
+    pod.labels_mut()
+        .retain(|k, _| PIRAEUS_HA_CONTROLLER_LABELS.iter().any(|(key, _)| key == k));
+    pod.annotations_mut().retain(|k, _| k == IGNORE_FAIL_OVER_ANNOTATION);
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.containers.clear();
+        spec.init_containers = None;
+        spec.ephemeral_containers = None;
+        spec.affinity = None;
+        spec.tolerations = None;
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase.take(),
+            ..Default::default()
+        };
+    }
 }

@@ -121,8 +121,8 @@ pub fn observe(
 }
 
 /// The labels that tell a pod of Piraeus's HA Controller: piraeus-operator v2's DaemonSet, and
-/// the chart of the standalone piraeus-ha-controller. [`trim_pod`] keeps these keys.
-const PIRAEUS_HA_CONTROLLER_LABELS: [(&str, &str); 2] = [
+/// the chart of the standalone piraeus-ha-controller. `agent::cache`'s trimmer keeps these keys.
+pub const PIRAEUS_HA_CONTROLLER_LABELS: [(&str, &str); 2] = [
     ("app.kubernetes.io/component", "ha-controller"),
     ("app.kubernetes.io/name", "piraeus-ha-controller"),
 ];
@@ -293,63 +293,10 @@ fn is_safe_to_fail_over(volume: &Volume) -> bool {
         || volume.projected.is_some()
 }
 
-/// Drops what the decisions never read from a cached Node (its status lists images and
-/// volumes, often the larger part of it): readiness, addresses, taints and cordon remain.
-pub fn trim_node(node: &mut Node) {
-    node.managed_fields_mut().clear();
-    node.labels_mut().clear();
-    node.annotations_mut().clear();
-    if let Some(spec) = node.spec.take() {
-        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
-            taints: spec.taints,
-            unschedulable: spec.unschedulable,
-            ..Default::default()
-        });
-    }
-    if let Some(status) = node.status.take() {
-        let ready = status
-            .conditions
-            .map(|c| c.into_iter().filter(|c| c.type_ == "Ready").collect());
-        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
-            conditions: ready,
-            addresses: status.addresses,
-            ..Default::default()
-        });
-    }
-}
-
-/// Drops what the decisions never read from a cached VolumeAttachment.
-pub fn trim_attachment(attachment: &mut VolumeAttachment) {
-    attachment.managed_fields_mut().clear();
-    attachment.labels_mut().clear();
-    attachment.annotations_mut().clear();
-    attachment.status = None;
-}
-
-/// Drops what the decisions never read from a cached Pod, to keep the cache small.
-pub fn trim_pod(pod: &mut Pod) {
-    pod.managed_fields_mut().clear();
-    pod.labels_mut()
-        .retain(|k, _| PIRAEUS_HA_CONTROLLER_LABELS.iter().any(|(key, _)| key == k));
-    pod.annotations_mut().retain(|k, _| k == IGNORE_FAIL_OVER_ANNOTATION);
-    if let Some(spec) = pod.spec.as_mut() {
-        spec.containers.clear();
-        spec.init_containers = None;
-        spec.ephemeral_containers = None;
-        spec.affinity = None;
-        spec.tolerations = None;
-    }
-    if let Some(status) = pod.status.as_mut() {
-        *status = k8s_openapi::api::core::v1::PodStatus {
-            phase: status.phase.take(),
-            ..Default::default()
-        };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::cache::{trim_attachment, trim_node, trim_pod};
     use crate::agent::drbd::Resource;
     use serde_json::json;
 

@@ -15,9 +15,10 @@ use kube::api::ListParams;
 use kube::{Api, Client};
 
 use super::api_health::ApiHealth;
+use super::cache::trim_pod;
 use super::drbd::DrbdState;
 use super::heartbeat::peer_now;
-use super::observe::{Snapshot, node_view, observe, suspected_peers, trim_pod};
+use super::observe::{Snapshot, node_view, observe, suspected_peers};
 use super::view::Observed;
 use crate::deadline::within;
 

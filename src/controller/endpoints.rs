@@ -7,9 +7,9 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
-use crate::sharedvolume::desired::EndpointObjects;
 use crate::apply::create_or_apply;
 use crate::kube_client::api_status;
+use crate::sharedvolume::desired::EndpointObjects;
 
 /// Writes the `desired` Endpoints and EndpointSlice where they differ from `endpoints` and
 /// `slice` (as read or cached; missing ones are created); true when something was written.

@@ -11,8 +11,8 @@ use kube::{Api, Resource};
 
 use super::book::Standing;
 use super::condition;
-use super::endpoints::write_endpoints_over;
 use super::context::Context;
+use super::endpoints::write_endpoints_over;
 use super::outcome::{Outcome, ReconcileError};
 use super::plan::{Current, Drift, Held, MoveStep, Plan, PvSight, move_step};
 use super::service::{EnsuredService, ensure_service};
