@@ -23,10 +23,7 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     let (env, nodes, pv) = app_on_node_a("agent-failover").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     let controller = env.start_namespace_controller().await;
-    let mount = eventually("a published mount endpoint", WAIT, || {
-        env.pv_annotation(&pv, MOUNT_ENDPOINT)
-    })
-    .await;
+    let mount = env.published_mount_endpoint(&pv).await;
     let cluster_ip = env.cluster_ip(&pv).await.unwrap();
     let told = env.claim_condition_becomes("data", "True", "Served").await;
     assert!(told.contains(&mount) && told.contains(&nodes[0].endpoint()), "{told}");
@@ -276,23 +273,13 @@ async fn volumes_that_are_not_ours_to_share_get_nothing() {
     let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
     healthy(&nodes, &resources, 0);
     let agent = env.start_agent(&nodes[0], &["--storage-class", "replicated"]).await;
-    let controller = env.start_as(
-        "controller",
-        &format!("{}-controller", env.ns),
-        &[
-            "controller",
-            "--watch-namespace",
-            &env.ns,
-            "--leader-elect",
-            "false",
-            "--csi-driver",
-            "linstor.csi.linbit.com",
-            "--storage-class",
-            "replicated",
-        ],
-        &[],
-    );
-    controller.wait_ready().await;
+    let filters = [
+        "--csi-driver",
+        "linstor.csi.linbit.com",
+        "--storage-class",
+        "replicated",
+    ];
+    let controller = env.start_controller(&filters).await;
     let ours = &pvs[4];
     eventually("the ordinary volume published", WAIT, || {
         env.pv_annotation(ours, SERVICE_ENDPOINT)

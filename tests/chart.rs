@@ -7,7 +7,7 @@ mod common;
 use common::drbd::{NODE_LABEL, resource, slice_addresses};
 use common::helm::{CHART, alerts, find, objects, run, template};
 use common::process::Process;
-use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
+use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use serde_json::{Value, json};
 
 const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -520,10 +520,7 @@ async fn run_as_the_charts_service_accounts(env: &TestEnv, controller_sa: &str, 
     let node = env.sim_nodes(&["node"]).await.remove(0);
     let (_, pv) = env.bound_rwx_claim("data", serving("10.77.9.9:2049")).await;
     let pv = pv.metadata.name.unwrap();
-    eventually("the mount endpoint published as the controller", WAIT, || {
-        env.pv_annotation(&pv, MOUNT_ENDPOINT)
-    })
-    .await;
+    env.published_mount_endpoint(&pv).await;
     env.wait_for_events("data", "MountEndpointPublished").await;
 
     let as_agent = kubeconfig_as(env, agent_sa, "agent");

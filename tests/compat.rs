@@ -5,8 +5,8 @@
 mod common;
 
 use common::drbd::{healthy, three_nodes};
+use common::eventually;
 use common::process::{Process, free_addr};
-use common::{MOUNT_ENDPOINT, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 
@@ -151,10 +151,7 @@ async fn the_storageos_controller_flags_work_unchanged() {
     .await;
     let (_, pv) = env.bound_rwx_claim("data", common::serving("10.0.0.9:2049")).await;
     let pv = pv.metadata.name.unwrap();
-    eventually("a published mount endpoint", common::drbd::WAIT, || {
-        env.pv_annotation(&pv, MOUNT_ENDPOINT)
-    })
-    .await;
+    env.published_mount_endpoint(&pv).await;
     controller.stop().await;
     env.cleanup().await;
 }

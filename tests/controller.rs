@@ -17,15 +17,6 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Starts a controller that manages only the test's namespace, without leader election.
-async fn start_controller(env: &TestEnv, extra: &[&str]) -> Process {
-    let mut args = vec!["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    args.extend_from_slice(extra);
-    let process = env.start_as("controller", &env.ns, &args, &[]);
-    process.wait_ready().await;
-    process
-}
-
 /// Like [`start_controller`], on a control plane of the test's own, as the chart's account there.
 async fn start_controller_on(cluster: &PrivateCluster, env: &TestEnv, extra: &[&str]) -> Process {
     let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
@@ -82,7 +73,7 @@ async fn endpoints_at(env: &TestEnv, name: &str, ip: &str, port: i32) -> (Endpoi
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn publishes_a_stable_address_and_follows_failover() {
     let env = common::setup("ctl-publish").await;
-    let controller = start_controller(&env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     let (claim, pv) = env.bound_rwx_claim("data", serving("192.0.2.10:2050")).await;
     let name = pv.metadata.name.clone().unwrap();
     let claim_uid = claim.metadata.uid.clone().unwrap();
@@ -166,7 +157,7 @@ async fn publishes_a_stable_address_and_follows_failover() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn keeps_everything_when_the_service_endpoint_goes_away() {
     let env = common::setup("ctl-gone").await;
-    let controller = start_controller(&env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     let (name, mount) = shared_claim(&env, "data", "192.0.2.20:2049").await;
     let ip = cluster_ip(&env.api::<Service>().get(&name).await.unwrap());
     let skipped_before = controller
@@ -193,7 +184,7 @@ async fn keeps_everything_when_the_service_endpoint_goes_away() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn a_deleted_service_comes_back_at_the_address_clients_mount() {
     let env = common::setup("ctl-recreate").await;
-    let controller = start_controller(&env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     let (name, first) = shared_claim(&env, "data", "192.0.2.30:2049").await;
     let services = env.api::<Service>();
     let old = services.get(&name).await.unwrap();
@@ -225,7 +216,7 @@ async fn a_deleted_service_comes_back_at_the_address_clients_mount() {
 async fn a_deleted_service_whose_address_was_taken_gets_a_new_one_and_a_warning() {
     let env = common::setup("ctl-taken").await;
     let (name, first, old) = address_taken_while_away(&env, "192.0.2.31:2049", "squatter").await;
-    let controller = start_controller(&env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     let service = recreated(&env, &name, &old).await;
     let expected = format!("{}:2049", cluster_ip(&service));
     assert_ne!(expected, first);
@@ -250,7 +241,7 @@ async fn a_deleted_services_address_still_held_for_a_moment_is_taken_back() {
     let (name, first, old) = address_taken_while_away(&env, "192.0.2.32:2049", "holder").await;
     let services = env.api::<Service>();
     let since = std::time::SystemTime::now();
-    let controller = start_controller(&env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     eventually("the controller to be refused the held address", WAIT, || async {
         common::audit::writes(&env.ns, since)
             .iter()
@@ -279,7 +270,7 @@ async fn a_deleted_services_address_still_held_for_a_moment_is_taken_back() {
 /// address the Service `taker` then took: (PV name, the mount endpoint published before, the
 /// deleted Service).
 async fn address_taken_while_away(env: &TestEnv, endpoint: &str, taker: &str) -> (String, String, Service) {
-    let controller = start_controller(env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     let (name, first) = shared_claim(env, "data", endpoint).await;
     let services = env.api::<Service>();
     let old = services.get(&name).await.unwrap();
@@ -313,7 +304,7 @@ async fn recreated(env: &TestEnv, name: &str, old: &Service) -> Service {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn repairs_hand_edited_objects() {
     let env = common::setup("ctl-drift").await;
-    let controller = start_controller(&env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     let (name, _) = shared_claim(&env, "data", "192.0.2.40:2050").await;
     endpoints_at(&env, &name, "192.0.2.40", 2050).await;
 
@@ -380,7 +371,7 @@ async fn repairs_hand_edited_objects() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn deleting_the_claim_collects_everything() {
     let env = common::setup("ctl-gc").await;
-    let controller = start_controller(&env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     let (name, _) = shared_claim(&env, "data", "192.0.2.50:2049").await;
     endpoints_at(&env, &name, "192.0.2.50", 2049).await;
 
@@ -403,7 +394,7 @@ async fn deleting_the_claim_collects_everything() {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn ignores_single_writer_claims_and_filtered_classes() {
     let env = common::setup("ctl-ignore").await;
-    let controller = start_controller(&env, &["--storage-class", "replicated"]).await;
+    let controller = env.start_controller(&["--storage-class", "replicated"]).await;
     let (_, rwo) = env
         .bound_claim("rwo", "ReadWriteOnce", "replicated", serving("192.0.2.60:2049"))
         .await;
@@ -446,7 +437,7 @@ async fn ignores_single_writer_claims_and_filtered_classes() {
 async fn skipped_claims_leave_the_reconcile_histogram_alone() {
     const SINGLE_WRITER_CLAIMS: usize = 30;
     let env = common::setup("ctl-histogram").await;
-    let controller = start_controller(&env, &[]).await;
+    let controller = env.start_controller(&[]).await;
     let skipped = "storageos_shared_volume_reconciles_total{result=\"skipped\"}";
     for i in 0..SINGLE_WRITER_CLAIMS {
         let endpoint = format!("192.0.2.{}:2049", 100 + i);
@@ -486,7 +477,7 @@ async fn skipped_claims_leave_the_reconcile_histogram_alone() {
 async fn reports_bad_input_and_writes_nothing() {
     let env = common::setup("ctl-bad").await;
     // No retry within the test: what is told, is told by the first reconciles.
-    let controller = start_controller(&env, &["--api-retry-interval", "1h"]).await;
+    let controller = env.start_controller(&["--api-retry-interval", "1h"]).await;
     let bad_endpoints = [
         ("hostname", "nfs.example.com:2049"),
         ("noport", "192.0.2.70"),
@@ -655,7 +646,7 @@ async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_
 async fn the_claim_states_its_shared_endpoint_through_each_state() {
     let env = common::setup("ctl-condition").await;
     // Limited to the CSI driver the test's volumes use: a claim still waiting is known to be ours.
-    let controller = start_controller(&env, &["--csi-driver", "linstor.csi.linbit.com"]).await;
+    let controller = env.start_controller(&["--csi-driver", "linstor.csi.linbit.com"]).await;
     let (_, pv) = env.bound_rwx_claim("data", BTreeMap::new()).await;
     let pv = pv.metadata.name.unwrap();
     // Someone else's condition on the claim (the resizer's) is theirs to keep.

@@ -107,10 +107,7 @@ async fn demo() {
     ));
     let mut before = Vec::new();
     for (claim, pv) in CLAIMS.iter().zip(&pvs) {
-        let mount = eventually("a published mount endpoint", wait(), || {
-            env.pv_annotation(pv, MOUNT_ENDPOINT)
-        })
-        .await;
+        let mount = env.published_mount_endpoint(pv).await;
         let slice = eventually("the EndpointSlice", wait(), || async {
             let addresses = slice_addresses(&env, pv).await;
             (addresses == [nodes[0].ip.clone()]).then_some(addresses)

@@ -105,20 +105,14 @@ fn only_the_new_leader_wrote(env: &TestEnv, old: &str, new: &str, since: SystemT
 
 /// One controller without leader election, watching the test's namespace, ready.
 async fn single_controller(env: &TestEnv) -> Process {
-    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let controller = env.start_as("controller", &format!("{}-controller", env.ns), &args, &[]);
-    controller.wait_ready().await;
-    controller
+    env.start_namespace_controller().await
 }
 
 /// Creates an RWX claim served at `endpoint` and waits for its mount endpoint: the PV name.
 async fn published_claim(env: &TestEnv, claim: &str, endpoint: &str) -> String {
     let (_, pv) = env.bound_rwx_claim(claim, serving(endpoint)).await;
     let name = pv.metadata.name.unwrap();
-    eventually("a published mount endpoint", WAIT, || async {
-        env.pv_annotation(&name, MOUNT_ENDPOINT).await
-    })
-    .await;
+    env.published_mount_endpoint(&name).await;
     name
 }
 

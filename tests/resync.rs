@@ -6,38 +6,21 @@ mod common;
 
 use std::time::Duration;
 
-use common::{MOUNT_ENDPOINT, eventually, grown, serving, writes};
+use common::{eventually, grown, serving, writes};
 
 const VOLUMES: usize = 5;
 #[tokio::test]
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn resyncing_converged_volumes_writes_nothing() {
     let env = common::setup("resync").await;
-    let controller = env.start_as(
-        "controller",
-        &env.ns,
-        &[
-            "controller",
-            "--watch-namespace",
-            &env.ns,
-            "--leader-elect",
-            "false",
-            "--resync-interval",
-            "1s",
-        ],
-        &[],
-    );
-    controller.wait_ready().await;
+    let controller = env.start_controller(&["--resync-interval", "1s"]).await;
     for i in 0..VOLUMES {
         env.bound_rwx_claim(&format!("data-{i}"), serving(&format!("192.0.2.{}:2049", 100 + i)))
             .await;
     }
     for i in 0..VOLUMES {
         let pv = env.pv_name(&format!("data-{i}"));
-        eventually("every volume published", Duration::from_secs(30), || async {
-            env.pv_annotation(&pv, MOUNT_ENDPOINT).await
-        })
-        .await;
+        env.published_mount_endpoint(&pv).await;
     }
     // Let the publishing settle (events, the PV watch echo), then count.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -24,11 +24,6 @@ async fn start_controller_with_password(env: &TestEnv, api: &FakeStorageOs, pass
     let endpoint = api.endpoint();
     let secret_path = secret.path.to_str().unwrap().to_owned();
     let args = [
-        "controller",
-        "--watch-namespace",
-        &env.ns,
-        "--leader-elect",
-        "false",
         "--volume-backend",
         "storageos",
         "--api-endpoint",
@@ -46,9 +41,7 @@ async fn start_controller_with_password(env: &TestEnv, api: &FakeStorageOs, pass
         "--max-retry-interval",
         "4s",
     ];
-    let process = env.start_as("controller", &env.ns, &args, &[]);
-    process.wait_ready().await;
-    (process, secret)
+    (env.start_controller(&args).await, secret)
 }
 
 #[tokio::test]

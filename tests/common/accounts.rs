@@ -116,12 +116,14 @@ impl TestEnv {
     /// The controller for this test's namespace alone, leader election off, as the chart's
     /// account; once it is ready.
     pub async fn start_namespace_controller(&self) -> Process {
-        let controller = self.start_as(
-            "controller",
-            &format!("{}-controller", self.ns),
-            &["controller", "--watch-namespace", &self.ns, "--leader-elect", "false"],
-            &[],
-        );
+        self.start_controller(&[]).await
+    }
+
+    /// [`TestEnv::start_namespace_controller`] with `extra` flags.
+    pub async fn start_controller(&self, extra: &[&str]) -> Process {
+        let mut args = vec!["controller", "--watch-namespace", &self.ns, "--leader-elect", "false"];
+        args.extend_from_slice(extra);
+        let controller = self.start_as("controller", &format!("{}-controller", self.ns), &args, &[]);
         controller.wait_ready().await;
         controller
     }

@@ -393,6 +393,15 @@ impl TestEnv {
         service.spec?.cluster_ip.filter(|ip| !ip.is_empty())
     }
 
+    /// Waits until the controller has published `pv_name`'s mount endpoint, and returns it.
+    pub async fn published_mount_endpoint(&self, pv_name: &str) -> String {
+        let what = format!("PV {pv_name}'s mount endpoint published");
+        eventually(&what, Duration::from_secs(30), || {
+            self.pv_annotation(pv_name, MOUNT_ENDPOINT)
+        })
+        .await
+    }
+
     /// An annotation of a PV as stored now.
     pub async fn pv_annotation(&self, pv_name: &str, key: &str) -> Option<String> {
         let pv = self.pvs().get(pv_name).await.expect("get PV");

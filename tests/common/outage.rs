@@ -321,7 +321,7 @@ pub async fn client_through_a_fail_over(
             prometheus.scrape("shared-volume-conntrack", &[repair.admin]);
         }
     }
-    let mount = super::eventually("the mount endpoint", WAIT, || env.pv_annotation(&pv, MOUNT_ENDPOINT)).await;
+    let mount = env.published_mount_endpoint(&pv).await;
     let cluster_ip = env.cluster_ip(&pv).await.expect("a ClusterIP");
     until("kube-proxy's rule to node a", || {
         ready(path.programmed(&env.ns, &pv, &a))
