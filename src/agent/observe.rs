@@ -32,8 +32,8 @@ pub struct Snapshot {
     pub leases: Vec<Arc<Lease>>,
 }
 
-/// Builds the view of `node`. Only PVs of local DRBD resources are looked at.
-/// What this node sees; `publishable` says which of its volumes it may publish over NFS.
+/// Builds the view of `node`. Only PVs of local DRBD resources are looked at; `publishable` says
+/// which of them it may publish over NFS.
 pub fn observe(
     node: &str,
     node_ip: Option<IpAddr>,
@@ -70,20 +70,7 @@ pub fn observe(
             pods_by_claim.entry(key).or_default().push(pod_view(pod, claim));
         }
     }
-    let mut attachments_by_pv: HashMap<&str, Vec<AttachmentView>> = HashMap::new();
-    for attachment in snapshot
-        .attachments
-        .iter()
-        .filter(|a| a.metadata.deletion_timestamp.is_none())
-    {
-        if let Some(pv) = attachment.spec.source.persistent_volume_name.as_deref() {
-            attachments_by_pv.entry(pv).or_default().push(AttachmentView {
-                name: attachment.name_any(),
-                uid: attachment.uid().unwrap_or_default(),
-                node: attachment.spec.node_name.clone(),
-            });
-        }
-    }
+    let mut attachments_by_pv = attachments_by_pv(snapshot);
     let mut volumes = HashMap::new();
     for (resource, pv, claim) in local_pvs {
         let pods = claim
@@ -118,6 +105,25 @@ pub fn observe(
         api_answering_since: None,
         piraeus_ha_controllers: piraeus_ha_controllers(node, &snapshot.pods),
     }
+}
+
+/// The attachments not being deleted, by the PV they attach.
+fn attachments_by_pv(snapshot: &Snapshot) -> HashMap<&str, Vec<AttachmentView>> {
+    let mut by_pv: HashMap<&str, Vec<AttachmentView>> = HashMap::new();
+    for attachment in snapshot
+        .attachments
+        .iter()
+        .filter(|a| a.metadata.deletion_timestamp.is_none())
+    {
+        if let Some(pv) = attachment.spec.source.persistent_volume_name.as_deref() {
+            by_pv.entry(pv).or_default().push(AttachmentView {
+                name: attachment.name_any(),
+                uid: attachment.uid().unwrap_or_default(),
+                node: attachment.spec.node_name.clone(),
+            });
+        }
+    }
+    by_pv
 }
 
 /// The labels that tell a pod of Piraeus's HA Controller: piraeus-operator v2's DaemonSet, and
