@@ -290,157 +290,239 @@ pub async fn client_through_a_fail_over(
     say: &dyn Fn(String),
     prometheus: Option<&Prometheus>,
 ) -> Outage {
-    let mut path = DataPath::up(env, &["a", "b", "c"], scenario.mode).await;
-    path.grace = scenario.grace;
-    let (a, b) = (path.nodes[0].ip.clone(), path.nodes[1].ip.clone());
-    let (_, pv) = env.bound_rwx_claim("data", serving(&path.nodes[0].endpoint())).await;
-    let pv = pv.metadata.name.unwrap();
-    healthy(&path.nodes, &[&pv], 0);
-    env.running_pod("nfs-server", &path.nodes[0].name, "data", json!({}), no_labels())
-        .await;
-    path.start_nfs(0);
-    say(format!(
-        "nodes a, b, c are network namespaces at {a}, {b}, {}; NFS server on a; {scenario}",
-        path.nodes[2].ip
-    ));
-
-    let controller = env.start_namespace_controller().await;
-    let mut agents = Vec::new();
-    // Decisions every second: the fail-over holds for DRBD's detection window (1.5 s with the
-    // simulated links' ping-int 1 s) plus one reconcile interval while node a's heartbeat lasts.
-    for node in &path.nodes {
-        agents.push(env.start_agent(node, &["--reconcile-interval", "1s"]).await);
-    }
-    let repair = match scenario.repair {
-        Some(window) => Some(start_repair(env, &path, window).await),
-        None => None,
-    };
-    if let Some(prometheus) = prometheus {
-        prometheus.scrape("kube-proxy", &[path.proxy_metrics()]);
-        if let Some(repair) = &repair {
-            prometheus.scrape("shared-volume-conntrack", &[repair.admin]);
-        }
-    }
-    let mount = env.published_mount_endpoint(&pv).await;
-    let cluster_ip = env.cluster_ip(&pv).await.expect("a ClusterIP");
-    until("kube-proxy's rule to node a", || {
-        ready(path.programmed(&env.ns, &pv, &a))
-    })
-    .await;
-    let scratch = path.scratch();
-    let first = "written before the failure\n";
-    until("a write through the ClusterIP", || {
-        ready(nfs_write(&cluster_ip, "first", first, &scratch).is_ok())
-    })
-    .await;
-    assert_eq!(nfs_read(&cluster_ip, "first").as_deref(), Ok(first));
-    say(format!(
-        "clients mount {mount} (nfs://{cluster_ip}{}), one of each model: {}",
-        super::datapath::EXPORT,
-        ClientModel::ALL.map(|m| m.to_string()).join("; ")
-    ));
-
+    let mut stage = Stage::set(env, scenario, say, prometheus).await;
+    stage.first_write(say).await;
     // Node b's server starts when DRBD promotes it there, as a drbd-reactor promoter's would.
-    path.start_promoter(1, &pv);
+    stage.path.start_promoter(1, &stage.pv);
     let clients: Vec<Client> = ClientModel::ALL
         .into_iter()
-        .map(|model| Client::start(model, cluster_ip.clone(), scratch.clone()))
+        .map(|model| Client::start(model, stage.cluster_ip.clone(), stage.scratch.clone()))
         .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    if scenario.proxy_late.is_some() {
-        path.pause_proxy();
-    }
-    agents.remove(0).stop().await;
-    path.nodes[0].kubelet.stop();
-    path.fail(0);
-    // From here no operation can succeed until another server answers at the ClusterIP.
-    let failed = Instant::now();
-    lost(&path.nodes, &[&pv], 0, None);
-    say("node a lost: its namespace drops every packet; its kubelet, agent and NFS server stopped; DRBD peers disconnected".into());
-    until("the fail-over taint on node a", || async {
-        env.taints(&path.nodes[0].name).await.iter().any(|t| t == LOST_QUORUM)
-    })
-    .await;
-    let failed_over = Instant::now();
-    lost(&path.nodes, &[&pv], 0, Some(1));
-    path.promoted(1);
-    let promoted = Instant::now();
-    say("agents failed node a over; DRBD promoted node b and its promoter started the NFS server there".into());
-    until("the EndpointSlice at node b", || async {
-        slice_addresses(env, &pv).await == [b.clone()]
-    })
-    .await;
-    let rewritten = Instant::now();
-    if let Some(late) = scenario.proxy_late {
-        tokio::time::sleep(late).await;
-        path.resume_proxy();
-        say(format!(
-            "kube-proxy resumed {} ms after the slice moved",
-            late.as_millis()
-        ));
-    }
-    until("kube-proxy's rule to node b", || {
-        ready(path.programmed(&env.ns, &pv, &b))
-    })
-    .await;
-    let programmed = Instant::now();
-    let through = |client: &Client| client.first_success_after(failed);
-    while clients.iter().any(|c| through(c).is_none()) && programmed.elapsed() < scenario.patience {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let reconnected = through(&clients[0]).expect("the new-connection client never worked again after the fail-over");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut finished: Vec<(ClientModel, Vec<Operation>)> = clients.into_iter().map(Client::finish).collect();
-
-    assert_eq!(
-        env.cluster_ip(&pv).await.as_deref(),
-        Some(cluster_ip.as_str()),
-        "the ClusterIP never changes"
-    );
-    assert_eq!(
-        env.pv_annotation(&pv, MOUNT_ENDPOINT).await.as_deref(),
-        Some(mount.as_str())
-    );
-    assert_eq!(
-        nfs_read(&cluster_ip, "first").as_deref(),
-        Ok(first),
-        "the file written before, read after"
-    );
-    let clients: Vec<ClientOutage> = finished
-        .iter()
-        .map(|(model, ops)| ClientOutage::of(*model, ops, failed))
-        .collect();
-    let (_, operations) = finished.swap_remove(0);
-    let succeeded = written_and_read_back(&cluster_ip, &operations, reconnected);
-    let outage = Outage {
-        total: clients[0].total.expect("the new-connection client's outage"),
-        fail_over: failed_over - failed,
-        promotion: promoted - failed_over,
-        rewrite: rewritten - promoted,
-        programming: programmed - rewritten,
-        reconnect: reconnected.saturating_duration_since(programmed),
-        operations: operations.len(),
-        succeeded,
-        clients,
-        scenario,
-    };
-    let fenced = fenced_packets();
-    say(format!(
-        "the clients carried on through the same ClusterIP {cluster_ip}: {} of {} writes worked, all read back",
-        outage.succeeded, outage.operations
-    ));
+    let timeline = stage.lose_node_a(say).await;
+    let outage = stage.measure(clients, timeline, say).await;
     if let Some(prometheus) = prometheus {
         let (panels, queries) = prometheus.check_dashboard(Panels::DataPath).await;
         say(format!(
             "the dashboard's {panels} data-path panels ({queries} queries) return data: the repair's figures and kube-proxy's move-to-rules latency"
         ));
     }
-    for process in agents.into_iter().chain([controller]).chain(repair) {
-        process.stop().await;
-    }
-    drop(path);
-    assert_eq!(fenced, 0, "no packet of the data path tried to leave the machine");
+    stage.tear_down().await;
     outage
+}
+
+/// The data path of one fail-over and the processes on it.
+struct Stage<'a> {
+    env: &'a TestEnv,
+    scenario: Scenario,
+    path: DataPath,
+    pv: String,
+    /// Node b's address: the new NFS server.
+    b: String,
+    controller: super::process::Process,
+    agents: Vec<super::process::Process>,
+    repair: Option<super::process::Process>,
+    mount: String,
+    cluster_ip: String,
+    scratch: std::path::PathBuf,
+}
+
+/// When each part of a fail-over was seen done.
+struct Timeline {
+    failed: Instant,
+    failed_over: Instant,
+    promoted: Instant,
+    rewritten: Instant,
+    programmed: Instant,
+}
+
+const FIRST: &str = "written before the failure\n";
+
+impl<'a> Stage<'a> {
+    /// Nodes, the claim served from node a, the controller, the agents, the repair (if the
+    /// scenario has it), kube-proxy's rule to node a.
+    async fn set(env: &'a TestEnv, scenario: Scenario, say: &dyn Fn(String), prometheus: Option<&Prometheus>) -> Self {
+        let mut path = DataPath::up(env, &["a", "b", "c"], scenario.mode).await;
+        path.grace = scenario.grace;
+        let (a, b) = (path.nodes[0].ip.clone(), path.nodes[1].ip.clone());
+        let (_, pv) = env.bound_rwx_claim("data", serving(&path.nodes[0].endpoint())).await;
+        let pv = pv.metadata.name.unwrap();
+        healthy(&path.nodes, &[&pv], 0);
+        env.running_pod("nfs-server", &path.nodes[0].name, "data", json!({}), no_labels())
+            .await;
+        path.start_nfs(0);
+        say(format!(
+            "nodes a, b, c are network namespaces at {a}, {b}, {}; NFS server on a; {scenario}",
+            path.nodes[2].ip
+        ));
+        let controller = env.start_namespace_controller().await;
+        let mut agents = Vec::new();
+        // Decisions every second: the fail-over holds for DRBD's detection window (1.5 s with the
+        // simulated links' ping-int 1 s) plus one reconcile interval while node a's heartbeat lasts.
+        for node in &path.nodes {
+            agents.push(env.start_agent(node, &["--reconcile-interval", "1s"]).await);
+        }
+        let repair = match scenario.repair {
+            Some(window) => Some(start_repair(env, &path, window).await),
+            None => None,
+        };
+        if let Some(prometheus) = prometheus {
+            prometheus.scrape("kube-proxy", &[path.proxy_metrics()]);
+            if let Some(repair) = &repair {
+                prometheus.scrape("shared-volume-conntrack", &[repair.admin]);
+            }
+        }
+        let mount = env.published_mount_endpoint(&pv).await;
+        let cluster_ip = env.cluster_ip(&pv).await.expect("a ClusterIP");
+        until("kube-proxy's rule to node a", || {
+            ready(path.programmed(&env.ns, &pv, &a))
+        })
+        .await;
+        let scratch = path.scratch();
+        Self {
+            env,
+            scenario,
+            path,
+            pv,
+            b,
+            controller,
+            agents,
+            repair,
+            mount,
+            cluster_ip,
+            scratch,
+        }
+    }
+
+    /// A file written and read back through the ClusterIP, before anything fails.
+    async fn first_write(&self, say: &dyn Fn(String)) {
+        let (cluster_ip, scratch) = (&self.cluster_ip, &self.scratch);
+        until("a write through the ClusterIP", || {
+            ready(nfs_write(cluster_ip, "first", FIRST, scratch).is_ok())
+        })
+        .await;
+        assert_eq!(nfs_read(cluster_ip, "first").as_deref(), Ok(FIRST));
+        say(format!(
+            "clients mount {} (nfs://{cluster_ip}{}), one of each model: {}",
+            self.mount,
+            super::datapath::EXPORT,
+            ClientModel::ALL.map(|m| m.to_string()).join("; ")
+        ));
+    }
+
+    /// Node a lost silently, the agents fail it over, DRBD promotes node b (whose promoter, started
+    /// before, starts its NFS server), the slice moves, kube-proxy rewrites its rule (late, if the scenario says).
+    async fn lose_node_a(&mut self, say: &dyn Fn(String)) -> Timeline {
+        let (env, pv) = (self.env, self.pv.as_str());
+        if self.scenario.proxy_late.is_some() {
+            self.path.pause_proxy();
+        }
+        self.agents.remove(0).stop().await;
+        self.path.nodes[0].kubelet.stop();
+        self.path.fail(0);
+        // From here no operation can succeed until another server answers at the ClusterIP.
+        let failed = Instant::now();
+        lost(&self.path.nodes, &[pv], 0, None);
+        say("node a lost: its namespace drops every packet; its kubelet, agent and NFS server stopped; DRBD peers disconnected".into());
+        until("the fail-over taint on node a", || async {
+            env.taints(&self.path.nodes[0].name)
+                .await
+                .iter()
+                .any(|t| t == LOST_QUORUM)
+        })
+        .await;
+        let failed_over = Instant::now();
+        lost(&self.path.nodes, &[pv], 0, Some(1));
+        self.path.promoted(1);
+        let promoted = Instant::now();
+        say("agents failed node a over; DRBD promoted node b and its promoter started the NFS server there".into());
+        let b = self.b.clone();
+        until("the EndpointSlice at node b", || async {
+            slice_addresses(env, pv).await == [b.clone()]
+        })
+        .await;
+        let rewritten = Instant::now();
+        if let Some(late) = self.scenario.proxy_late {
+            tokio::time::sleep(late).await;
+            self.path.resume_proxy();
+            say(format!(
+                "kube-proxy resumed {} ms after the slice moved",
+                late.as_millis()
+            ));
+        }
+        until("kube-proxy's rule to node b", || {
+            ready(self.path.programmed(&env.ns, pv, &self.b))
+        })
+        .await;
+        Timeline {
+            failed,
+            failed_over,
+            promoted,
+            rewritten,
+            programmed: Instant::now(),
+        }
+    }
+
+    /// Waits for every client to get through (or the scenario's patience to end), checks that the
+    /// address held and every acknowledged write is there, and puts the figures together.
+    async fn measure(&self, clients: Vec<Client>, at: Timeline, say: &dyn Fn(String)) -> Outage {
+        let through = |client: &Client| client.first_success_after(at.failed);
+        while clients.iter().any(|c| through(c).is_none()) && at.programmed.elapsed() < self.scenario.patience {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let reconnected =
+            through(&clients[0]).expect("the new-connection client never worked again after the fail-over");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut finished: Vec<(ClientModel, Vec<Operation>)> = clients.into_iter().map(Client::finish).collect();
+        let (env, pv, cluster_ip) = (self.env, self.pv.as_str(), self.cluster_ip.as_str());
+        assert_eq!(
+            env.cluster_ip(pv).await.as_deref(),
+            Some(cluster_ip),
+            "the ClusterIP never changes"
+        );
+        assert_eq!(
+            env.pv_annotation(pv, MOUNT_ENDPOINT).await.as_deref(),
+            Some(self.mount.as_str())
+        );
+        assert_eq!(
+            nfs_read(cluster_ip, "first").as_deref(),
+            Ok(FIRST),
+            "the file written before, read after"
+        );
+        let clients: Vec<ClientOutage> = finished
+            .iter()
+            .map(|(model, ops)| ClientOutage::of(*model, ops, at.failed))
+            .collect();
+        let (_, operations) = finished.swap_remove(0);
+        let succeeded = written_and_read_back(cluster_ip, &operations, reconnected);
+        let outage = Outage {
+            total: clients[0].total.expect("the new-connection client's outage"),
+            fail_over: at.failed_over - at.failed,
+            promotion: at.promoted - at.failed_over,
+            rewrite: at.rewritten - at.promoted,
+            programming: at.programmed - at.rewritten,
+            reconnect: reconnected.saturating_duration_since(at.programmed),
+            operations: operations.len(),
+            succeeded,
+            clients,
+            scenario: self.scenario,
+        };
+        say(format!(
+            "the clients carried on through the same ClusterIP {cluster_ip}: {} of {} writes worked, all read back",
+            outage.succeeded, outage.operations
+        ));
+        outage
+    }
+
+    /// The processes stopped, the data path removed; no packet of it tried to leave the machine.
+    async fn tear_down(self) {
+        let fenced = fenced_packets();
+        for process in self.agents.into_iter().chain([self.controller]).chain(self.repair) {
+            process.stop().await;
+        }
+        drop(self.path);
+        assert_eq!(fenced, 0, "no packet of the data path tried to leave the machine");
+    }
 }
 
 /// The conntrack repair on the client's node (the host, where kube-proxy runs), as the chart's
