@@ -12,12 +12,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::datapath::ProxyMode;
+use common::drbd::SimNode;
 use common::drbd::{cluster_events, drbd_taints, healthy, lost, node_monitor_grace_period, slice_addresses};
 use common::node_loss::{lose_the_primarys_node, side_by_side};
 use common::outage::{Scenario, client_through_a_fail_over};
+use common::process::Process;
 use common::process::sample_value;
 use common::prometheus::{AGENT_JOB, CONTROLLER_JOB, Panels, Prometheus};
-use common::{MOUNT_ENDPOINT, eventually, serving};
+use common::{MOUNT_ENDPOINT, TestEnv, eventually, serving};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::json;
@@ -59,8 +61,60 @@ async fn demo() {
             node.dir.display()
         ));
     }
-
     story.chapter("2. The controller and one HA agent per node");
+    let (controller, mut agents, prometheus) = processes(&story, &env, &nodes).await;
+    story.chapter("3. ReadWriteMany claims served from node-a");
+    let claims = claims_on_node_a(&story, &env, &nodes).await;
+    story.chapter("4. node-a fails");
+    agents.remove(0).stop().await;
+    node_a_fails(&story, &env, &nodes, &agents, &claims).await;
+    story.chapter("5. DRBD promotes node-b: the endpoints follow");
+    endpoints_follow(&story, &env, &nodes, &claims).await;
+    story.chapter("6. Reconcile duration, from the controller's /metrics");
+    reconcile_duration(&story, &controller).await;
+    story.chapter("7. The Grafana dashboard against the real Prometheus");
+    let (panels, queries) = prometheus.check_dashboard(Panels::ControlPlane).await;
+    story.say(format!(
+        "all {panels} panels ({queries} queries) return data; those of the clients' data path in chapter 10"
+    ));
+    plain_rules_hold(&prometheus, &story).await;
+    story.chapter("8. Clean up");
+    agents.push(controller);
+    for process in agents {
+        process.stop().await;
+    }
+    env.cleanup().await;
+    story.say("processes stopped, objects deleted");
+    story.chapter("9. The same loss, with the agents and with Kubernetes alone");
+    with_the_agents_and_without(&story).await;
+    story.chapter("10. A real NFS client through the ClusterIP, across a fail-over");
+    let nfs = common::setup("demo-nfs").await;
+    let scenario = Scenario::repaired(ProxyMode::Iptables);
+    let outage = client_through_a_fail_over(&nfs, scenario, &|line| story.say(line), Some(&prometheus)).await;
+    story.say(outage.to_string());
+    drop(prometheus);
+    nfs.cleanup().await;
+    story.say("namespaces, links, NAT rules and NFS servers removed");
+    story.say("the demo ran every step");
+}
+
+/// The claims of chapter 3: each with its PV, the ClusterIP and mount endpoint before the loss,
+/// and node-a's VolumeAttachment of it.
+struct Claims {
+    pvs: Vec<String>,
+    before: Vec<(String, String)>,
+    attachments: Vec<String>,
+}
+
+impl Claims {
+    /// The DRBD resources: the PVs' names.
+    fn resources(&self) -> Vec<&str> {
+        self.pvs.iter().map(String::as_str).collect()
+    }
+}
+
+/// The controller and an agent per node, and a Prometheus scraping them all.
+async fn processes(story: &Story, env: &TestEnv, nodes: &[SimNode]) -> (Process, Vec<Process>, Prometheus) {
     let controller = env.start_namespace_controller().await;
     story.say(format!(
         "controller ready (admin {}, logs {})",
@@ -68,7 +122,7 @@ async fn demo() {
         controller.log.display()
     ));
     let mut agents = Vec::new();
-    for node in &nodes {
+    for node in nodes {
         let agent = env.start_agent(node, &[]).await;
         story.say(format!("agent on {} ready (admin {})", node.name, agent.admin));
         agents.push(agent);
@@ -85,15 +139,17 @@ async fn demo() {
         "Prometheus scraping all four every second at http://{}",
         prometheus.addr
     ));
+    (controller, agents, prometheus)
+}
 
-    story.chapter("3. ReadWriteMany claims served from node-a");
+async fn claims_on_node_a(story: &Story, env: &TestEnv, nodes: &[SimNode]) -> Claims {
     let mut pvs = Vec::new();
     for claim in CLAIMS {
         let (_, pv) = env.bound_rwx_claim(claim, serving(&nodes[0].endpoint())).await;
         pvs.push(pv.metadata.name.unwrap());
     }
     let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
-    healthy(&nodes, &resources, 0);
+    healthy(nodes, &resources, 0);
     let mut attachments = Vec::new();
     for (claim, pv) in CLAIMS.iter().zip(&pvs) {
         env.running_pod(&format!("{claim}-app"), &nodes[0].name, claim, json!({}), json!({}))
@@ -109,7 +165,7 @@ async fn demo() {
     for (claim, pv) in CLAIMS.iter().zip(&pvs) {
         let mount = env.published_mount_endpoint(pv).await;
         let slice = eventually("the EndpointSlice", wait(), || async {
-            let addresses = slice_addresses(&env, pv).await;
+            let addresses = slice_addresses(env, pv).await;
             (addresses == [nodes[0].ip.clone()]).then_some(addresses)
         })
         .await;
@@ -126,11 +182,19 @@ async fn demo() {
         "broken: a volume reporting a hostname gets a Warning and nothing else: {}",
         warning[0].note.as_deref().unwrap_or_default()
     ));
+    Claims {
+        pvs,
+        before,
+        attachments,
+    }
+}
 
-    story.chapter("4. node-a fails");
-    agents.remove(0).stop().await;
+/// Node-a's agent is stopped already: its kubelet stops and its DRBD links drop; the agents on the
+/// others fail it over, and Kubernetes marks it NotReady.
+async fn node_a_fails(story: &Story, env: &TestEnv, nodes: &[SimNode], agents: &[Process], claims: &Claims) {
+    let resources = claims.resources();
     nodes[0].kubelet.stop();
-    lost(&nodes, &resources, 0, None);
+    lost(nodes, &resources, 0, None);
     let failed = Instant::now();
     story.say(format!(
         "node-a's kubelet and agent stop; node-b and node-c see its DRBD connections drop (fail-over timeout 1s); \
@@ -138,7 +202,7 @@ async fn demo() {
         node_monitor_grace_period()
     ));
     eventually("the lost-quorum taint", wait(), || async {
-        drbd_taints(&env, &nodes[0].name).await
+        drbd_taints(env, &nodes[0].name).await
     })
     .await;
     story.say(format!(
@@ -175,7 +239,7 @@ async fn demo() {
         CLAIMS.len()
     ));
     eventually("the attachments deleted", wait(), || async {
-        for name in &attachments {
+        for name in &claims.attachments {
             if env.attachment_exists(name).await {
                 return None;
             }
@@ -186,21 +250,23 @@ async fn demo() {
     story.say(format!(
         "+{:.2}s the {} VolumeAttachments to node-a deleted",
         failed.elapsed().as_secs_f64(),
-        attachments.len()
+        claims.attachments.len()
     ));
-    cluster_events(&env, &nodes[0].name, "NodeStorageQuorumLost").await;
-    let (count, sum) = common::drbd::fail_over_durations(&agents, CLAIMS.len()).await;
+    cluster_events(env, &nodes[0].name, "NodeStorageQuorumLost").await;
+    let (count, sum) = common::drbd::fail_over_durations(agents, CLAIMS.len()).await;
     story.say(format!(
         "storageos_drbd_agent_fail_over_duration_seconds: {count} volumes failed over, {:.2} s each on average, from the first sign of loss to the last step done",
         sum / count
     ));
+}
 
-    story.chapter("5. DRBD promotes node-b: the endpoints follow");
-    lost(&nodes, &resources, 0, Some(1));
+async fn endpoints_follow(story: &Story, env: &TestEnv, nodes: &[SimNode], claims: &Claims) {
+    let resources = claims.resources();
+    lost(nodes, &resources, 0, Some(1));
     let promoted = Instant::now();
-    for ((claim, pv), (cluster_ip, mount)) in CLAIMS.iter().zip(&pvs).zip(&before) {
+    for ((claim, pv), (cluster_ip, mount)) in CLAIMS.iter().zip(&claims.pvs).zip(&claims.before) {
         eventually("the EndpointSlice at node-b", wait(), || async {
-            (slice_addresses(&env, pv).await == [nodes[1].ip.clone()]).then_some(())
+            (slice_addresses(env, pv).await == [nodes[1].ip.clone()]).then_some(())
         })
         .await;
         let elapsed = promoted.elapsed();
@@ -223,8 +289,9 @@ async fn demo() {
         "kubectl describe pvc {}: SharedVolumeReady True (ServedAfterMove): {told}",
         CLAIMS[0]
     ));
+}
 
-    story.chapter("6. Reconcile duration, from the controller's /metrics");
+async fn reconcile_duration(story: &Story, controller: &Process) {
     let (_, metrics) = controller.get("/metrics").await.expect("controller metrics");
     for q in [0.5, 0.9, 0.99] {
         let seconds = histogram_quantile(&metrics, "storageos_shared_volume_reconcile_duration_seconds", q);
@@ -235,23 +302,9 @@ async fn demo() {
     story.say(format!(
         "over {count} observations: reconciles of served claims ({skipped} skipped claims not observed)"
     ));
+}
 
-    story.chapter("7. The Grafana dashboard against the real Prometheus");
-    let (panels, queries) = prometheus.check_dashboard(Panels::ControlPlane).await;
-    story.say(format!(
-        "all {panels} panels ({queries} queries) return data; those of the clients' data path in chapter 10"
-    ));
-    plain_rules_hold(&prometheus, &story).await;
-
-    story.chapter("8. Clean up");
-    agents.push(controller);
-    for process in agents {
-        process.stop().await;
-    }
-    env.cleanup().await;
-    story.say("processes stopped, objects deleted");
-
-    story.chapter("9. The same loss, with the agents and with Kubernetes alone");
+async fn with_the_agents_and_without(story: &Story) {
     story.say("two sets of three nodes, one claim each served from node a; node a lost in both at once");
     let settle = Duration::from_secs(10);
     let ((with, with_agents), (alone, kubernetes_alone)) = tokio::join!(
@@ -271,16 +324,6 @@ async fn demo() {
     }
     with.cleanup().await;
     alone.cleanup().await;
-
-    story.chapter("10. A real NFS client through the ClusterIP, across a fail-over");
-    let nfs = common::setup("demo-nfs").await;
-    let scenario = Scenario::repaired(ProxyMode::Iptables);
-    let outage = client_through_a_fail_over(&nfs, scenario, &|line| story.say(line), Some(&prometheus)).await;
-    story.say(outage.to_string());
-    drop(prometheus);
-    nfs.cleanup().await;
-    story.say("namespaces, links, NAT rules and NFS servers removed");
-    story.say("the demo ran every step");
 }
 
 /// The plain rules file, loaded by a plain Prometheus scraping the jobs it documents: every rule
