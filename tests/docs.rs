@@ -150,12 +150,12 @@ fn the_changelog_and_the_charts_changes_say_the_same() {
 /// source) is named on the metrics page, where operators look a label value up.
 #[test]
 fn the_metrics_page_names_every_reconcile_error_reason() {
-    let source = std::fs::read_to_string(Path::new(ROOT).join("src/controller/reconcile.rs")).unwrap();
+    let source = std::fs::read_to_string(Path::new(ROOT).join("src/controller/outcome.rs")).unwrap();
     let body = source
         .split("pub fn reason(&self) -> &'static str {")
         .nth(1)
         .and_then(|rest| rest.split("\n    }\n").next())
-        .expect("ReconcileError::reason in src/controller/reconcile.rs");
+        .expect("ReconcileError::reason in src/controller/outcome.rs");
     let reasons: Vec<&str> = body
         .lines()
         .filter_map(|line| line.split("=> \"").nth(1)?.split('"').next())
