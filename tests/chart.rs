@@ -100,6 +100,27 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
             .contains(r#"["linstor.csi.linbit.com"]"#)
     );
     the_conntrack_repair_runs_everywhere_with_net_admin_alone(&defaults);
+    let flow = find(&defaults, "FlowSchema", "storage-demo-shared-volume-controller");
+    let subjects: Vec<&str> = flow["spec"]["rules"][0]["subjects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["serviceAccount"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        subjects,
+        [
+            "demo-shared-volume-controller-controller",
+            "demo-shared-volume-controller-agent"
+        ],
+        "the fail-over's writers in a priority level of their own"
+    );
+    assert_eq!(
+        flow["spec"]["priorityLevelConfiguration"]["name"],
+        "storage-demo-shared-volume-controller"
+    );
+    let without_priority = template(&["apiPriority.enabled=false"]);
+    assert!(!without_priority.iter().any(|o| o["kind"] == "FlowSchema"));
     let without = template(&["admissionPolicies.enabled=false"]);
     assert!(!without.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
     let tolerated: Vec<&str> = pod["tolerations"]
@@ -286,6 +307,16 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         ),
         ("clusterrole", cluster_name("controller"), false),
         ("clusterrole", cluster_name("agent"), false),
+        (
+            "flowschema",
+            format!("{}-{release}-shared-volume-controller", env.ns),
+            false,
+        ),
+        (
+            "prioritylevelconfiguration",
+            format!("{}-{release}-shared-volume-controller", env.ns),
+            false,
+        ),
         ("servicemonitor", name("controller"), true),
         ("servicemonitor", name("agent"), true),
         ("prometheusrule", format!("{release}-shared-volume-controller"), true),
@@ -395,6 +426,8 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     assert!(!get("daemonset", &name("agent"), true));
     assert!(!get("daemonset", &name("conntrack"), true));
     assert!(!get("clusterrole", &cluster_name("conntrack"), false));
+    let flow_schema = format!("{}-{release}-shared-volume-controller", env.ns);
+    assert!(!get("flowschema", &flow_schema, false), "the FlowSchema removed");
     let secrets_left = tool("kubectl")
         .args(["get", "secrets", "-n", &env.ns, "-l", "owner=helm", "-o", "name"])
         .output()
