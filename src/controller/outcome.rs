@@ -62,3 +62,44 @@ pub enum Outcome {
     /// Served, and an agent's move of its endpoints is in flight: looked at again after this.
     MoveHeld(Duration),
 }
+
+/// What a reconcile has to tell on its claim, as Events: collected while it runs and posted in one
+/// place once it ends (`reconcile::tell`), in the order they were found.
+#[derive(Debug, Default, PartialEq)]
+pub struct Tells(pub Vec<Tell>);
+
+#[derive(Debug, PartialEq)]
+pub struct Tell {
+    pub level: Level,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    Normal,
+    Warning,
+    /// A Warning that stays while its cause does: posted once per message, then again every
+    /// `--warning-repeat-interval`.
+    StandingWarning,
+}
+
+impl Tells {
+    pub fn add(&mut self, level: Level, reason: &'static str, action: &'static str, note: String) {
+        self.0.push(Tell {
+            level,
+            reason,
+            action,
+            note,
+        });
+    }
+
+    /// A write the API server refused for good, in words that say what to fix.
+    pub fn refusal(&mut self, err: &ReconcileError) {
+        if let Some(refusal) = err.refusal() {
+            let note = refusal.explain("the controller");
+            self.add(Level::StandingWarning, "WriteRefused", "Reconcile", note);
+        }
+    }
+}

@@ -13,7 +13,7 @@ use super::book::Standing;
 use super::condition;
 use super::context::Context;
 use super::endpoints::write_endpoints_over;
-use super::outcome::{Outcome, ReconcileError};
+use super::outcome::{Level, Outcome, ReconcileError, Tells};
 use super::plan::{Current, Drift, Held, MoveStep, Plan, PvSight, move_step};
 use super::service::{EnsuredService, ensure_service};
 use crate::deadline::within;
@@ -26,7 +26,8 @@ use crate::volume::{ClaimKey, VolumeError, VolumeInfo};
 pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     let timeout = ctx.settings.reconcile_timeout;
-    let result = within(timeout, reconcile_claim(&claim, &ctx))
+    let mut tells = Tells::default();
+    let result = within(timeout, reconcile_claim(&claim, &ctx, &mut tells))
         .await
         .unwrap_or_else(|timed_out| Err(timed_out.into()));
     // The histogram users watch describes work on shared volumes: a skip (RWO, unbound,
@@ -45,9 +46,11 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
     ctx.metrics.reconciles.with_label_values(&[label]).inc();
     ctx.book(|book| book.record(&ClaimKey::of(&claim), standing, SystemTime::now()));
     if let Err(err) = &result {
-        tell_refusal(&claim, err, &ctx).await;
+        tells.refusal(err);
     }
-    let state_later = state_on_claim(&claim, &result, &ctx).await;
+    tell(&ctx, &claim, std::mem::take(&mut tells)).await;
+    let state_later = state_on_claim(&claim, &result, &ctx, &mut tells).await;
+    tell(&ctx, &claim, tells).await;
     tracing::debug!(claim = %ClaimKey::of(&claim), outcome = ?result, elapsed = ?started.elapsed(), "reconciled");
     result.map(|outcome| match outcome {
         Outcome::RepairDeferred(wait) | Outcome::MoveHeld(wait) => Action::requeue(wait),
@@ -70,14 +73,18 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, err: &ReconcileError, ctx
     Action::requeue(retry)
 }
 
-/// A write the API server refuses for good is told on the claim at once (once per message), in
-/// words that say what to fix: a retry alone would leave `kubectl describe pvc` silent.
-async fn tell_refusal(claim: &PersistentVolumeClaim, err: &ReconcileError, ctx: &Context) {
-    if let Some(refusal) = err.refusal() {
-        let note = refusal.explain("the controller");
-        ctx.events
-            .warning_once(&claim.object_ref(&()), "WriteRefused", "Reconcile", note)
-            .await;
+/// Posts what a reconcile found to tell on its claim: the one place the controller posts Events
+/// about claims from. A write refused for good is among them (once per message), in words that
+/// say what to fix: a retry alone would leave `kubectl describe pvc` silent.
+async fn tell(ctx: &Context, claim: &PersistentVolumeClaim, tells: Tells) {
+    let reference = claim.object_ref(&());
+    for told in tells.0 {
+        let (reason, action, note) = (told.reason, told.action, told.note);
+        match told.level {
+            Level::Normal => ctx.events.normal(&reference, reason, action, note).await,
+            Level::Warning => ctx.events.warning(&reference, reason, action, note).await,
+            Level::StandingWarning => ctx.events.warning_once(&reference, reason, action, note).await,
+        }
     }
 }
 
@@ -89,6 +96,7 @@ async fn state_on_claim(
     claim: &PersistentVolumeClaim,
     result: &Result<Outcome, ReconcileError>,
     ctx: &Context,
+    tells: &mut Tells,
 ) -> Option<Duration> {
     let filters = &ctx.settings.filters;
     let known_ours = !filters.storage_classes.is_empty() || !filters.csi_drivers.is_empty();
@@ -112,7 +120,7 @@ async fn state_on_claim(
         Err(timed_out) => timed_out.into(),
     };
     tracing::warn!(claim = %ClaimKey::of(claim), error = %err, "cannot write the claim's {CLAIM_CONDITION_TYPE} condition");
-    tell_refusal(claim, &err, ctx).await;
+    tells.refusal(&err);
     None
 }
 
@@ -136,17 +144,21 @@ impl Found {
     }
 }
 
-async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result<Outcome, ReconcileError> {
+async fn reconcile_claim(
+    claim: &PersistentVolumeClaim,
+    ctx: &Context,
+    tells: &mut Tells,
+) -> Result<Outcome, ReconcileError> {
     let (pv, pv_fresh) = match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
         Some(name) => read_pv(ctx, name).await?,
         None => (None, true),
     };
     let found = match find_shared_volume(claim, ctx, pv, pv_fresh).await? {
         Ok(found) => found,
-        Err(why) => return Ok(not_managed(ctx, claim, why).await),
+        Err(why) => return Ok(not_managed(ctx, claim, why, tells)),
     };
     let key = ClaimKey::of(claim);
-    let (found, current) = match follow_moves(claim, ctx, &key, found).await? {
+    let (found, current) = match follow_moves(claim, ctx, &key, found, tells).await? {
         Ok(read) => read,
         Err(outcome) => return Ok(outcome),
     };
@@ -157,7 +169,7 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         plan.drift(&current, converged_before, book.repair_wait(&key, Instant::now()))
     });
     if let Drift::Wait(wait) = drift {
-        return Ok(defer_repair(ctx, claim, wait).await);
+        return Ok(defer_repair(ctx, claim, wait, tells));
     }
     let published = volume.mount_endpoint.as_deref();
     let Some(ensured) = ensure_service(ctx, &shared, &plan.service, current.service.as_ref(), published).await? else {
@@ -168,7 +180,7 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
                 shared.namespace, shared.service_name
             ),
         );
-        return Ok(report_invalid(ctx, claim, invalid).await);
+        return Ok(report_invalid(ctx, invalid, tells));
     };
     ensure_endpoints(ctx, &shared, &plan, &current).await?;
     let repaired = drift == Drift::Repair;
@@ -182,8 +194,8 @@ async fn reconcile_claim(claim: &PersistentVolumeClaim, ctx: &Context) -> Result
         ctx.metrics.repairs.inc();
     }
     ctx.events.clear_warnings(&claim.object_ref(&()));
-    warn_if_other_family(ctx, claim, &shared, &ensured.cluster_ip).await;
-    publish_mount_endpoint(ctx, claim, &pv, &volume, &shared, ensured).await
+    warn_if_other_family(&shared, &ensured.cluster_ip, tells);
+    publish_mount_endpoint(ctx, &pv, &volume, &shared, ensured, tells).await
 }
 
 /// Reads the claim's objects, and where they differ from the PV because an agent is moving
@@ -195,6 +207,7 @@ async fn follow_moves(
     ctx: &Context,
     key: &ClaimKey,
     mut found: Found,
+    tells: &mut Tells,
 ) -> Result<Result<(Found, Current), Outcome>, ReconcileError> {
     let (mut current, mut objects_fresh) = read_current(ctx, &found.shared).await?;
     let held = ctx.read_book(|book| book.held(key).map(|(stamp, until)| (stamp.clone(), until)));
@@ -210,7 +223,7 @@ async fn follow_moves(
                 let pv = Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(&name).await?;
                 found = match find_shared_volume(claim, ctx, pv, true).await? {
                     Ok(found) => found,
-                    Err(why) => return Ok(Err(not_managed(ctx, claim, why).await)),
+                    Err(why) => return Ok(Err(not_managed(ctx, claim, why, tells))),
                 };
             }
             MoveStep::ReadEndpoints => {
@@ -304,25 +317,22 @@ async fn read_from_api(ctx: &Context, shared: &SharedVolume) -> Result<Current, 
 /// and tells the claim what happened to its Service on the way.
 async fn publish_mount_endpoint(
     ctx: &Context,
-    claim: &PersistentVolumeClaim,
     pv: &PersistentVolume,
     volume: &VolumeInfo,
     shared: &SharedVolume,
     ensured: EnsuredService,
+    tells: &mut Tells,
 ) -> Result<Outcome, ReconcileError> {
     let EnsuredService { cluster_ip, created } = ensured;
     let mount_endpoint = desired::mount_endpoint(&cluster_ip)
         .ok_or_else(|| ReconcileError::NoClusterIp(shared.service_name.clone(), ctx.settings.create_wait_duration))?;
-    let reference = claim.object_ref(&());
     if volume.mount_endpoint.as_deref() == Some(mount_endpoint.as_str()) {
         if created {
             let note = format!(
                 "Service {} was missing and has been recreated at the published address {mount_endpoint}; clients are unaffected",
                 shared.service_name
             );
-            ctx.events
-                .normal(&reference, "ServiceRestored", "RecreateService", note)
-                .await;
+            tells.add(Level::Normal, "ServiceRestored", "RecreateService", note);
         }
         return Ok(Outcome::Shared {
             mount_endpoint,
@@ -336,9 +346,7 @@ async fn publish_mount_endpoint(
             "Service {} was missing and has been recreated, but its address {previous} had been taken meanwhile: the mount endpoint moved to {mount_endpoint}; clients must remount",
             shared.service_name
         );
-        ctx.events
-            .warning(&reference, "ServiceRecreated", "RecreateService", note)
-            .await;
+        tells.add(Level::Warning, "ServiceRecreated", "RecreateService", note);
     }
     ctx.backend.publish_mount_endpoint(pv, volume, &mount_endpoint).await?;
     ctx.metrics.publishes.inc();
@@ -346,9 +354,7 @@ async fn publish_mount_endpoint(
         "mount endpoint {mount_endpoint} published (NFS server {})",
         shared.server
     );
-    ctx.events
-        .normal(&reference, "MountEndpointPublished", "PublishMountEndpoint", note)
-        .await;
+    tells.add(Level::Normal, "MountEndpointPublished", "PublishMountEndpoint", note);
     Ok(Outcome::Shared {
         mount_endpoint,
         published: true,
@@ -360,7 +366,7 @@ async fn publish_mount_endpoint(
 /// A Service cannot change its address family, and changing it would change the address clients
 /// mount: when the NFS server moved to the other family, the Service is left as it is and the
 /// claim gets a Warning that says what to do.
-async fn warn_if_other_family(ctx: &Context, claim: &PersistentVolumeClaim, shared: &SharedVolume, cluster_ip: &str) {
+fn warn_if_other_family(shared: &SharedVolume, cluster_ip: &str, tells: &mut Tells) {
     let Ok(ip) = cluster_ip.parse::<std::net::IpAddr>() else {
         return;
     };
@@ -375,38 +381,34 @@ async fn warn_if_other_family(ctx: &Context, claim: &PersistentVolumeClaim, shar
         shared.service_name,
         desired::address_family(ip),
     );
-    ctx.events
-        .warning_once(
-            &claim.object_ref(&()),
-            "ServiceFamilyMismatch",
-            "ReconcileSharedVolume",
-            note,
-        )
-        .await;
+    tells.add(
+        Level::StandingWarning,
+        "ServiceFamilyMismatch",
+        "ReconcileSharedVolume",
+        note,
+    );
 }
 
-async fn defer_repair(ctx: &Context, claim: &PersistentVolumeClaim, wait: Duration) -> Outcome {
+fn defer_repair(ctx: &Context, claim: &PersistentVolumeClaim, wait: Duration, tells: &mut Tells) -> Outcome {
     ctx.metrics.repairs_deferred.inc();
     let note = "the Service, Endpoints or EndpointSlice of this claim keep being changed by another writer; \
                 the controller puts them back, waiting longer each time while this goes on. Find the other \
                 writer in the objects' managedFields (a GitOps tool, a script) and stop it"
         .to_owned();
-    ctx.events
-        .warning_once(
-            &claim.object_ref(&()),
-            "ManagedFieldsContested",
-            "RepairSharedVolume",
-            note,
-        )
-        .await;
+    tells.add(
+        Level::StandingWarning,
+        "ManagedFieldsContested",
+        "RepairSharedVolume",
+        note,
+    );
     tracing::info!(claim = %ClaimKey::of(claim), "objects changed again by another writer; repairing in {wait:?}");
     Outcome::RepairDeferred(wait)
 }
 
-async fn not_managed(ctx: &Context, claim: &PersistentVolumeClaim, why: NotManaged) -> Outcome {
+fn not_managed(ctx: &Context, claim: &PersistentVolumeClaim, why: NotManaged, tells: &mut Tells) -> Outcome {
     match why {
         NotManaged::Skip(skip) => skipped(ctx, claim, skip),
-        NotManaged::Invalid(invalid) => report_invalid(ctx, claim, invalid).await,
+        NotManaged::Invalid(invalid) => report_invalid(ctx, invalid, tells),
     }
 }
 
@@ -417,16 +419,14 @@ fn skipped(ctx: &Context, claim: &PersistentVolumeClaim, skip: Skip) -> Outcome 
     Outcome::Skipped(skip)
 }
 
-async fn report_invalid(ctx: &Context, claim: &PersistentVolumeClaim, invalid: Invalid) -> Outcome {
+fn report_invalid(ctx: &Context, invalid: Invalid, tells: &mut Tells) -> Outcome {
     ctx.metrics.reconcile_errors.with_label_values(&[invalid.reason]).inc();
-    ctx.events
-        .warning_once(
-            &claim.object_ref(&()),
-            invalid.reason,
-            "ReconcileSharedVolume",
-            invalid.message.clone(),
-        )
-        .await;
+    tells.add(
+        Level::StandingWarning,
+        invalid.reason,
+        "ReconcileSharedVolume",
+        invalid.message.clone(),
+    );
     Outcome::Invalid(invalid)
 }
 
@@ -641,7 +641,10 @@ mod tests {
     async fn reconcile_against(script: Vec<Exchange>) -> (Outcome, Seen) {
         let expected = request_lines(&script);
         let (client, seen) = stub_api(script);
-        let outcome = reconcile_claim(&claim(), &context(client)).await.unwrap();
+        let ctx = context(client);
+        let mut tells = Tells::default();
+        let outcome = reconcile_claim(&claim(), &ctx, &mut tells).await.unwrap();
+        tell(&ctx, &claim(), tells).await;
         let seen = std::mem::take(&mut *seen.lock().unwrap());
         assert_eq!(seen.requests, expected, "the requests made");
         (outcome, seen)
