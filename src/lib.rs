@@ -44,8 +44,9 @@ pub use agent::drbd::{Connection, Device, DrbdState, Resource, parse_quorum_enab
 pub use agent::observe::{Snapshot, observe};
 pub use agent::view::Timers;
 pub use sharedvolume::claim::bound_claim;
-pub use sharedvolume::classify::{Filters, claim_owner};
+pub use sharedvolume::classify::claim_owner;
 pub use sharedvolume::desired::{self, SharedVolume, is_dns1035_label, service_name};
+pub use sharedvolume::filters::Filters;
 pub use volume::NfsEndpoint;
 
 use anyhow::Result;

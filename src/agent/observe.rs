@@ -16,7 +16,7 @@ use super::report::Report;
 use super::view::{AttachmentView, NodeView, Observed, PeerReport, PodView, VolumeView};
 use crate::names::{DRBD_REPORT_ANNOTATION, IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
-use crate::sharedvolume::classify::Filters;
+use crate::sharedvolume::filters::Filters;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, csi_resource_name};
 

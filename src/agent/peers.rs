@@ -2,7 +2,7 @@
 //! the cache holds only this node's pods and Node, and heartbeats are not watched. What a
 //! destructive step depends on is read here, every round that has a suspect.
 
-use crate::sharedvolume::classify::Filters;
+use crate::sharedvolume::filters::Filters;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;

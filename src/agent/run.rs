@@ -2,7 +2,7 @@
 //! expires, or the periodic safety-net intervals; read, decide, act. [`run`] wires the parts,
 //! [`Rounds`] turns the loop.
 
-use crate::sharedvolume::classify::Filters;
+use crate::sharedvolume::filters::Filters;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@ use super::book::ClaimBook;
 use super::cache::Caches;
 use crate::events::EventSink;
 use crate::metrics::ControllerMetrics;
-use crate::sharedvolume::classify::Filters;
+use crate::sharedvolume::filters::Filters;
 use crate::volume::VolumeBackend;
 
 /// Settings of one reconcile, from the command line.

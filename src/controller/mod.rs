@@ -30,7 +30,7 @@ use crate::cli::{ControllerArgs, VolumeBackendKind};
 use crate::events::{EventSettings, EventSink};
 use crate::metrics::ControllerMetrics;
 use crate::names::CONTROLLER_NAME;
-use crate::sharedvolume::classify;
+use crate::sharedvolume::filters::Filters;
 use crate::shutdown::Shutdown;
 use crate::volume::storageos::api::HttpSettings;
 use crate::volume::{self, BackendSettings};
@@ -71,7 +71,7 @@ pub async fn run(
     let client = fenced_client(config, fence.clone(), &args.identity)?;
     let backend = volume::backend(backend_settings(&args), &client)?;
     let settings = ReconcileSettings {
-        filters: classify::Filters {
+        filters: Filters {
             storage_classes: args.storage_class.clone(),
             csi_drivers: args.csi_driver.clone(),
         },

@@ -482,8 +482,8 @@ mod tests {
     use crate::events::EventSink;
     use crate::metrics::ControllerMetrics;
     use crate::names::{MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
-    use crate::sharedvolume::classify::Filters;
     use crate::sharedvolume::desired::EndpointObjects;
+    use crate::sharedvolume::filters::Filters;
     use crate::volume::kubernetes::{PvAnnotations, volume_from_pv};
 
     use super::super::context::ReconcileSettings;

@@ -10,7 +10,7 @@
 use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec};
 use kube::ResourceExt;
 
-use super::classify::Filters;
+use super::filters::Filters;
 use crate::names::{
     MOUNT_ENDPOINT_ANNOTATION, MOVE_STAMP_ANNOTATION, SERVED_ELSEWHERE_ATTRIBUTES, SERVICE_ENDPOINT_ANNOTATION,
     SHARED_VOLUME_OPT_OUT_ANNOTATION,

@@ -7,4 +7,5 @@
 pub mod claim;
 pub mod classify;
 pub mod desired;
+pub mod filters;
 pub mod stamp;
