@@ -159,8 +159,8 @@ async fn reconcile_claim(
     };
     let key = ClaimKey::of(claim);
     let (found, current) = match follow_moves(claim, ctx, &key, found, tells).await? {
-        Ok(read) => read,
-        Err(outcome) => return Ok(outcome),
+        Followed::Ready(ready) => *ready,
+        Followed::Ended(outcome) => return Ok(outcome),
     };
     let Found { pv, volume, shared, .. } = found;
     let plan = Plan::of(&shared);
@@ -198,6 +198,15 @@ async fn reconcile_claim(
     publish_mount_endpoint(ctx, &pv, &volume, &shared, ensured, tells).await
 }
 
+/// Where following an agent's move left the reconcile.
+enum Followed {
+    /// What to plan from: the volume and its objects as they are (boxed: they are large, and the
+    /// other way out is small).
+    Ready(Box<(Found, Current)>),
+    /// The reconcile ends here: the move is held, or the fresh PV is no longer served.
+    Ended(Outcome),
+}
+
 /// Reads the claim's objects, and where they differ from the PV because an agent is moving
 /// them, reads again what [`move_step`] asks for: the PV (it may lag in the cache) or the
 /// endpoints (the agent may have written them already). Ends with what to plan from, or with
@@ -208,7 +217,7 @@ async fn follow_moves(
     key: &ClaimKey,
     mut found: Found,
     tells: &mut Tells,
-) -> Result<Result<(Found, Current), Outcome>, ReconcileError> {
+) -> Result<Followed, ReconcileError> {
     let (mut current, mut objects_fresh) = read_current(ctx, &found.shared).await?;
     let held = ctx.read_book(|book| book.held(key).map(|(stamp, until)| (stamp.clone(), until)));
     loop {
@@ -217,13 +226,13 @@ async fn follow_moves(
             expired: Instant::now() >= *until,
         });
         match move_step(&found.sight(), &current.pointing(), objects_fresh, held) {
-            MoveStep::Proceed => return Ok(Ok((found, current))),
+            MoveStep::Proceed => return Ok(Followed::Ready(Box::new((found, current)))),
             MoveStep::ReadPv => {
                 let name = found.pv.metadata.name.clone().unwrap_or_default();
                 let pv = Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(&name).await?;
                 found = match find_shared_volume(claim, ctx, pv, true).await? {
                     Ok(found) => found,
-                    Err(why) => return Ok(Err(not_managed(ctx, claim, why, tells))),
+                    Err(why) => return Ok(Followed::Ended(not_managed(ctx, claim, why, tells))),
                 };
             }
             MoveStep::ReadEndpoints => {
@@ -236,7 +245,7 @@ async fn follow_moves(
                 let now = Instant::now();
                 let mut wait = MOVE_HOLD;
                 ctx.book(|book| wait = book.hold(key, stamp, now + MOVE_HOLD, now));
-                return Ok(Err(Outcome::MoveHeld(wait)));
+                return Ok(Followed::Ended(Outcome::MoveHeld(wait)));
             }
         }
     }
