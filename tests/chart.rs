@@ -26,9 +26,22 @@ fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
 #[ignore = "needs helm: run `make test`"]
 fn the_chart_lints_and_renders_defaults_and_overrides() {
     run(tool("helm").args(["lint", "--strict", CHART]));
-
     let defaults = template(&[]);
-    let deployment = find(&defaults, "Deployment", "demo-shared-volume-controller-controller");
+    the_controller_runs_locked_down(&defaults);
+    the_agent_runs_on_the_host_and_stays_through_a_drain(&defaults);
+    for kind in ["Deployment", "DaemonSet"] {
+        let pod = &defaults.iter().find(|o| o["kind"] == kind).unwrap()["spec"]["template"]["spec"];
+        assert_eq!(pod["enableServiceLinks"], false, "no Service links in the environment");
+    }
+    the_writers_are_narrowed_and_put_first_in_line(&defaults);
+    the_conntrack_repair_runs_everywhere_with_net_admin_alone(&defaults);
+    the_dashboard_ships_and_no_monitor_unasked(&defaults);
+    overrides_render();
+    typos_are_refused_by_the_schema();
+}
+
+fn the_controller_runs_locked_down(defaults: &[Value]) {
+    let deployment = find(defaults, "Deployment", "demo-shared-volume-controller-controller");
     assert_eq!(deployment["spec"]["replicas"], 2);
     let pod = &deployment["spec"]["template"]["spec"];
     assert!(pod["affinity"]["podAntiAffinity"].is_object());
@@ -46,12 +59,14 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         "empty flags are left unset"
     );
     find(
-        &defaults,
+        defaults,
         "PodDisruptionBudget",
         "demo-shared-volume-controller-controller",
     );
+}
 
-    let daemonset = find(&defaults, "DaemonSet", "demo-shared-volume-controller-agent");
+fn the_agent_runs_on_the_host_and_stays_through_a_drain(defaults: &[Value]) {
+    let daemonset = find(defaults, "DaemonSet", "demo-shared-volume-controller-agent");
     let pod = &daemonset["spec"]["template"]["spec"];
     let agent = &pod["containers"][0];
     assert_eq!(agent["securityContext"]["privileged"], false);
@@ -75,9 +90,26 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         "on the host network the agent listens on the node's own address"
     );
     assert_eq!(pod["priorityClassName"], "system-node-critical");
-    for pod in [pod, &deployment["spec"]["template"]["spec"]] {
-        assert_eq!(pod["enableServiceLinks"], false, "no Service links in the environment");
-    }
+    let tolerated: Vec<&str> = pod["tolerations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        tolerated,
+        [
+            "drbd.linbit.com/lost-quorum",
+            "drbd.linbit.com/force-io-error",
+            "piraeus.io/evacuate",
+            "piraeus.io/evacuate"
+        ],
+        "the agent stays on a node being drained"
+    );
+}
+
+/// The admission policies, each bound with Deny, and the accounts' own API priority level.
+fn the_writers_are_narrowed_and_put_first_in_line(defaults: &[Value]) {
     let policies: Vec<&str> = defaults
         .iter()
         .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
@@ -85,11 +117,11 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
         .collect();
     assert_eq!(policies.len(), 8, "{policies:?}");
     for policy in &policies {
-        let binding = find(&defaults, "ValidatingAdmissionPolicyBinding", policy);
+        let binding = find(defaults, "ValidatingAdmissionPolicyBinding", policy);
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
     }
     let attachments = find(
-        &defaults,
+        defaults,
         "ValidatingAdmissionPolicy",
         "storage-demo-shared-volume-controller-agent-attachments",
     );
@@ -99,8 +131,7 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
             .unwrap()
             .contains(r#"["linstor.csi.linbit.com"]"#)
     );
-    the_conntrack_repair_runs_everywhere_with_net_admin_alone(&defaults);
-    let flow = find(&defaults, "FlowSchema", "storage-demo-shared-volume-controller");
+    let flow = find(defaults, "FlowSchema", "storage-demo-shared-volume-controller");
     let subjects: Vec<&str> = flow["spec"]["rules"][0]["subjects"]
         .as_array()
         .unwrap()
@@ -123,24 +154,10 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     assert!(!without_priority.iter().any(|o| o["kind"] == "FlowSchema"));
     let without = template(&["admissionPolicies.enabled=false"]);
     assert!(!without.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
-    let tolerated: Vec<&str> = pod["tolerations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["key"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        tolerated,
-        [
-            "drbd.linbit.com/lost-quorum",
-            "drbd.linbit.com/force-io-error",
-            "piraeus.io/evacuate",
-            "piraeus.io/evacuate"
-        ],
-        "the agent stays on a node being drained"
-    );
+}
 
-    let dashboard = find(&defaults, "ConfigMap", "demo-shared-volume-controller-dashboard");
+fn the_dashboard_ships_and_no_monitor_unasked(defaults: &[Value]) {
+    let dashboard = find(defaults, "ConfigMap", "demo-shared-volume-controller-dashboard");
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
     let shipped: Value =
         serde_json::from_str(dashboard["data"]["shared-volume-controller.json"].as_str().unwrap()).unwrap();
@@ -156,7 +173,9 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
             .iter()
             .any(|o| o["kind"] == "ServiceMonitor" || o["kind"] == "PodMonitor")
     );
+}
 
+fn overrides_render() {
     let custom = template(&[
         "controller.replicas=3",
         "controller.flags.storage-class=fast\\,slow",
@@ -201,28 +220,6 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     assert_eq!(env_value(agent, "NODE_DRAIN_POLICY"), Some("evacuate"));
     assert!(agent["env"].as_array().unwrap().iter().all(|e| e["name"] != "NODE_IP"));
     assert_eq!(agent_pod["tolerations"].as_array().unwrap().len(), 5);
-    for (typo, says) in [
-        (
-            "agent.flags.fail-over-timout=5s",
-            "additional properties 'fail-over-timout' not allowed",
-        ),
-        (
-            "controller.flag.leader-elect=false",
-            "additional properties 'flag' not allowed",
-        ),
-        (
-            "agent.flags.node-drain-policy=evict",
-            "value must be one of 'ignore', 'evacuate'",
-        ),
-        ("agent.flags.fail-over-timeout=five", "/agent/flags/fail-over-timeout"),
-        // Host-network DaemonSets: a surge pod would bind the node's port beside the old one.
-        (
-            "agent.updateStrategy.rollingUpdate.maxSurge=1",
-            "additional properties 'maxSurge' not allowed",
-        ),
-    ] {
-        refused_with(&[typo], says);
-    }
     let single = template(&["controller.replicas=1"]);
     assert!(
         !single.iter().any(|o| o["kind"] == "PodDisruptionBudget"),
@@ -245,6 +242,31 @@ fn the_chart_lints_and_renders_defaults_and_overrides() {
     let dashboard = find(&custom, "ConfigMap", "demo-shared-volume-controller-dashboard");
     assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard_custom"], "yes");
     assert!(!custom.iter().any(|o| o["kind"] == "PodDisruptionBudget"));
+}
+
+fn typos_are_refused_by_the_schema() {
+    for (typo, says) in [
+        (
+            "agent.flags.fail-over-timout=5s",
+            "additional properties 'fail-over-timout' not allowed",
+        ),
+        (
+            "controller.flag.leader-elect=false",
+            "additional properties 'flag' not allowed",
+        ),
+        (
+            "agent.flags.node-drain-policy=evict",
+            "value must be one of 'ignore', 'evacuate'",
+        ),
+        ("agent.flags.fail-over-timeout=five", "/agent/flags/fail-over-timeout"),
+        // Host-network DaemonSets: a surge pod would bind the node's port beside the old one.
+        (
+            "agent.updateStrategy.rollingUpdate.maxSurge=1",
+            "additional properties 'maxSurge' not allowed",
+        ),
+    ] {
+        refused_with(&[typo], says);
+    }
 }
 
 /// `kubectl auth can-i` as a ServiceAccount: does it have the permission?
