@@ -303,14 +303,8 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     let name = |component: &str| format!("{release}-shared-volume-controller-{component}");
     // Cluster-wide objects carry the release namespace first.
     let cluster_name = |component: &str| format!("{}-{}", env.ns, name(component));
-    let get = |kind: &str, object: &str, namespaced: bool| {
-        let mut kubectl = tool("kubectl");
-        kubectl.args(["get", kind, object, "-o", "name"]);
-        if namespaced {
-            kubectl.args(["-n", &env.ns]);
-        }
-        kubectl.output().unwrap().status.success()
-    };
+    let priority_level = format!("{}-{release}-shared-volume-controller", env.ns);
+    let get = |kind: &str, object: &str, namespaced: bool| exists(namespaced.then_some(env.ns.as_str()), kind, object);
     for (kind, object, namespaced) in [
         ("deployment", name("controller"), true),
         ("daemonset", name("agent"), true),
@@ -329,16 +323,8 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         ),
         ("clusterrole", cluster_name("controller"), false),
         ("clusterrole", cluster_name("agent"), false),
-        (
-            "flowschema",
-            format!("{}-{release}-shared-volume-controller", env.ns),
-            false,
-        ),
-        (
-            "prioritylevelconfiguration",
-            format!("{}-{release}-shared-volume-controller", env.ns),
-            false,
-        ),
+        ("flowschema", priority_level.clone(), false),
+        ("prioritylevelconfiguration", priority_level.clone(), false),
         ("servicemonitor", name("controller"), true),
         ("servicemonitor", name("agent"), true),
         ("prometheusrule", format!("{release}-shared-volume-controller"), true),
@@ -349,75 +335,64 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
     let controller = format!("system:serviceaccount:{}:{}", env.ns, name("controller"));
     let agent = format!("system:serviceaccount:{}:{}", env.ns, name("agent"));
     let conntrack = format!("system:serviceaccount:{}:{}", env.ns, name("conntrack"));
-    let ns = env.ns.as_str();
-    let elsewhere = "kube-system";
-    // (who, namespace, verb, resource, allowed)
-    let matrix = [
-        (&controller, ns, "list", "persistentvolumeclaims", true),
-        (&controller, ns, "watch", "persistentvolumes", true),
-        (&controller, ns, "patch", "persistentvolumes", true),
-        (&controller, elsewhere, "create", "services", true),
-        (&controller, elsewhere, "patch", "endpoints", true),
-        (
-            &controller,
-            elsewhere,
-            "create",
-            "endpointslices.discovery.k8s.io",
-            true,
-        ),
-        (
-            &controller,
-            elsewhere,
-            "delete",
-            "endpointslices.discovery.k8s.io",
-            true,
-        ),
-        (&controller, elsewhere, "create", "events.events.k8s.io", true),
-        (&controller, ns, "create", "leases.coordination.k8s.io", true),
-        (&controller, ns, "update", "leases.coordination.k8s.io", false),
-        (&controller, ns, "patch", "leases.coordination.k8s.io", false),
-        (&controller, ns, "watch", "leases.coordination.k8s.io", false),
-        (&controller, elsewhere, "create", "leases.coordination.k8s.io", false),
-        (&controller, elsewhere, "delete", "services", false),
-        (&controller, elsewhere, "delete", "pods", false),
-        (&controller, elsewhere, "create", "pods/eviction", false),
-        (&controller, ns, "patch", "nodes", false),
-        (&controller, ns, "delete", "volumeattachments.storage.k8s.io", false),
-        (&controller, ns, "delete", "persistentvolumes", false),
-        (&controller, ns, "get", "secrets", false),
-        (&agent, elsewhere, "list", "pods", true),
-        (&agent, elsewhere, "delete", "pods", true),
-        (&agent, elsewhere, "create", "pods/eviction", true),
-        (&agent, ns, "patch", "nodes", true),
-        (&agent, ns, "update", "nodes", false),
-        (&agent, ns, "watch", "leases.coordination.k8s.io", true),
-        (&agent, ns, "delete", "volumeattachments.storage.k8s.io", true),
-        (&agent, ns, "patch", "persistentvolumes", true),
-        (&agent, elsewhere, "patch", "endpointslices.discovery.k8s.io", true),
-        (&agent, elsewhere, "patch", "endpoints", true),
-        (&agent, elsewhere, "create", "events.events.k8s.io", true),
-        (&agent, ns, "patch", "leases.coordination.k8s.io", true),
-        (&agent, ns, "update", "leases.coordination.k8s.io", false),
-        (&agent, elsewhere, "patch", "leases.coordination.k8s.io", false),
-        (&agent, ns, "get", "volumeattachments.storage.k8s.io", false),
-        (&agent, ns, "get", "persistentvolumes", false),
-        (&agent, elsewhere, "create", "services", false),
-        (&agent, elsewhere, "delete", "services", false),
-        // Allowed by RBAC, narrowed to the product's own slices by an admission policy.
-        (&agent, elsewhere, "delete", "endpointslices.discovery.k8s.io", true),
-        (&agent, ns, "delete", "persistentvolumes", false),
-        (&agent, ns, "delete", "nodes", false),
-        (&agent, elsewhere, "create", "pods", false),
-        (&agent, ns, "get", "secrets", false),
-        (&conntrack, elsewhere, "list", "endpointslices.discovery.k8s.io", true),
-        (&conntrack, elsewhere, "watch", "endpointslices.discovery.k8s.io", true),
-        (&conntrack, elsewhere, "get", "endpointslices.discovery.k8s.io", false),
-        (&conntrack, elsewhere, "patch", "endpointslices.discovery.k8s.io", false),
-        (&conntrack, elsewhere, "get", "services", false),
-        (&conntrack, elsewhere, "list", "pods", false),
-        (&conntrack, elsewhere, "create", "events.events.k8s.io", false),
-        (&conntrack, ns, "get", "leases.coordination.k8s.io", false),
-    ];
+    rbac_is_least_privilege(&env.ns, &controller, &agent, &conntrack);
+
+    run_as_the_charts_service_accounts(&env, &controller, &agent).await;
+    the_conntrack_repair_runs_as_its_account(&env, &conntrack).await;
+    attacker::what_an_attacker_tries_is_refused(&env, &controller, &agent).await;
+
+    uninstalls_cleanly(&env, &release);
+    run(tool("kubectl").args(["delete", "-f", MONITORING_CRDS]));
+    env.cleanup().await;
+}
+
+/// Whether `kind/object` exists (in `namespace`, or cluster-wide without one).
+fn exists(namespace: Option<&str>, kind: &str, object: &str) -> bool {
+    let mut kubectl = tool("kubectl");
+    kubectl.args(["get", kind, object, "-o", "name"]);
+    if let Some(namespace) = namespace {
+        kubectl.args(["-n", namespace]);
+    }
+    kubectl.output().unwrap().status.success()
+}
+
+/// `helm uninstall` removes the release's objects, cluster-wide ones included, and its record.
+fn uninstalls_cleanly(env: &TestEnv, release: &str) {
+    let name = |component: &str| format!("{release}-shared-volume-controller-{component}");
+    let cluster_name = |component: &str| format!("{}-{}", env.ns, name(component));
+    let priority_level = format!("{}-{release}-shared-volume-controller", env.ns);
+    let get = |kind: &str, object: &str, namespaced: bool| exists(namespaced.then_some(env.ns.as_str()), kind, object);
+    run(tool("helm").args(["uninstall", release, "--namespace", &env.ns, "--wait"]));
+    assert!(
+        !get("clusterrole", &cluster_name("controller"), false),
+        "cluster roles removed"
+    );
+    assert!(!get("clusterrole", &cluster_name("agent"), false));
+    assert!(!get("deployment", &name("controller"), true));
+    assert!(!get("daemonset", &name("agent"), true));
+    assert!(!get("daemonset", &name("conntrack"), true));
+    assert!(!get("clusterrole", &cluster_name("conntrack"), false));
+    assert!(!get("flowschema", &priority_level, false), "the FlowSchema removed");
+    let secrets_left = tool("kubectl")
+        .args(["get", "secrets", "-n", &env.ns, "-l", "owner=helm", "-o", "name"])
+        .output()
+        .unwrap();
+    assert!(secrets_left.stdout.is_empty(), "helm's release record removed");
+    assert!(!get(
+        "prometheusrule",
+        &format!("{release}-shared-volume-controller"),
+        true
+    ));
+}
+
+/// (who, namespace, verb, resource, allowed): what `kubectl auth can-i` must answer.
+type Permission<'a> = (&'a str, &'a str, &'a str, &'a str, bool);
+
+/// Every account may do what its job needs and nothing of the rest, by RBAC alone.
+fn rbac_is_least_privilege(ns: &str, controller: &str, agent: &str, conntrack: &str) {
+    let mut matrix = controller_permissions(ns, controller);
+    matrix.extend(agent_permissions(ns, agent));
+    matrix.extend(conntrack_permissions(ns, conntrack));
     let wrong: Vec<String> = matrix
         .iter()
         .filter(|(who, namespace, verb, resource, allowed)| can(who, namespace, verb, resource) != *allowed)
@@ -433,35 +408,75 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         "RBAC differs from least privilege:\n{}",
         wrong.join("\n")
     );
+}
 
-    run_as_the_charts_service_accounts(&env, &controller, &agent).await;
-    the_conntrack_repair_runs_as_its_account(&env, &conntrack).await;
-    attacker::what_an_attacker_tries_is_refused(&env, &controller, &agent).await;
+const ELSEWHERE: &str = "kube-system";
 
-    run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
-    assert!(
-        !get("clusterrole", &cluster_name("controller"), false),
-        "cluster roles removed"
-    );
-    assert!(!get("clusterrole", &cluster_name("agent"), false));
-    assert!(!get("deployment", &name("controller"), true));
-    assert!(!get("daemonset", &name("agent"), true));
-    assert!(!get("daemonset", &name("conntrack"), true));
-    assert!(!get("clusterrole", &cluster_name("conntrack"), false));
-    let flow_schema = format!("{}-{release}-shared-volume-controller", env.ns);
-    assert!(!get("flowschema", &flow_schema, false), "the FlowSchema removed");
-    let secrets_left = tool("kubectl")
-        .args(["get", "secrets", "-n", &env.ns, "-l", "owner=helm", "-o", "name"])
-        .output()
-        .unwrap();
-    assert!(secrets_left.stdout.is_empty(), "helm's release record removed");
-    assert!(!get(
-        "prometheusrule",
-        &format!("{release}-shared-volume-controller"),
-        true
-    ));
-    run(tool("kubectl").args(["delete", "-f", MONITORING_CRDS]));
-    env.cleanup().await;
+fn controller_permissions<'a>(ns: &'a str, controller: &'a str) -> Vec<Permission<'a>> {
+    vec![
+        (controller, ns, "list", "persistentvolumeclaims", true),
+        (controller, ns, "watch", "persistentvolumes", true),
+        (controller, ns, "patch", "persistentvolumes", true),
+        (controller, ELSEWHERE, "create", "services", true),
+        (controller, ELSEWHERE, "patch", "endpoints", true),
+        (controller, ELSEWHERE, "create", "endpointslices.discovery.k8s.io", true),
+        (controller, ELSEWHERE, "delete", "endpointslices.discovery.k8s.io", true),
+        (controller, ELSEWHERE, "create", "events.events.k8s.io", true),
+        (controller, ns, "create", "leases.coordination.k8s.io", true),
+        (controller, ns, "update", "leases.coordination.k8s.io", false),
+        (controller, ns, "patch", "leases.coordination.k8s.io", false),
+        (controller, ns, "watch", "leases.coordination.k8s.io", false),
+        (controller, ELSEWHERE, "create", "leases.coordination.k8s.io", false),
+        (controller, ELSEWHERE, "delete", "services", false),
+        (controller, ELSEWHERE, "delete", "pods", false),
+        (controller, ELSEWHERE, "create", "pods/eviction", false),
+        (controller, ns, "patch", "nodes", false),
+        (controller, ns, "delete", "volumeattachments.storage.k8s.io", false),
+        (controller, ns, "delete", "persistentvolumes", false),
+        (controller, ns, "get", "secrets", false),
+    ]
+}
+
+fn agent_permissions<'a>(ns: &'a str, agent: &'a str) -> Vec<Permission<'a>> {
+    vec![
+        (agent, ELSEWHERE, "list", "pods", true),
+        (agent, ELSEWHERE, "delete", "pods", true),
+        (agent, ELSEWHERE, "create", "pods/eviction", true),
+        (agent, ns, "patch", "nodes", true),
+        (agent, ns, "update", "nodes", false),
+        (agent, ns, "watch", "leases.coordination.k8s.io", true),
+        (agent, ns, "delete", "volumeattachments.storage.k8s.io", true),
+        (agent, ns, "patch", "persistentvolumes", true),
+        (agent, ELSEWHERE, "patch", "endpointslices.discovery.k8s.io", true),
+        (agent, ELSEWHERE, "patch", "endpoints", true),
+        (agent, ELSEWHERE, "create", "events.events.k8s.io", true),
+        (agent, ns, "patch", "leases.coordination.k8s.io", true),
+        (agent, ns, "update", "leases.coordination.k8s.io", false),
+        (agent, ELSEWHERE, "patch", "leases.coordination.k8s.io", false),
+        (agent, ns, "get", "volumeattachments.storage.k8s.io", false),
+        (agent, ns, "get", "persistentvolumes", false),
+        (agent, ELSEWHERE, "create", "services", false),
+        (agent, ELSEWHERE, "delete", "services", false),
+        // Allowed by RBAC, narrowed to the product's own slices by an admission policy.
+        (agent, ELSEWHERE, "delete", "endpointslices.discovery.k8s.io", true),
+        (agent, ns, "delete", "persistentvolumes", false),
+        (agent, ns, "delete", "nodes", false),
+        (agent, ELSEWHERE, "create", "pods", false),
+        (agent, ns, "get", "secrets", false),
+    ]
+}
+
+fn conntrack_permissions<'a>(ns: &'a str, conntrack: &'a str) -> Vec<Permission<'a>> {
+    vec![
+        (conntrack, ELSEWHERE, "list", "endpointslices.discovery.k8s.io", true),
+        (conntrack, ELSEWHERE, "watch", "endpointslices.discovery.k8s.io", true),
+        (conntrack, ELSEWHERE, "get", "endpointslices.discovery.k8s.io", false),
+        (conntrack, ELSEWHERE, "patch", "endpointslices.discovery.k8s.io", false),
+        (conntrack, ELSEWHERE, "get", "services", false),
+        (conntrack, ELSEWHERE, "list", "pods", false),
+        (conntrack, ELSEWHERE, "create", "events.events.k8s.io", false),
+        (conntrack, ns, "get", "leases.coordination.k8s.io", false),
+    ]
 }
 
 /// The README's install command, run as written (through bash, as a user pastes it) but with this
