@@ -64,7 +64,10 @@ fn drbd() -> DrbdState {
         .map(|i| Resource {
             name: format!("pvc-{i}"),
             role: "Secondary".into(),
-            devices: vec![Device { quorum: true }],
+            devices: vec![Device {
+                quorum: true,
+                ..Default::default()
+            }],
             connections: vec![Connection {
                 name: "node-1".into(),
                 connection_state: "Connecting".into(),

@@ -311,6 +311,20 @@ pub struct AgentArgs {
     /// Publish only volumes of this CSI driver (repeatable; env: comma-separated). Default: all.
     #[arg(long, env = "CSI_DRIVER", value_delimiter = ',')]
     pub csi_driver: Vec<String>,
+    /// drbd-reactor's snippets directory: for each shared volume with a disk on this node the agent
+    /// writes a promoter snippet there (`shared-volume-<resource>.toml`) and removes it once the
+    /// volume leaves the node. Default: none written.
+    #[arg(long, env = "PROMOTER_SNIPPETS_DIR")]
+    pub promoter_snippets_dir: Option<std::path::PathBuf>,
+    /// The systemd units a promoter snippet starts in order after promoting the resource
+    /// (`{resource}`: the DRBD resource's name).
+    #[arg(
+        long,
+        env = "PROMOTER_START",
+        value_delimiter = ',',
+        default_value = "shared-volume-fs@{resource}.service,shared-volume-nfs@{resource}.service"
+    )]
+    pub promoter_start: Vec<String>,
     /// Also fail over pods with volumes that are not safe to fail over (hostPath, other network storage…).
     #[arg(long, env = "FAIL_OVER_UNSAFE_PODS")]
     pub fail_over_unsafe_pods: bool,

@@ -38,6 +38,8 @@ pub const CONNTRACK_FAILURES: &str = "storageos_shared_volume_conntrack_failures
 pub const CONNTRACK_SWEEPS: &str = "storageos_shared_volume_conntrack_sweeps_total";
 pub const CONNTRACK_SWEEPING: &str = "storageos_shared_volume_conntrack_volumes_sweeping";
 pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
+pub const AGENT_PROMOTER_SNIPPETS: &str = "storageos_drbd_agent_promoter_snippets";
+pub const AGENT_PROMOTER_SNIPPET_FAILURES: &str = "storageos_drbd_agent_promoter_snippet_failures_total";
 
 /// Reconcile-duration buckets, 1 ms to 30 s.
 const RECONCILE_BUCKETS: &[f64] = &[
@@ -228,6 +230,10 @@ pub struct AgentMetrics {
     pub watch_events: IntCounterVec,
     /// Pods of Piraeus's own HA Controller running on this node: both act on the same taints.
     pub piraeus_ha_controllers: IntGauge,
+    /// The drbd-reactor promoter snippets this agent keeps (`--promoter-snippets-dir`).
+    pub promoter_snippets: IntGauge,
+    /// Rounds whose snippets directory could not be read or written.
+    pub promoter_snippet_failures: IntCounter,
 }
 
 impl AgentMetrics {
@@ -306,6 +312,16 @@ impl AgentMetrics {
                 registry,
                 AGENT_PIRAEUS_HA_CONTROLLERS,
                 "Pods of Piraeus's HA Controller running on this node; it acts on the same taints, pods and attachments (turn it off).",
+            )?,
+            promoter_snippets: int_gauge(
+                registry,
+                AGENT_PROMOTER_SNIPPETS,
+                "drbd-reactor promoter snippets this agent keeps for the shared volumes on its node.",
+            )?,
+            promoter_snippet_failures: counter(
+                registry,
+                AGENT_PROMOTER_SNIPPET_FAILURES,
+                "Rounds whose drbd-reactor snippets directory could not be read or written.",
             )?,
         })
     }

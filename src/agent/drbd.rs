@@ -49,6 +49,9 @@ pub struct Resource {
 pub struct Device {
     #[serde(default)]
     pub quorum: bool,
+    /// The local replica's disk: `UpToDate`, `Diskless` (a tie-breaker)…
+    #[serde(rename = "disk-state", default)]
+    pub disk_state: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]

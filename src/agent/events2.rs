@@ -42,8 +42,8 @@ struct Kept {
     /// `no-data`, `fencing`, `quorum`). Empty until a line says.
     suspended: String,
     force_io_failures: bool,
-    /// Quorum by volume number.
-    devices: BTreeMap<u32, bool>,
+    /// Quorum and disk state by volume number.
+    devices: BTreeMap<u32, Device>,
     /// By peer node id (a `change` line may not repeat the connection's name).
     connections: BTreeMap<u32, Connection>,
     /// The peers' disk states, by (peer node id, volume number).
@@ -64,7 +64,7 @@ impl Events2State {
                 name: name.clone(),
                 role: kept.role.clone(),
                 force_io_failures: kept.force_io_failures,
-                devices: kept.devices.values().map(|quorum| Device { quorum: *quorum }).collect(),
+                devices: kept.devices.values().cloned().collect(),
                 connections: kept
                     .connections
                     .iter()
@@ -238,12 +238,15 @@ fn apply_device(resource: &mut Kept, verb: Verb, volume: u32, fields: &BTreeMap<
         return removed(resource.devices.remove(&volume).is_some());
     }
     let created = !resource.devices.contains_key(&volume);
-    let quorum = resource.devices.entry(volume).or_insert(false);
-    let before = *quorum;
+    let device = resource.devices.entry(volume).or_default();
+    let before = device.clone();
     if let Some(value) = fields.get("quorum") {
-        *quorum = *value == "yes";
+        device.quorum = *value == "yes";
     }
-    settled(created, before != *quorum)
+    if let Some(disk) = fields.get("disk") {
+        device.disk_state = (*disk).to_owned();
+    }
+    settled(created, before != *device)
 }
 
 fn apply_connection(resource: &mut Kept, verb: Verb, peer: u32, fields: &BTreeMap<&str, &str>) -> Applied {

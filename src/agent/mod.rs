@@ -18,6 +18,7 @@ pub mod guard;
 pub mod heartbeat;
 pub mod observe;
 mod peers;
+pub mod promoter;
 pub mod report;
 pub mod run;
 pub mod source;

@@ -78,7 +78,10 @@ mod tests {
             resources: vec![Resource {
                 name: "pvc-1".into(),
                 role: "Primary".into(),
-                devices: vec![Device { quorum: true }],
+                devices: vec![Device {
+                    quorum: true,
+                    ..Default::default()
+                }],
                 connections: vec![
                     Connection {
                         name: "b".into(),

@@ -23,6 +23,7 @@ use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
 use super::observe::observe;
 use super::peers::PeerReads;
+use super::promoter::{PromoterSettings, PromoterSnippets};
 use super::report::Report;
 use super::source::{DrbdChange, DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
@@ -156,6 +157,7 @@ struct Rounds {
     /// the status interval, not in a tight loop.
     next_read: Instant,
     next_resync: Instant,
+    promoter: Option<PromoterSnippets>,
 }
 
 impl Rounds {
@@ -212,6 +214,12 @@ impl Rounds {
             last_read: None,
             next_read: Instant::now(),
             next_resync: Instant::now() + *args.resync_interval,
+            promoter: args.promoter_snippets_dir.clone().map(|dir| {
+                PromoterSnippets::new(PromoterSettings {
+                    dir,
+                    start: args.promoter_start.clone(),
+                })
+            }),
         }
     }
 
@@ -381,6 +389,7 @@ impl Rounds {
         let cached = observe(&self.node, self.node_ip, state.clone(), &snapshot, &self.publishable);
         let piraeus_here = i64::try_from(cached.piraeus_ha_controllers.len()).unwrap_or(i64::MAX);
         self.metrics.piraeus_ha_controllers.set(piraeus_here);
+        self.sync_promoter_snippets(&cached).await;
         let mut publications = decide::publications(&cached, &self.settings, &mut self.timers);
         let now = Instant::now();
         if now >= self.next_resync {
@@ -414,6 +423,18 @@ impl Rounds {
         }
         let storage_nodes = observed.storage_nodes();
         self.executor.run(Scope::Steps, actions, read_at, &storage_nodes).await;
+    }
+
+    /// Brings drbd-reactor's snippets up to date with the cached view (`--promoter-snippets-dir`).
+    async fn sync_promoter_snippets(&mut self, observed: &Observed) {
+        let Some(promoter) = self.promoter.as_mut() else { return };
+        match promoter.sync(&observed.volumes, &observed.drbd).await {
+            Ok(held) => self.metrics.promoter_snippets.set(i64::try_from(held).unwrap_or(i64::MAX)),
+            Err(error) => {
+                self.metrics.promoter_snippet_failures.inc();
+                tracing::warn!(%error, "could not bring drbd-reactor's promoter snippets up to date; tried again next round (is the snippets directory mounted and writable?)");
+            }
+        }
     }
 }
 

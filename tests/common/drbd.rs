@@ -124,7 +124,7 @@ pub fn resource(name: &str, role: &str, quorum: bool, peers: &[(&str, &str, &str
         .collect();
     let devices: Vec<Value> = VOLUMES
         .iter()
-        .map(|v| json!({"volume": v, "quorum": quorum, "ap-in-flight": 18446744073709551608u64}))
+        .map(|v| json!({"volume": v, "disk-state": "UpToDate", "quorum": quorum, "ap-in-flight": 18446744073709551608u64}))
         .collect();
     json!({
         "name": name, "role": role, "suspended": false, "suspended-user": false, "suspended-no-data": false,
@@ -147,6 +147,14 @@ pub fn with_diskless_peer(mut resource: Value, peer: &str) -> Value {
                 }
             }
         }
+    }
+    resource
+}
+
+/// `resource` as a diskless tie-breaker states it: its own replica holds no data.
+pub fn diskless(mut resource: Value) -> Value {
+    for device in resource["devices"].as_array_mut().into_iter().flatten() {
+        device["disk-state"] = json!("Diskless");
     }
     resource
 }

@@ -19,7 +19,10 @@ pub(crate) fn resource(role: &str, quorum: bool, peers: &[(&str, &str, &str)]) -
     Resource {
         name: "pvc-1".into(),
         role: role.into(),
-        devices: vec![Device { quorum }],
+        devices: vec![Device {
+            quorum,
+            ..Default::default()
+        }],
         connections: peers
             .iter()
             .map(|(name, state, role)| Connection {

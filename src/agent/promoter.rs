@@ -1,0 +1,300 @@
+//! drbd-reactor promoter snippets for the shared volumes replicated on this node: one file per
+//! volume in drbd-reactor's snippets directory, so that nothing is written by hand per volume on
+//! the nodes. drbd-reactor (with its `drbd-reactor-reload.path` unit) picks up a new or removed
+//! file, promotes the resource where it can and starts the units that serve it.
+//!
+//! Which files there should be is decided here (pure); [`PromoterSnippets::sync`] makes the
+//! directory say so, touching only the files it names itself.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
+
+use super::drbd::{DrbdState, PRIMARY};
+use super::view::VolumeView;
+
+/// Snippets this agent writes are named `<PREFIX><resource>.toml`; no other file is touched.
+const PREFIX: &str = "shared-volume-";
+const SUFFIX: &str = ".toml";
+/// The placeholder in `--promoter-start` units.
+pub const RESOURCE_PLACEHOLDER: &str = "{resource}";
+
+/// What a snippet asks of drbd-reactor for one resource.
+#[derive(Clone, Debug)]
+pub struct PromoterSettings {
+    pub dir: PathBuf,
+    /// Systemd units started in order after the promotion, `{resource}` replaced.
+    pub start: Vec<String>,
+}
+
+/// The snippet for `resource`: promote it here when possible, then start `start` in order; a
+/// failed demotion reboots the node, as drbd-reactor recommends, so that another node can take over.
+pub fn snippet(resource: &str, pv: &str, start: &[String]) -> String {
+    let units: Vec<String> = start
+        .iter()
+        .map(|unit| toml_string(&unit.replace(RESOURCE_PLACEHOLDER, resource)))
+        .collect();
+    format!(
+        "# Written by the shared-volume agent for PV {pv}; removed when the volume leaves this node.\n\
+         [[promoter]]\n\
+         [promoter.resources.{}]\n\
+         start = [{}]\n\
+         on-drbd-demote-failure = \"reboot-immediate\"\n",
+        toml_string(resource),
+        units.join(", "),
+    )
+}
+
+/// The snippets this node should hold, by resource: one for each local resource with a disk that
+/// backs a shared claim (a diskless tie-breaker never serves the data).
+pub fn wanted(volumes: &HashMap<String, VolumeView>, drbd: &DrbdState, start: &[String]) -> BTreeMap<String, String> {
+    drbd.resources
+        .iter()
+        .filter(|r| !r.devices.iter().any(|d| d.disk_state == DISKLESS))
+        .filter_map(|r| {
+            let volume = volumes.get(&r.name)?;
+            volume.shared_claim.as_ref()?;
+            Some((r.name.clone(), snippet(&r.name, &volume.pv, start)))
+        })
+        .collect()
+}
+
+const DISKLESS: &str = "Diskless";
+
+/// One change to the snippets directory.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Change {
+    Write { resource: String, contents: String },
+    Remove { resource: String },
+    /// Not wanted any more, but the resource is Primary here: removing the snippet would make
+    /// drbd-reactor stop the NFS server of a volume in use. Removed once it is not Primary.
+    KeepWhilePrimary { resource: String },
+}
+
+/// From what the directory holds to what it should hold.
+pub fn plan(wanted: &BTreeMap<String, String>, present: &BTreeMap<String, String>, drbd: &DrbdState) -> Vec<Change> {
+    let primaries: BTreeSet<&str> = drbd
+        .resources
+        .iter()
+        .filter(|r| r.role == PRIMARY)
+        .map(|r| r.name.as_str())
+        .collect();
+    let writes = wanted
+        .iter()
+        .filter(|(resource, contents)| present.get(*resource) != Some(contents))
+        .map(|(resource, contents)| Change::Write {
+            resource: resource.clone(),
+            contents: contents.clone(),
+        });
+    let removals = present.keys().filter(|r| !wanted.contains_key(*r)).map(|resource| {
+        let resource = resource.clone();
+        if primaries.contains(resource.as_str()) {
+            Change::KeepWhilePrimary { resource }
+        } else {
+            Change::Remove { resource }
+        }
+    });
+    writes.chain(removals).collect()
+}
+
+/// The resource a file of ours is for, from its name.
+fn resource_of(file_name: &str) -> Option<&str> {
+    file_name
+        .strip_prefix(PREFIX)?
+        .strip_suffix(SUFFIX)
+        .filter(|r| !r.is_empty())
+}
+
+fn file_name(resource: &str) -> String {
+    format!("{PREFIX}{resource}{SUFFIX}")
+}
+
+/// A TOML basic string.
+fn toml_string(text: &str) -> String {
+    let mut quoted = String::with_capacity(text.len() + 2);
+    quoted.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => quoted.push_str("\\\""),
+            '\\' => quoted.push_str("\\\\"),
+            c if c.is_control() => quoted.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('"');
+    quoted
+}
+
+/// The snippets directory on this node.
+pub struct PromoterSnippets {
+    settings: PromoterSettings,
+    /// Resources kept while Primary, already said: said again only once they change.
+    kept: BTreeSet<String>,
+}
+
+impl PromoterSnippets {
+    pub fn new(settings: PromoterSettings) -> Self {
+        Self {
+            settings,
+            kept: BTreeSet::new(),
+        }
+    }
+
+    /// Makes the directory hold the wanted snippets; returns how many of ours it holds after.
+    pub async fn sync(&mut self, volumes: &HashMap<String, VolumeView>, drbd: &DrbdState) -> std::io::Result<usize> {
+        let wanted = wanted(volumes, drbd, &self.settings.start);
+        let present = self.read_present().await?;
+        let mut held = present.len();
+        let mut kept = BTreeSet::new();
+        for change in plan(&wanted, &present, drbd) {
+            match change {
+                Change::Write { resource, contents } => {
+                    let path = self.settings.dir.join(file_name(&resource));
+                    // Written beside and renamed, so that drbd-reactor never reads half a file.
+                    let partial = self.settings.dir.join(format!(".{}.partial", file_name(&resource)));
+                    tokio::fs::write(&partial, &contents).await?;
+                    tokio::fs::rename(&partial, &path).await?;
+                    held += usize::from(!present.contains_key(&resource));
+                    tracing::info!(%resource, path = %path.display(), "wrote the drbd-reactor promoter snippet");
+                }
+                Change::Remove { resource } => {
+                    let path = self.settings.dir.join(file_name(&resource));
+                    tokio::fs::remove_file(&path).await?;
+                    held -= 1;
+                    tracing::info!(%resource, path = %path.display(), "removed the drbd-reactor promoter snippet: the volume is no longer a shared volume on this node");
+                }
+                Change::KeepWhilePrimary { resource } => {
+                    if !self.kept.contains(&resource) {
+                        tracing::warn!(%resource, "kept the drbd-reactor promoter snippet of a volume no longer shared here: the resource is Primary on this node, and removing it would stop its NFS server; it goes once the resource is Secondary");
+                    }
+                    kept.insert(resource);
+                }
+            }
+        }
+        self.kept = kept;
+        Ok(held)
+    }
+
+    /// Our snippets in the directory, by resource.
+    async fn read_present(&self) -> std::io::Result<BTreeMap<String, String>> {
+        let mut present = BTreeMap::new();
+        let mut entries = tokio::fs::read_dir(&self.settings.dir).await?;
+        while let Some(entry) = entries.next_entry().await? {
+            let name = entry.file_name();
+            let Some(resource) = name.to_str().and_then(resource_of) else { continue };
+            let contents = tokio::fs::read_to_string(entry.path()).await.unwrap_or_default();
+            present.insert(resource.to_owned(), contents);
+        }
+        Ok(present)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::drbd::{Device, Resource};
+    use crate::volume::ClaimKey;
+
+    fn units() -> Vec<String> {
+        vec!["fs@{resource}.service".into(), "nfs@{resource}.service".into()]
+    }
+
+    fn resource(name: &str, role: &str, disk: &str) -> Resource {
+        Resource {
+            name: name.into(),
+            role: role.into(),
+            devices: vec![Device {
+                disk_state: disk.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn volume(pv: &str, shared: bool) -> VolumeView {
+        VolumeView {
+            pv: pv.into(),
+            shared_claim: shared.then(|| ClaimKey {
+                namespace: "apps".into(),
+                name: "data".into(),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn state(resources: Vec<Resource>) -> DrbdState {
+        DrbdState {
+            resources,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_snippet_is_a_promoter_of_the_resource_starting_the_units_in_order() {
+        let text = snippet("pvc-1", "pvc-1", &units());
+        let parsed: toml::Value = toml::from_str(&text).expect("valid TOML");
+        let resource = &parsed["promoter"][0]["resources"]["pvc-1"];
+        let start: Vec<&str> = resource["start"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|u| u.as_str().unwrap())
+            .collect();
+        assert_eq!(start, ["fs@pvc-1.service", "nfs@pvc-1.service"]);
+        assert_eq!(resource["on-drbd-demote-failure"].as_str(), Some("reboot-immediate"));
+    }
+
+    #[test]
+    fn only_shared_volumes_with_a_disk_here_get_a_snippet() {
+        let volumes = HashMap::from([
+            ("shared".to_owned(), volume("shared", true)),
+            ("block".to_owned(), volume("block", false)),
+            ("tie".to_owned(), volume("tie", true)),
+        ]);
+        let drbd = state(vec![
+            resource("shared", "Secondary", "UpToDate"),
+            resource("block", "Primary", "UpToDate"),
+            resource("tie", "Secondary", "Diskless"),
+            resource("no-pv", "Secondary", "UpToDate"),
+        ]);
+        let wanted = wanted(&volumes, &drbd, &units());
+        assert_eq!(wanted.keys().collect::<Vec<_>>(), ["shared"]);
+    }
+
+    #[test]
+    fn a_snippet_no_longer_wanted_is_kept_while_the_resource_is_primary_here() {
+        let wanted = BTreeMap::from([("a".to_owned(), "new".to_owned()), ("b".to_owned(), "same".to_owned())]);
+        let present = BTreeMap::from([
+            ("a".to_owned(), "old".to_owned()),
+            ("b".to_owned(), "same".to_owned()),
+            ("gone".to_owned(), "x".to_owned()),
+            ("serving".to_owned(), "x".to_owned()),
+        ]);
+        let drbd = state(vec![resource("serving", PRIMARY, "UpToDate")]);
+        assert_eq!(
+            plan(&wanted, &present, &drbd),
+            [
+                Change::Write {
+                    resource: "a".into(),
+                    contents: "new".into()
+                },
+                Change::Remove { resource: "gone".into() },
+                Change::KeepWhilePrimary {
+                    resource: "serving".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn only_files_named_as_ours_are_ours() {
+        assert_eq!(resource_of("shared-volume-pvc-1.toml"), Some("pvc-1"));
+        assert_eq!(resource_of("linstor-gateway.toml"), None);
+        assert_eq!(resource_of("shared-volume-.toml"), None);
+        assert_eq!(resource_of(".shared-volume-pvc-1.toml.partial"), None);
+    }
+
+    #[test]
+    fn names_are_quoted_as_toml_strings() {
+        assert_eq!(toml_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+}
