@@ -74,6 +74,41 @@ pub enum Command {
     /// endpoint, primary node, last move). Read-only. As a kubectl plugin: `kubectl shared-volume
     /// status` (the binary installed as `kubectl-shared_volume`).
     Status(StatusArgs),
+    /// Shares an existing DRBD resource (one LINSTOR created) as a ReadWriteMany filesystem claim:
+    /// writes a PV of the resource and the claim bound to it, then waits until the controller says
+    /// it is served. As a kubectl plugin: `kubectl shared-volume share`.
+    Share(ShareArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ShareArgs {
+    /// The DRBD resource; also the PV's name and CSI volume handle.
+    pub resource: String,
+    /// The claim's namespace. Default: the kubeconfig context's namespace.
+    #[arg(long, short = 'n', env = "CLAIM_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The claim's name. Default: the resource's name.
+    #[arg(long, env = "CLAIM")]
+    pub claim: Option<String>,
+    /// The resource's usable size, as a Kubernetes quantity (`10Gi`).
+    #[arg(long, env = "SIZE")]
+    pub size: String,
+    /// The StorageClass named by both objects (the filters of the controller and the agents see
+    /// it); empty: none, so that they bind only to each other.
+    #[arg(long, env = "STORAGE_CLASS", default_value = "")]
+    pub storage_class: String,
+    /// The CSI driver named on the PV (the resource's own driver; `--csi-driver` filters see it).
+    #[arg(long, env = "CSI_DRIVER", default_value = "linstor.csi.linbit.com")]
+    pub csi_driver: String,
+    /// How long to wait for the claim's SharedVolumeReady condition to be True; 0s: do not wait.
+    #[arg(long, env = "WAIT", default_value = "2m")]
+    pub wait: Duration,
+    /// Create even when no agent reports the DRBD resource.
+    #[arg(long, env = "SKIP_RESOURCE_CHECK")]
+    pub skip_resource_check: bool,
+    /// Print the PV and the claim (a JSON List for `kubectl apply -f -`) and create nothing.
+    #[arg(long, env = "DRY_RUN")]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

@@ -188,7 +188,7 @@ pub fn apply(cli: &mut Cli) -> Result<Vec<String>, String> {
             }
         }
         // New: no flags of the systems it replaces.
-        Command::Selftest(_) | Command::Conntrack(_) | Command::Status(_) => {}
+        Command::Selftest(_) | Command::Conntrack(_) | Command::Status(_) | Command::Share(_) => {}
     }
     Ok(warnings)
 }

@@ -24,6 +24,7 @@ mod producer;
 #[cfg(test)]
 mod scripted_api;
 mod selftest;
+mod share;
 mod sharedvolume;
 mod shutdown;
 mod status;
@@ -64,6 +65,10 @@ pub async fn run(cli: Cli) -> Result<()> {
             let client = kube_client::connect(&cli.common, false).await?;
             return status::run(args, client).await;
         }
+        Command::Share(args) => {
+            let client = kube_client::connect(&cli.common, false).await?;
+            return share::run(args, client).await;
+        }
         _ => {}
     }
     tracing::info!(
@@ -99,8 +104,8 @@ pub async fn run(cli: Cli) -> Result<()> {
                 let client = kube_client::connect(&cli.common, false).await?;
                 conntrack::run(args, client, registry, probes.clone(), shutdown.clone()).await
             }
-            Command::Selftest(_) | Command::Status(_) => {
-                anyhow::bail!("selftest and status run without the admin server")
+            Command::Selftest(_) | Command::Status(_) | Command::Share(_) => {
+                anyhow::bail!("selftest, status and share run without the admin server")
             }
         }
     }

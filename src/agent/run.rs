@@ -429,7 +429,10 @@ impl Rounds {
     async fn sync_promoter_snippets(&mut self, observed: &Observed) {
         let Some(promoter) = self.promoter.as_mut() else { return };
         match promoter.sync(&observed.volumes, &observed.drbd).await {
-            Ok(held) => self.metrics.promoter_snippets.set(i64::try_from(held).unwrap_or(i64::MAX)),
+            Ok(held) => self
+                .metrics
+                .promoter_snippets
+                .set(i64::try_from(held).unwrap_or(i64::MAX)),
             Err(error) => {
                 self.metrics.promoter_snippet_failures.inc();
                 tracing::warn!(%error, "could not bring drbd-reactor's promoter snippets up to date; tried again next round (is the snippets directory mounted and writable?)");
