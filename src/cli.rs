@@ -100,6 +100,11 @@ pub struct ShareArgs {
     /// The CSI driver named on the PV (the resource's own driver; `--csi-driver` filters see it).
     #[arg(long, env = "CSI_DRIVER", default_value = "linstor.csi.linbit.com")]
     pub csi_driver: String,
+    /// The port of the volume's own NFS server (the PV's `storageos.com/nfs-port`, which the
+    /// agents publish and pass to the promoter's units). Default: the lowest from 20490 that no PV
+    /// names.
+    #[arg(long, env = "NFS_PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub nfs_port: Option<u16>,
     /// How long to wait for the claim's SharedVolumeReady condition to be True; 0s: do not wait.
     #[arg(long, env = "WAIT", default_value = "2m")]
     pub wait: Duration,
@@ -352,12 +357,13 @@ pub struct AgentArgs {
     #[arg(long, env = "PROMOTER_SNIPPETS_DIR")]
     pub promoter_snippets_dir: Option<std::path::PathBuf>,
     /// The systemd units a promoter snippet starts in order after promoting the resource
-    /// (`{resource}`: the DRBD resource's name).
+    /// (`{resource}`: the DRBD resource's name; `{port}`: its NFS server's port, the PV's
+    /// `storageos.com/nfs-port` or `--nfs-port`).
     #[arg(
         long,
         env = "PROMOTER_START",
         value_delimiter = ',',
-        default_value = "shared-volume-fs@{resource}.service,shared-volume-nfs@{resource}.service"
+        default_value = "shared-volume-fs@{resource}.service,shared-volume-nfs@{resource}:{port}.service"
     )]
     pub promoter_start: Vec<String>,
     /// Also fail over pods with volumes that are not safe to fail over (hostPath, other network storage…).

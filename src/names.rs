@@ -22,6 +22,9 @@ pub const CLAIM_CONDITION_TYPE: &str = "SharedVolumeReady";
 /// On a PersistentVolume, `"false"`: neither loop publishes or serves it over NFS (the HA rules
 /// still apply to its DRBD resource).
 pub const SHARED_VOLUME_OPT_OUT_ANNOTATION: &str = "storageos.com/shared-volume";
+/// On a PersistentVolume, the port its own NFS server listens on (one server per volume, as
+/// `share` allocates them); the agent publishes `<node IP>:<port>`. Unset: `--nfs-port`.
+pub const NFS_PORT_ANNOTATION: &str = "storageos.com/nfs-port";
 /// CSI volume attributes that say another NFS server serves the volume on its own address:
 /// LINSTOR CSI's NFS export (1.10+, `nfs://<its Service>:<port>/…`).
 pub const SERVED_ELSEWHERE_ATTRIBUTES: [&str; 1] = ["linstor.csi.linbit.com/nfs-export"];

@@ -112,10 +112,13 @@ async fn a_shared_resource_binds_is_served_and_has_a_promoter_on_each_replica() 
         Some("Bound"),
         "bound by the PV controller"
     );
-    assert_eq!(
-        env.pv_annotation(&res, SERVICE_ENDPOINT).await,
-        Some(nodes[0].endpoint())
-    );
+    // The volume's own NFS server port, on the node that is its primary.
+    let port = env
+        .pv_annotation(&res, "storageos.com/nfs-port")
+        .await
+        .expect("a port of its own");
+    let served_at = format!("{}:{port}", nodes[0].ip);
+    assert_eq!(env.pv_annotation(&res, SERVICE_ENDPOINT).await, Some(served_at));
     // Run again: the same objects, no error.
     share(&[&[res.as_str(), "--wait", "0s"][..], &claim_args].concat()).expect("a second run is harmless");
 
@@ -125,6 +128,10 @@ async fn a_shared_resource_binds_is_served_and_has_a_promoter_on_each_replica() 
         })
         .await;
         assert!(text.contains(&format!("shared-volume-fs@{res}.service")), "{text}");
+        assert!(
+            text.contains(&format!("shared-volume-nfs@{res}:{port}.service")),
+            "{text}"
+        );
     }
     assert_eq!(snippet(&dirs[2], &res), None, "a tie-breaker serves nothing");
 

@@ -14,7 +14,9 @@ use kube::ResourceExt;
 use super::drbd::DrbdState;
 use super::report::Report;
 use super::view::{AttachmentView, NodeView, Observed, PeerReport, PodView, VolumeView};
-use crate::names::{DRBD_REPORT_ANNOTATION, IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
+use crate::names::{
+    DRBD_REPORT_ANNOTATION, IGNORE_FAIL_OVER_ANNOTATION, NFS_PORT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION,
+};
 use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
 use crate::sharedvolume::filters::Filters;
 use crate::sharedvolume::stamp::MoveStamp;
@@ -86,6 +88,7 @@ pub fn observe(
             attachments,
             shared_claim: claim.clone().filter(|_| pv_backs_shared_claim(pv, publishable)),
             service_endpoint: pv.annotations().get(SERVICE_ENDPOINT_ANNOTATION).cloned(),
+            nfs_port: nfs_port(pv),
             moved_by: MoveStamp::read(pv.metadata.annotations.as_ref()).and_then(|stamp| stamp.node),
         };
         volumes.insert(resource, view);
@@ -105,6 +108,12 @@ pub fn observe(
         api_answering_since: None,
         piraeus_ha_controllers: piraeus_ha_controllers(node, &snapshot.pods),
     }
+}
+
+/// The PV's own NFS port, when it names a valid one (`0` and non-numbers are not).
+fn nfs_port(pv: &PersistentVolume) -> Option<u16> {
+    let port = pv.annotations().get(NFS_PORT_ANNOTATION)?;
+    port.parse().ok().filter(|p| *p != 0)
 }
 
 /// The attachments not being deleted, by the PV they attach.

@@ -15,23 +15,31 @@ use super::view::VolumeView;
 /// Snippets this agent writes are named `<PREFIX><resource>.toml`; no other file is touched.
 const PREFIX: &str = "shared-volume-";
 const SUFFIX: &str = ".toml";
-/// The placeholder in `--promoter-start` units.
-pub const RESOURCE_PLACEHOLDER: &str = "{resource}";
+/// The placeholders in `--promoter-start` units: the DRBD resource, its NFS server's port.
+const RESOURCE_PLACEHOLDER: &str = "{resource}";
+const PORT_PLACEHOLDER: &str = "{port}";
 
 /// What a snippet asks of drbd-reactor for one resource.
 #[derive(Clone, Debug)]
 pub struct PromoterSettings {
     pub dir: PathBuf,
-    /// Systemd units started in order after the promotion, `{resource}` replaced.
+    /// Systemd units started in order after the promotion, `{resource}` and `{port}` replaced.
     pub start: Vec<String>,
+    /// The port of a volume that names none of its own (`--nfs-port`).
+    pub nfs_port: u16,
 }
 
 /// The snippet for `resource`: promote it here when possible, then start `start` in order; a
 /// failed demotion reboots the node, as drbd-reactor recommends, so that another node can take over.
-pub fn snippet(resource: &str, pv: &str, start: &[String]) -> String {
+pub fn snippet(resource: &str, port: u16, pv: &str, start: &[String]) -> String {
     let units: Vec<String> = start
         .iter()
-        .map(|unit| toml_string(&unit.replace(RESOURCE_PLACEHOLDER, resource)))
+        .map(|unit| {
+            let unit = unit
+                .replace(RESOURCE_PLACEHOLDER, resource)
+                .replace(PORT_PLACEHOLDER, &port.to_string());
+            toml_string(&unit)
+        })
         .collect();
     format!(
         "# Written by the shared-volume agent for PV {pv}; removed when the volume leaves this node.\n\
@@ -46,14 +54,19 @@ pub fn snippet(resource: &str, pv: &str, start: &[String]) -> String {
 
 /// The snippets this node should hold, by resource: one for each local resource with a disk that
 /// backs a shared claim (a diskless tie-breaker never serves the data).
-pub fn wanted(volumes: &HashMap<String, VolumeView>, drbd: &DrbdState, start: &[String]) -> BTreeMap<String, String> {
+pub fn wanted(
+    volumes: &HashMap<String, VolumeView>,
+    drbd: &DrbdState,
+    settings: &PromoterSettings,
+) -> BTreeMap<String, String> {
     drbd.resources
         .iter()
         .filter(|r| !r.devices.iter().any(|d| d.disk_state == DISKLESS))
         .filter_map(|r| {
             let volume = volumes.get(&r.name)?;
             volume.shared_claim.as_ref()?;
-            Some((r.name.clone(), snippet(&r.name, &volume.pv, start)))
+            let port = volume.nfs_port.unwrap_or(settings.nfs_port);
+            Some((r.name.clone(), snippet(&r.name, port, &volume.pv, &settings.start)))
         })
         .collect()
 }
@@ -63,11 +76,18 @@ const DISKLESS: &str = "Diskless";
 /// One change to the snippets directory.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Change {
-    Write { resource: String, contents: String },
-    Remove { resource: String },
+    Write {
+        resource: String,
+        contents: String,
+    },
+    Remove {
+        resource: String,
+    },
     /// Not wanted any more, but the resource is Primary here: removing the snippet would make
     /// drbd-reactor stop the NFS server of a volume in use. Removed once it is not Primary.
-    KeepWhilePrimary { resource: String },
+    KeepWhilePrimary {
+        resource: String,
+    },
 }
 
 /// From what the directory holds to what it should hold.
@@ -141,7 +161,7 @@ impl PromoterSnippets {
 
     /// Makes the directory hold the wanted snippets; returns how many of ours it holds after.
     pub async fn sync(&mut self, volumes: &HashMap<String, VolumeView>, drbd: &DrbdState) -> std::io::Result<usize> {
-        let wanted = wanted(volumes, drbd, &self.settings.start);
+        let wanted = wanted(volumes, drbd, &self.settings);
         let present = self.read_present().await?;
         let mut held = present.len();
         let mut kept = BTreeSet::new();
@@ -180,7 +200,9 @@ impl PromoterSnippets {
         let mut entries = tokio::fs::read_dir(&self.settings.dir).await?;
         while let Some(entry) = entries.next_entry().await? {
             let name = entry.file_name();
-            let Some(resource) = name.to_str().and_then(resource_of) else { continue };
+            let Some(resource) = name.to_str().and_then(resource_of) else {
+                continue;
+            };
             let contents = tokio::fs::read_to_string(entry.path()).await.unwrap_or_default();
             present.insert(resource.to_owned(), contents);
         }
@@ -194,8 +216,12 @@ mod tests {
     use crate::agent::drbd::{Device, Resource};
     use crate::volume::ClaimKey;
 
-    fn units() -> Vec<String> {
-        vec!["fs@{resource}.service".into(), "nfs@{resource}.service".into()]
+    fn settings() -> PromoterSettings {
+        PromoterSettings {
+            dir: PathBuf::new(),
+            start: vec!["fs@{resource}.service".into(), "nfs@{resource}:{port}.service".into()],
+            nfs_port: 2049,
+        }
     }
 
     fn resource(name: &str, role: &str, disk: &str) -> Resource {
@@ -230,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_snippet_is_a_promoter_of_the_resource_starting_the_units_in_order() {
-        let text = snippet("pvc-1", "pvc-1", &units());
+        let text = snippet("pvc-1", 20491, "pvc-1", &settings().start);
         let parsed: toml::Value = toml::from_str(&text).expect("valid TOML");
         let resource = &parsed["promoter"][0]["resources"]["pvc-1"];
         let start: Vec<&str> = resource["start"]
@@ -239,7 +265,7 @@ mod tests {
             .iter()
             .map(|u| u.as_str().unwrap())
             .collect();
-        assert_eq!(start, ["fs@pvc-1.service", "nfs@pvc-1.service"]);
+        assert_eq!(start, ["fs@pvc-1.service", "nfs@pvc-1:20491.service"]);
         assert_eq!(resource["on-drbd-demote-failure"].as_str(), Some("reboot-immediate"));
     }
 
@@ -256,8 +282,12 @@ mod tests {
             resource("tie", "Secondary", "Diskless"),
             resource("no-pv", "Secondary", "UpToDate"),
         ]);
-        let wanted = wanted(&volumes, &drbd, &units());
+        let wanted = wanted(&volumes, &drbd, &settings());
         assert_eq!(wanted.keys().collect::<Vec<_>>(), ["shared"]);
+        assert!(
+            wanted["shared"].contains("nfs@shared:2049.service"),
+            "the agent's port when the PV names none"
+        );
     }
 
     #[test]
@@ -277,7 +307,9 @@ mod tests {
                     resource: "a".into(),
                     contents: "new".into()
                 },
-                Change::Remove { resource: "gone".into() },
+                Change::Remove {
+                    resource: "gone".into()
+                },
                 Change::KeepWhilePrimary {
                     resource: "serving".into()
                 },

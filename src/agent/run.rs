@@ -218,6 +218,7 @@ impl Rounds {
                 PromoterSnippets::new(PromoterSettings {
                     dir,
                     start: args.promoter_start.clone(),
+                    nfs_port: args.nfs_port,
                 })
             }),
         }

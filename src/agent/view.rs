@@ -58,6 +58,8 @@ pub struct VolumeView {
     /// The ReadWriteMany claim the PV backs, served over NFS (its endpoints follow the primary).
     pub shared_claim: Option<ClaimKey>,
     pub service_endpoint: Option<String>,
+    /// The port of the volume's own NFS server (`storageos.com/nfs-port`); `None`: `--nfs-port`.
+    pub nfs_port: Option<u16>,
     /// The node whose agent moved the endpoint last, as its stamp on the PV says.
     pub moved_by: Option<String>,
 }

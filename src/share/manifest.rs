@@ -1,8 +1,16 @@
 //! The two objects that share an existing DRBD resource (pure): a ReadWriteMany filesystem PV of
 //! the resource and the claim bound to it. Kubernetes' own PV controller binds them.
 
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::ResourceExt;
 use serde_json::json;
+
+use crate::names::NFS_PORT_ANNOTATION;
+
+/// Where ports for the volumes' own NFS servers are taken from, when none is given.
+pub const FIRST_AUTOMATIC_PORT: u16 = 20490;
 
 /// What `share` was asked for.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,6 +24,8 @@ pub struct ShareRequest {
     /// Both objects' class; `""` binds only to each other.
     pub storage_class: String,
     pub csi_driver: String,
+    /// The port of the volume's own NFS server on whichever node is its primary.
+    pub nfs_port: u16,
 }
 
 /// The PV: `Retain`, because the resource is not the claim's to delete (LINSTOR's own
@@ -24,7 +34,10 @@ pub fn persistent_volume(request: &ShareRequest) -> PersistentVolume {
     serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "PersistentVolume",
-        "metadata": {"name": request.resource},
+        "metadata": {
+            "name": request.resource,
+            "annotations": {NFS_PORT_ANNOTATION: request.nfs_port.to_string()},
+        },
         "spec": {
             "accessModes": ["ReadWriteMany"],
             "volumeMode": "Filesystem",
@@ -53,6 +66,16 @@ pub fn claim(request: &ShareRequest) -> PersistentVolumeClaim {
         },
     }))
     .expect("a claim from known fields")
+}
+
+/// The lowest port from [`FIRST_AUTOMATIC_PORT`] that no PV names: each volume's NFS server has
+/// a port of its own, so that any number of them can be primary on one node.
+pub fn lowest_free_port(pvs: &[PersistentVolume]) -> Option<u16> {
+    let taken: BTreeSet<u16> = pvs
+        .iter()
+        .filter_map(|pv| pv.annotations().get(NFS_PORT_ANNOTATION)?.parse().ok())
+        .collect();
+    (FIRST_AUTOMATIC_PORT..=u16::MAX).find(|port| !taken.contains(port))
 }
 
 /// Whether an existing PV is the one `share` would make (so that running it again is harmless).
@@ -87,6 +110,7 @@ mod tests {
             size: "10Gi".into(),
             storage_class: String::new(),
             csi_driver: "linstor.csi.linbit.com".into(),
+            nfs_port: 20490,
         }
     }
 
@@ -115,6 +139,23 @@ mod tests {
             ..Default::default()
         };
         assert!(pv_backs_shared_claim(&pv, &filters));
+    }
+
+    #[test]
+    fn each_volume_gets_a_port_no_other_pv_names() {
+        assert_eq!(lowest_free_port(&[]), Some(FIRST_AUTOMATIC_PORT));
+        let mut first = request();
+        let mut second = request();
+        second.nfs_port = 20492;
+        let taken = [persistent_volume(&first), persistent_volume(&second)];
+        assert_eq!(lowest_free_port(&taken), Some(20491));
+        first.nfs_port = 20491;
+        let taken = [
+            persistent_volume(&request()),
+            persistent_volume(&first),
+            persistent_volume(&second),
+        ];
+        assert_eq!(lowest_free_port(&taken), Some(20493));
     }
 
     #[test]

@@ -19,9 +19,13 @@ use crate::agent::report::Report;
 use crate::cli::ShareArgs;
 use crate::names::{CLAIM_CONDITION_TYPE, DRBD_REPORT_ANNOTATION};
 pub use manifest::ShareRequest;
-use manifest::{claim, persistent_volume, same_claim, same_volume};
+use manifest::{claim, lowest_free_port, persistent_volume, same_claim, same_volume};
 
 pub async fn run(args: ShareArgs, client: Client) -> Result<()> {
+    let nfs_port = match args.nfs_port {
+        Some(port) => port,
+        None => free_port(&client).await?,
+    };
     let request = ShareRequest {
         resource: args.resource.clone(),
         namespace: args
@@ -32,6 +36,7 @@ pub async fn run(args: ShareArgs, client: Client) -> Result<()> {
         size: args.size.clone(),
         storage_class: args.storage_class.clone(),
         csi_driver: args.csi_driver.clone(),
+        nfs_port,
     };
     if args.dry_run {
         let list = serde_json::json!({
@@ -53,6 +58,14 @@ pub async fn run(args: ShareArgs, client: Client) -> Result<()> {
         println!("{message}");
     }
     Ok(())
+}
+
+async fn free_port(client: &Client) -> Result<u16> {
+    let pvs = Api::<PersistentVolume>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("cannot list PersistentVolumes to find a free NFS port (or pass --nfs-port)")?;
+    lowest_free_port(&pvs.items).context("every NFS port from 20490 up is named by a PV: pass --nfs-port")
 }
 
 /// The nodes whose agents report the resource; none is an error that says what to do.
@@ -100,7 +113,10 @@ async fn create_volume(client: &Client, request: &ShareRequest) -> Result<()> {
             pvs.create(&PostParams::default(), &persistent_volume(request))
                 .await
                 .with_context(|| format!("cannot create PV {name}"))?;
-            println!("PV {name} created (ReadWriteMany, Retain)");
+            println!(
+                "PV {name} created (ReadWriteMany, Retain; its NFS server listens on port {})",
+                request.nfs_port
+            );
         }
     }
     Ok(())

@@ -12,8 +12,8 @@ use kube::ResourceExt;
 
 use super::filters::Filters;
 use crate::names::{
-    MOUNT_ENDPOINT_ANNOTATION, MOVE_STAMP_ANNOTATION, SERVED_ELSEWHERE_ATTRIBUTES, SERVICE_ENDPOINT_ANNOTATION,
-    SHARED_VOLUME_OPT_OUT_ANNOTATION,
+    MOUNT_ENDPOINT_ANNOTATION, MOVE_STAMP_ANNOTATION, NFS_PORT_ANNOTATION, SERVED_ELSEWHERE_ATTRIBUTES,
+    SERVICE_ENDPOINT_ANNOTATION, SHARED_VOLUME_OPT_OUT_ANNOTATION,
 };
 use crate::volume::ClaimKey;
 
@@ -83,6 +83,7 @@ pub fn trim_pv(pv: &mut PersistentVolume) {
             MOUNT_ENDPOINT_ANNOTATION,
             MOVE_STAMP_ANNOTATION,
             SHARED_VOLUME_OPT_OUT_ANNOTATION,
+            NFS_PORT_ANNOTATION,
         ]
         .contains(&k.as_str())
     });

@@ -96,6 +96,7 @@ pub(crate) fn primary_lost() -> Observed {
             name: "data".into(),
         }),
         service_endpoint: Some("10.0.0.1:2049".into()),
+        nfs_port: None,
         moved_by: None,
     };
     Observed {

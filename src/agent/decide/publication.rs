@@ -97,7 +97,7 @@ fn own_publication(
     Some(Ok(Action::PublishServiceEndpoint {
         pv: volume.pv.clone(),
         claim,
-        endpoint: NfsEndpoint::new(ip, settings.nfs_port).to_string(),
+        endpoint: NfsEndpoint::new(ip, volume.nfs_port.unwrap_or(settings.nfs_port)).to_string(),
         over_version: volume.pv_version.clone(),
     }))
 }
@@ -182,6 +182,20 @@ mod tests {
         assert_eq!(
             kinds(&decide(&ipv6, &settings(), &mut Timers::new(), Instant::now())),
             ["publish pvc-1 [fd00::2]:2049"]
+        );
+    }
+
+    #[test]
+    fn a_volume_with_its_own_nfs_port_is_published_on_it() {
+        let mut primary = primary_lost();
+        primary.drbd.resources[0] = resource("Primary", true, &[("node-a", "Connecting", "Unknown")]);
+        let volume = primary.volumes.get_mut("pvc-1").unwrap();
+        volume.attachments.clear();
+        volume.pods.clear();
+        volume.nfs_port = Some(20491);
+        assert_eq!(
+            kinds(&decide(&primary, &settings(), &mut Timers::new(), Instant::now())),
+            ["publish pvc-1 10.0.0.2:20491"]
         );
     }
 
