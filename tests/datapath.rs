@@ -57,6 +57,20 @@ async fn every_client_follows_the_primary_in_seconds() {
     every_client_followed_within(&outage, FOLLOWS_WITHIN);
 }
 
+/// The LINSTOR path as `share` and the agents set it up: the volume's NFS server listens on a port
+/// of its own, and a node's server starts only once DRBD promotes the resource there and the
+/// node's agent has written the drbd-reactor snippet naming that server's unit and port.
+#[tokio::test]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn a_volume_with_its_own_port_is_served_as_the_agents_snippets_say() {
+    let scenario = Scenario {
+        own_port: Some(20490),
+        ..Scenario::repaired(ProxyMode::Iptables)
+    };
+    let outage = fail_over("datapath-own-port", scenario).await;
+    every_client_followed_within(&outage, FOLLOWS_WITHIN);
+}
+
 #[tokio::test]
 #[ignore = "needs a control plane and root: run `make test`"]
 async fn every_client_follows_the_primary_in_seconds_with_kube_proxy_in_nftables_mode() {
@@ -134,8 +148,9 @@ fn an_nftables_service_chain_names_its_endpoint() {
 \t\tmeta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.211.0.51 . 2049 }
 \t}
 }";
-    assert!(service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.5"));
-    assert!(!service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.51"));
-    assert!(!service_chain_reaches(TABLE, "ns", "pvc-2", "10.211.0.5"));
-    assert!(!service_chain_reaches(TABLE, "ns", "pvc-3", "10.211.0.5"));
+    assert!(service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.5:2049"));
+    assert!(!service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.5:20490"));
+    assert!(!service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.51:2049"));
+    assert!(!service_chain_reaches(TABLE, "ns", "pvc-2", "10.211.0.5:2049"));
+    assert!(!service_chain_reaches(TABLE, "ns", "pvc-3", "10.211.0.5:2049"));
 }

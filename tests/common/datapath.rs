@@ -158,6 +158,11 @@ pub struct DataPath {
     pub proxy_log: PathBuf,
     proxy_metrics: SocketAddr,
     pub mode: ProxyMode,
+    /// The port the NFS servers started from now on listen on (a volume shared with a port of
+    /// its own; 2049 otherwise).
+    pub nfs_port: u16,
+    /// Promoters start a server only as the agent's drbd-reactor snippet says.
+    pub from_snippets: bool,
 }
 
 /// Runs a command that must succeed.
@@ -388,6 +393,8 @@ impl DataPath {
             proxy_log,
             proxy_metrics,
             mode,
+            nfs_port: 2049,
+            from_snippets: false,
         };
         path.proxy = Some(path.start_proxy());
         path
@@ -411,13 +418,6 @@ impl DataPath {
             .expect("start kube-proxy (built by hack/tools.sh)")
     }
 
-    /// Starts node `index`'s NFS server over the shared export, as promotion would, and waits
-    /// until it accepts connections.
-    pub fn start_nfs(&mut self, index: usize) {
-        let server = self.nfs_server(index).start();
-        self.links[index].server = Some(server);
-    }
-
     /// What starting node `index`'s NFS server takes: its configuration written, its command.
     fn nfs_server(&self, index: usize) -> NfsServer {
         let link = &self.links[index];
@@ -427,11 +427,12 @@ impl DataPath {
         std::fs::write(
             &config,
             format!(
-                "NFS_CORE_PARAM {{ Protocols = 4; NFS_Port = 2049; Enable_NLM = false; Enable_RQUOTA = false; Bind_addr = {ip}; }}\n\
+                "NFS_CORE_PARAM {{ Protocols = 4; NFS_Port = {port}; Enable_NLM = false; Enable_RQUOTA = false; Bind_addr = {ip}; }}\n\
                  {v4}\n\
                  EXPORT {{ Export_Id = 1; Path = {export}; Pseudo = {EXPORT}; Access_Type = RW; Squash = No_Root_Squash; \
                  SecType = sys; Protocols = 4; Transports = TCP; FSAL {{ Name = VFS; }} }}\n",
                 ip = link.ip,
+                port = self.nfs_port,
                 v4 = self.grace.ganesha_block(&self.recovery_dir),
                 export = self.export_dir.display(),
             ),
@@ -441,23 +442,37 @@ impl DataPath {
             netns: link.netns.clone(),
             config,
             state,
-            address: format!("{}:2049", link.ip).parse().unwrap(),
+            address: format!("{}:{}", link.ip, self.nfs_port).parse().unwrap(),
         }
     }
 
     /// A stand-in for drbd-reactor's promoter on node `index`: it watches the node's DRBD state
     /// (what the fake drbdsetup reports) and starts the node's NFS server once `resource` is
-    /// Primary there, as a promoter starts nfs-ganesha on promotion. [`DataPath::promoted`]
-    /// takes the server it started.
+    /// Primary there, as a promoter starts nfs-ganesha on promotion. With
+    /// [`DataPath::from_snippets`], only as drbd-reactor would: once the agent's snippet for the
+    /// resource is in the node's [`DataPath::snippets_dir`] and names the server's unit and port.
+    /// [`DataPath::promoted`] takes the server it started.
     pub fn start_promoter(&mut self, index: usize, resource: &str) {
         let server = self.nfs_server(index);
         let status = self.nodes[index].dir.join("status.json");
+        let snippet = self.from_snippets.then(|| {
+            let file = self.snippets_dir(index).join(format!("shared-volume-{resource}.toml"));
+            (
+                file,
+                format!("\"shared-volume-nfs@{resource}:{}.service\"", self.nfs_port),
+            )
+        });
+        let configured = move || {
+            snippet
+                .as_ref()
+                .is_none_or(|(file, unit)| std::fs::read_to_string(file).is_ok_and(|text| text.contains(unit.as_str())))
+        };
         let resource = resource.to_owned();
         let (started, promoted) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(120);
             while Instant::now() < deadline {
-                if role_of(&status, &resource).as_deref() == Some("Primary") {
+                if role_of(&status, &resource).as_deref() == Some("Primary") && configured() {
                     let _ = started.send(server.start());
                     return;
                 }
@@ -467,13 +482,20 @@ impl DataPath {
         self.links[index].promoter = Some(promoted);
     }
 
+    /// Where node `index`'s agent writes drbd-reactor's snippets (`--promoter-snippets-dir`).
+    pub fn snippets_dir(&self, index: usize) -> PathBuf {
+        let dir = self.nodes[index].dir.join("drbd-reactor.d");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// Waits until node `index`'s promoter started its NFS server, and keeps it.
     pub fn promoted(&mut self, index: usize) {
         let link = &mut self.links[index];
         let promoter = link.promoter.take().expect("a promoter on that node");
         let server = promoter
             .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("the promoter of {} started no NFS server", link.netns));
+            .unwrap_or_else(|_| panic!("the promoter of {} started no NFS server (was the node's resource promoted, and, from snippets, did its agent write one naming the server's unit and port?)", link.netns));
         link.server = Some(server);
     }
 
@@ -509,7 +531,7 @@ impl DataPath {
         match self.mode {
             ProxyMode::Iptables => {
                 let rules = Command::new("iptables-save").args(["-t", "nat"]).output().unwrap();
-                let wanted = format!("\"{namespace}/{service}:nfs -> {ip}:2049\"");
+                let wanted = format!("\"{namespace}/{service}:nfs -> {ip}:{}\"", self.nfs_port);
                 String::from_utf8_lossy(&rules.stdout).contains(&wanted)
             }
             ProxyMode::Nftables => {
@@ -517,21 +539,24 @@ impl DataPath {
                     .args(["list", "table", "ip", "kube-proxy"])
                     .output()
                     .unwrap();
-                service_chain_reaches(&String::from_utf8_lossy(&table.stdout), namespace, service, ip)
+                let table = String::from_utf8_lossy(&table.stdout);
+                service_chain_reaches(&table, namespace, service, &format!("{ip}:{}", self.nfs_port))
             }
         }
     }
 }
 
 /// Whether, in `nft list table` output, the chain of `namespace/service`'s NFS port sends its
-/// traffic to `ip`: kube-proxy 1.36 DNATs there through a `numgen` map (`0 : <ip> . 2049`); older
-/// ones jumped to an endpoint chain named after the endpoint (`…nfs__<ip>/2049`).
-pub fn service_chain_reaches(table: &str, namespace: &str, service: &str, ip: &str) -> bool {
+/// traffic to `endpoint` (`<ip>:<port>`): kube-proxy 1.36 DNATs there through a `numgen` map
+/// (`0 : <ip> . <port>`); older ones jumped to an endpoint chain named after the endpoint
+/// (`…nfs__<ip>/<port>`).
+pub fn service_chain_reaches(table: &str, namespace: &str, service: &str, endpoint: &str) -> bool {
+    let (ip, port) = endpoint.rsplit_once(':').expect("<ip>:<port>");
     let name = format!("-{namespace}/{service}/tcp/nfs {{");
     let mut lines = table
         .lines()
         .skip_while(|l| !(l.trim_start().starts_with("chain service-") && l.ends_with(&name)));
-    let (mapped, chained) = (format!(" {ip} . 2049"), format!("nfs__{ip}/2049"));
+    let (mapped, chained) = (format!(" {ip} . {port}"), format!("nfs__{ip}/{port}"));
     lines.next().is_some()
         && lines
             .take_while(|l| l.trim() != "}")

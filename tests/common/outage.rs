@@ -178,6 +178,9 @@ pub struct Scenario {
     pub proxy_late: Option<Duration>,
     /// How long after kube-proxy's new rule the clients are given to get through.
     pub patience: Duration,
+    /// `Some(port)`: the volume is shared as `share` makes it, with this NFS port of its own on
+    /// the PV, and each node's server is started only as its agent's drbd-reactor snippet says.
+    pub own_port: Option<u16>,
 }
 
 impl Scenario {
@@ -189,6 +192,7 @@ impl Scenario {
             repair: Some("30s"),
             proxy_late: None,
             patience: Duration::from_secs(30),
+            own_port: None,
         }
     }
 }
@@ -199,6 +203,12 @@ impl std::fmt::Display for Scenario {
         match self.repair {
             Some(window) => write!(f, "conntrack repair on (--sweep-for {window})")?,
             None => write!(f, "conntrack repair off")?,
+        }
+        if let Some(port) = self.own_port {
+            write!(
+                f,
+                ", the volume's own NFS port {port}, servers started as the agents' snippets say"
+            )?;
         }
         if let Some(late) = self.proxy_late {
             write!(
@@ -345,12 +355,18 @@ impl<'a> Stage<'a> {
         let mut path = DataPath::up(env, &["a", "b", "c"], scenario.mode).await;
         path.grace = scenario.grace;
         let (a, b) = (path.nodes[0].ip.clone(), path.nodes[1].ip.clone());
-        let (_, pv) = env.bound_rwx_claim("data", serving(&path.nodes[0].endpoint())).await;
+        let mut annotations = serving(&format!("{a}:{}", scenario.own_port.unwrap_or(2049)));
+        if let Some(port) = scenario.own_port {
+            annotations.insert("storageos.com/nfs-port".into(), port.to_string());
+            (path.nfs_port, path.from_snippets) = (port, true);
+        }
+        let (_, pv) = env.bound_rwx_claim("data", annotations).await;
         let pv = pv.metadata.name.unwrap();
         healthy(&path.nodes, &[&pv], 0);
         env.running_pod("nfs-server", &path.nodes[0].name, "data", json!({}), no_labels())
             .await;
-        path.start_nfs(0);
+        // Node a's server: at once, or once its agent has written the snippet.
+        path.start_promoter(0, &pv);
         say(format!(
             "nodes a, b, c are network namespaces at {a}, {b}, {}; NFS server on a; {scenario}",
             path.nodes[2].ip
@@ -359,9 +375,12 @@ impl<'a> Stage<'a> {
         let mut agents = Vec::new();
         // Decisions every second: the fail-over holds for DRBD's detection window (1.5 s with the
         // simulated links' ping-int 1 s) plus one reconcile interval while node a's heartbeat lasts.
-        for node in &path.nodes {
-            agents.push(env.start_agent(node, &["--reconcile-interval", "1s"]).await);
+        for (i, node) in path.nodes.iter().enumerate() {
+            let snippets = path.snippets_dir(i).display().to_string();
+            let args = ["--reconcile-interval", "1s", "--promoter-snippets-dir", &snippets];
+            agents.push(env.start_agent(node, &args).await);
         }
+        path.promoted(0);
         let repair = match scenario.repair {
             Some(window) => Some(start_repair(env, &path, window).await),
             None => None,
