@@ -37,6 +37,9 @@ struct Sizes {
     nfs_fail_overs: usize,
     cold: usize,
     pods: usize,
+    /// PVs of DRBD resources on other nodes around the agent of P6 (`SVC_BENCH_FOREIGN_PVS`
+    /// overrides).
+    foreign_pvs: usize,
     /// Volumes served from the one node that is lost in P9 (`SVC_BENCH_MASS` overrides).
     mass: usize,
 }
@@ -49,6 +52,7 @@ const SMOKE: Sizes = Sizes {
     nfs_fail_overs: 1,
     cold: 20,
     pods: 200,
+    foreign_pvs: 100,
     mass: 20,
 };
 const FULL: Sizes = Sizes {
@@ -59,6 +63,7 @@ const FULL: Sizes = Sizes {
     nfs_fail_overs: 10,
     cold: 2000,
     pods: 20000,
+    foreign_pvs: 10000,
     mass: 500,
 };
 
@@ -923,6 +928,33 @@ fn client_figure(
     }
 }
 
+/// `n` PVs of DRBD resources that live on other nodes (ReadWriteMany, bound, each with a service
+/// endpoint), as an agent sees them in a cluster of many storage nodes.
+async fn foreign_pvs(env: &TestEnv, n: usize) {
+    let pvs: Api<PersistentVolume> = Api::all(env.client.clone());
+    stream::iter(0..n)
+        .map(|i| {
+            let pvs = pvs.clone();
+            let name = env.pv_name(&format!("foreign-{i}"));
+            let pv: PersistentVolume = serde_json::from_value(json!({
+                "metadata": {"name": name, "annotations": {SERVICE_ENDPOINT: "10.99.0.1:2049"}},
+                "spec": {
+                    "accessModes": ["ReadWriteMany"],
+                    "capacity": {"storage": "1Gi"},
+                    "storageClassName": "replicated",
+                    "persistentVolumeReclaimPolicy": "Delete",
+                    "claimRef": {"namespace": env.ns, "name": format!("foreign-{i}")},
+                    "csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": name},
+                }
+            }))
+            .unwrap();
+            async move { pvs.create(&PostParams::default(), &pv).await.unwrap() }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .for_each(|_| async {})
+        .await;
+}
+
 /// P6 (agent) and P7: an agent's memory among many pods, and what their churn on other nodes
 /// costs it.
 async fn agent_cost(sizes: &Sizes) -> Vec<Figure> {
@@ -950,6 +982,25 @@ async fn agent_cost(sizes: &Sizes) -> Vec<Figure> {
         .buffer_unordered(CONCURRENCY)
         .for_each(|_| async {})
         .await;
+    let foreign = std::env::var("SVC_BENCH_FOREIGN_PVS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(sizes.foreign_pvs);
+    foreign_pvs(&env, foreign).await;
+    // A few resources of its own, among them: their PVs are the ones it keeps.
+    let local: Vec<String> = (0..5).map(|i| env.pv_name(&format!("local-{i}"))).collect();
+    for (i, pv) in local.iter().enumerate() {
+        env.create_pv(
+            pv,
+            &format!("local-{i}"),
+            None,
+            "ReadWriteMany",
+            "replicated",
+            Default::default(),
+        )
+        .await;
+    }
+    healthy(&nodes, &local.iter().map(String::as_str).collect::<Vec<_>>(), 0);
     let agent = env.start_agent(&nodes[0], &[]).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let rss = peak_rss_mib(&agent);
@@ -984,8 +1035,8 @@ async fn agent_cost(sizes: &Sizes) -> Vec<Figure> {
     vec![
         Figure {
             id: "P6",
-            what: format!("agent peak RSS, {own} pods on its node"),
-            n: sizes.pods,
+            what: format!("agent peak RSS, {own} pods on its node, {foreign} PVs of resources on other nodes"),
+            n: sizes.pods + foreign,
             product: rss,
             floor: None,
             unit: "MiB",

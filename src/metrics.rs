@@ -38,6 +38,7 @@ pub const CONNTRACK_FAILURES: &str = "storageos_shared_volume_conntrack_failures
 pub const CONNTRACK_SWEEPS: &str = "storageos_shared_volume_conntrack_sweeps_total";
 pub const CONNTRACK_SWEEPING: &str = "storageos_shared_volume_conntrack_volumes_sweeping";
 pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
+pub const AGENT_CACHED_OBJECTS: &str = "storageos_drbd_agent_cached_objects";
 pub const AGENT_PROMOTER_SNIPPETS: &str = "storageos_drbd_agent_promoter_snippets";
 pub const AGENT_PROMOTER_SNIPPET_FAILURES: &str = "storageos_drbd_agent_promoter_snippet_failures_total";
 
@@ -228,6 +229,9 @@ pub struct AgentMetrics {
     /// Objects the agent's watches delivered, by `watch` (pvs, pods, attachments, nodes,
     /// satellites, leases): what the cluster around it costs the agent.
     pub watch_events: IntCounterVec,
+    /// Objects the agent's caches hold, by `kind` (the watches' names): PVs and attachments
+    /// only of the node's own resources.
+    pub cached_objects: IntGaugeVec,
     /// Pods of Piraeus's own HA Controller running on this node: both act on the same taints.
     pub piraeus_ha_controllers: IntGauge,
     /// The drbd-reactor promoter snippets this agent keeps (`--promoter-snippets-dir`).
@@ -302,6 +306,13 @@ impl AgentMetrics {
                 AGENT_WATCH_EVENTS,
                 "Objects received from the agent's watches, by watch.",
                 &["watch"],
+            )?,
+            cached_objects: register(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new(AGENT_CACHED_OBJECTS, "Objects held in the agent's caches, by kind."),
+                    &["kind"],
+                )?,
             )?,
             held_fail_overs: counter(
                 registry,

@@ -327,6 +327,63 @@ async fn volumes_that_are_not_ours_to_share_get_nothing() {
     teardown(env, vec![agent, controller]).await;
 }
 
+/// An agent keeps only its node's volumes: of twenty-one PVs (one of a resource on its node) it
+/// holds one, with its attachment. A resource that reaches the node after its PV (a new replica)
+/// is listed again and served at once.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn an_agent_keeps_only_its_nodes_volumes_and_takes_one_that_arrives() {
+    let env = common::setup("agent-locality").await;
+    let nodes = env.sim_nodes(&["a", "b"]).await;
+    let ours = env
+        .bound_rwx_claim("ours", Default::default())
+        .await
+        .1
+        .metadata
+        .name
+        .unwrap();
+    let later = env
+        .bound_rwx_claim("later", Default::default())
+        .await
+        .1
+        .metadata
+        .name
+        .unwrap();
+    let mut elsewhere = Vec::new();
+    for i in 0..20 {
+        let (pv, claim) = (env.pv_name(&format!("elsewhere-{i}")), format!("elsewhere-{i}"));
+        env.create_pv(&pv, &claim, None, "ReadWriteMany", "replicated", Default::default())
+            .await;
+        elsewhere.push(pv);
+    }
+    env.attachment("ours", &ours, &nodes[1].name).await;
+    env.attachment("elsewhere", &elsewhere[0], &nodes[1].name).await;
+    healthy(&nodes, &[&ours], 0);
+    let agent = env.start_agent(&nodes[0], &[]).await;
+    let published_here = |pv: String| {
+        let env = &env;
+        let at = nodes[0].endpoint();
+        async move { (env.pv_annotation(&pv, SERVICE_ENDPOINT).await == Some(at)).then_some(()) }
+    };
+    eventually("its own volume published", WAIT, || published_here(ours.clone())).await;
+    let cached = |kind: &str| format!("storageos_drbd_agent_cached_objects{{kind=\"{kind}\"}}");
+    assert_eq!(agent.metric(&cached("pvs")).await, 1.0, "only the PV of its resource");
+    assert_eq!(
+        agent.metric(&cached("attachments")).await,
+        1.0,
+        "only that PV's attachment"
+    );
+
+    // The other volume's resource reaches node a, Primary there: its PV was dropped until now.
+    healthy(&nodes, &[&ours, &later], 0);
+    eventually("the newly local volume published", WAIT, || {
+        published_here(later.clone())
+    })
+    .await;
+    assert_eq!(agent.metric(&cached("pvs")).await, 2.0);
+    teardown(env, vec![agent]).await;
+}
+
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn a_flapping_peer_is_left_alone_and_ignored_pods_are_never_touched() {

@@ -16,6 +16,7 @@ mod events2;
 pub mod follow;
 pub mod guard;
 pub mod heartbeat;
+pub mod locality;
 pub mod observe;
 mod peers;
 pub mod promoter;

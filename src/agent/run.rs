@@ -21,7 +21,8 @@ use super::decide::{self, DecisionSettings};
 use super::drbd::{DrbdState, Resource, Shown};
 use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
-use super::observe::observe;
+use super::locality::Locality;
+use super::observe::{Snapshot, observe};
 use super::peers::PeerReads;
 use super::promoter::{PromoterSettings, PromoterSnippets};
 use super::report::Report;
@@ -76,11 +77,18 @@ pub async fn run(
         .unwrap_or(&args.lease_namespace);
     log_start(&args, satellite_namespace);
 
+    let locality = Locality::default();
+    // The node's resources before the first list, so that it is the only one (a failed read:
+    // the first round's asks for another).
+    if let Ok(state) = drbd.read().await {
+        locality.set_resources(state.resources.iter().map(|r| r.name.as_str()));
+    }
     let (cache, mut kube_changes) = Cache::start(
         &client,
         &args.node_name,
         (satellite_namespace, &args.satellite_pod_label),
         &args.lease_namespace,
+        &locality,
         &metrics.watch_events,
     );
     let drbd_changes = drbd.changes();
@@ -93,7 +101,7 @@ pub async fn run(
         .with_timeout(timeout)
         .with(event_settings);
     let health = Health { probes, freshness };
-    let rounds = Rounds::new(&args, client, drbd, heartbeat, metrics, events, health);
+    let rounds = Rounds::new(&args, client, drbd, heartbeat, metrics, events, health).with_locality(locality);
     rounds.run(&cache, kube_changes, drbd_changes, &shutdown).await;
     let _ = heartbeat_task.await;
     tracing::info!(node = %args.node_name, "agent stopped");
@@ -158,6 +166,8 @@ struct Rounds {
     next_read: Instant,
     next_resync: Instant,
     promoter: Option<PromoterSnippets>,
+    /// Which PVs and attachments the cache keeps: told the node's resources every round.
+    locality: Locality,
 }
 
 impl Rounds {
@@ -221,7 +231,13 @@ impl Rounds {
                     nfs_port: args.nfs_port,
                 })
             }),
+            locality: Locality::default(),
         }
+    }
+
+    fn with_locality(mut self, locality: Locality) -> Self {
+        self.locality = locality;
+        self
     }
 
     async fn run(
@@ -385,7 +401,16 @@ impl Rounds {
         self.health.probes.set_ready(fresh.is_some());
         let Some((state, read_at)) = fresh else { return };
         let state = &state;
+        self.locality
+            .set_resources(state.resources.iter().map(|r| r.name.as_str()));
+        if !self.locality.current() {
+            // A resource new here may have its PV and attachments still on their way: deciding
+            // without them could take a volume in use for an unused one.
+            tracing::debug!("waiting for the PVs and attachments of this node's resources to be listed");
+            return;
+        }
         let snapshot = cache.snapshot();
+        self.record_cached(&snapshot);
         // Publications first, from the cache alone: they wait for nothing about the peers.
         let cached = observe(&self.node, self.node_ip, state.clone(), &snapshot, &self.publishable);
         let piraeus_here = i64::try_from(cached.piraeus_ha_controllers.len()).unwrap_or(i64::MAX);
@@ -424,6 +449,21 @@ impl Rounds {
         }
         let storage_nodes = observed.storage_nodes();
         self.executor.run(Scope::Steps, actions, read_at, &storage_nodes).await;
+    }
+
+    fn record_cached(&self, snapshot: &Snapshot) {
+        let kinds = [
+            ("pvs", snapshot.pvs.len()),
+            ("pods", snapshot.pods.len()),
+            ("attachments", snapshot.attachments.len()),
+            ("nodes", snapshot.nodes.len()),
+            ("satellites", snapshot.satellites.len()),
+            ("leases", snapshot.leases.len()),
+        ];
+        for (kind, held) in kinds {
+            let held = i64::try_from(held).unwrap_or(i64::MAX);
+            self.metrics.cached_objects.with_label_values(&[kind]).set(held);
+        }
     }
 
     /// Brings drbd-reactor's snippets up to date with the cached view (`--promoter-snippets-dir`).
