@@ -86,7 +86,11 @@ async fn main() {
         println!("scale benchmark skipped: no KUBECONFIG (run `make bench`, or `make test` for the smoke size)");
         return;
     }
-    let sizes = if full { FULL } else { SMOKE };
+    let mut sizes = if full { FULL } else { SMOKE };
+    // `SVC_BENCH_COLD=N` sets the size of P4, P5 and the controller's P6.
+    if let Some(n) = std::env::var("SVC_BENCH_COLD").ok().and_then(|n| n.parse().ok()) {
+        sizes.cold = n;
+    }
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
     // nfs, mass).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();

@@ -9,6 +9,7 @@ use hyper_util::rt::TokioExecutor;
 use kube::client::retry::RetryPolicy;
 use kube::client::{Body, ClientBuilder, ConfigExt};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher;
 use kube::{Client, Config};
 use tower::retry::RetryLayer;
 use tower::util::BoxService;
@@ -144,6 +145,19 @@ fn http_connector() -> HttpConnector {
     http.enforce_http(false);
     http.set_nodelay(true);
     http
+}
+
+/// Objects per page when a cache lists a kind that can number in the thousands.
+const LIST_PAGE_SIZE: u32 = 100;
+
+/// `config` listing in small pages. The watcher's default list (at resourceVersion 0, from the
+/// API server's cache) comes back whole however large, and what parsing a list takes stays in the
+/// allocator's arenas: an agent beside 10,000 PVs peaked at 37 MiB listing them whole, 28.6 MiB in
+/// pages of 250 and 23.0 MiB in pages of 100, against 19.4 MiB with none.
+pub fn paged(config: watcher::Config) -> watcher::Config {
+    config
+        .list_semantic(watcher::ListSemantic::MostRecent)
+        .page_size(LIST_PAGE_SIZE)
 }
 
 /// The managed fields, often the larger part of an object, are read by neither loop: caches drop

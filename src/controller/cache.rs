@@ -16,7 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
 use super::condition::fingerprint_besides_own_condition;
-use crate::kube_client::drop_managed_fields;
+use crate::kube_client::{drop_managed_fields, paged};
 use crate::sharedvolume::claim::trim_pv;
 use serde::de::DeserializeOwned;
 
@@ -43,12 +43,13 @@ pub struct Triggers {
 impl Caches {
     /// Starts nothing by itself: the stores fill while the returned streams are polled.
     pub fn new(client: &Client, namespace: Option<&str>, managed: &watcher::Config) -> (Self, Triggers) {
-        let all = watcher::Config::default;
+        // Every kind here numbers as the claims do: each is listed in pages.
+        let all = || paged(watcher::Config::default());
+        let managed = || paged(managed.clone());
         let (pvs, pv_stream) = cached(Api::all(client.clone()), all(), trim_pv, every);
-        let (services, service_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields, every);
-        let (endpoints, endpoint_stream) =
-            cached(scoped(client, namespace), managed.clone(), drop_managed_fields, every);
-        let (slices, slice_stream) = cached(scoped(client, namespace), managed.clone(), drop_managed_fields, every);
+        let (services, service_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
+        let (endpoints, endpoint_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
+        let (slices, slice_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
         let (claim_store, claims) = cached(scoped(client, namespace), all(), drop_managed_fields, claim_changes());
         let caches = Self {
             pvs,
