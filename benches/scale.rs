@@ -932,6 +932,31 @@ fn client_figure(
     }
 }
 
+/// `n` pods of a realistic size, `own` of them on `node` and the rest spread over 50 other nodes.
+async fn pods_around(env: &TestEnv, node: &str, n: usize, own: usize) {
+    let pod = |i: usize, node: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("load-{i}"), "labels": {"app": format!("app-{}", i % 100)},
+                         "annotations": {"example.com/config": "x".repeat(500)}},
+            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.example.com/app:1",
+                     "env": (0..15).map(|k| json!({"name": format!("VAR_{k}"), "value": "value-value-value"})).collect::<Vec<Value>>()}]}
+        }))
+        .unwrap()
+    };
+    let pods: Api<Pod> = env.api();
+    let elsewhere = |i: usize| format!("{}-other-{}", env.id, i % 50);
+    stream::iter(0..n)
+        .map(|i| {
+            let node = if i < own { node.to_owned() } else { elsewhere(i) };
+            let pods = pods.clone();
+            let pod = pod(i, &node);
+            async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
+        })
+        .buffer_unordered(CONCURRENCY)
+        .for_each(|_| async {})
+        .await;
+}
+
 /// `n` PVs of DRBD resources that live on other nodes (ReadWriteMany, bound, each with a service
 /// endpoint), as an agent sees them in a cluster of many storage nodes.
 async fn foreign_pvs(env: &TestEnv, n: usize) {
@@ -965,27 +990,8 @@ async fn agent_cost(sizes: &Sizes) -> Vec<Figure> {
     let env = common::setup("bench-agent").await;
     let nodes = env.sim_nodes(&["a"]).await;
     let own = sizes.pods / 200;
-    let pod = |i: usize, node: &str| -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": format!("load-{i}"), "labels": {"app": format!("app-{}", i % 100)},
-                         "annotations": {"example.com/config": "x".repeat(500)}},
-            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "registry.example.com/app:1",
-                     "env": (0..15).map(|k| json!({"name": format!("VAR_{k}"), "value": "value-value-value"})).collect::<Vec<Value>>()}]}
-        }))
-        .unwrap()
-    };
     let pods: Api<Pod> = env.api();
-    let elsewhere = |i: usize| format!("{}-other-{}", env.id, i % 50);
-    stream::iter(0..sizes.pods)
-        .map(|i| {
-            let node = if i < own { nodes[0].name.clone() } else { elsewhere(i) };
-            let pods = pods.clone();
-            let pod = pod(i, &node);
-            async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .for_each(|_| async {})
-        .await;
+    pods_around(&env, &nodes[0].name, sizes.pods, own).await;
     let foreign = std::env::var("SVC_BENCH_FOREIGN_PVS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -994,15 +1000,9 @@ async fn agent_cost(sizes: &Sizes) -> Vec<Figure> {
     // A few resources of its own, among them: their PVs are the ones it keeps.
     let local: Vec<String> = (0..5).map(|i| env.pv_name(&format!("local-{i}"))).collect();
     for (i, pv) in local.iter().enumerate() {
-        env.create_pv(
-            pv,
-            &format!("local-{i}"),
-            None,
-            "ReadWriteMany",
-            "replicated",
-            Default::default(),
-        )
-        .await;
+        let claim = format!("local-{i}");
+        env.create_pv(pv, &claim, None, "ReadWriteMany", "replicated", Default::default())
+            .await;
     }
     healthy(&nodes, &local.iter().map(String::as_str).collect::<Vec<_>>(), 0);
     let agent = env.start_agent(&nodes[0], &[]).await;

@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
-use common::drbd::{WAIT, diskless, healthy, resource, teardown};
-use common::{SERVICE_ENDPOINT, eventually, tool};
+use common::drbd::{SimNode, WAIT, diskless, healthy, resource, teardown};
+use common::process::Process;
+use common::{SERVICE_ENDPOINT, TestEnv, eventually, tool};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::Api;
 
@@ -72,34 +73,16 @@ fn snippet(dir: &Path, resource: &str) -> Option<String> {
 async fn a_shared_resource_binds_is_served_and_has_a_promoter_on_each_replica() {
     let binder = VolumeBinder::start();
     let env = common::setup("share").await;
-    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
     let res = env.pv_name("shared");
-    healthy(&nodes, &[&res], 0);
-    let tie_breaker_peers = [
-        (nodes[0].name.as_str(), "Connected", "Primary"),
-        (&nodes[1].name, "Connected", "Secondary"),
-    ];
-    nodes[2].set(&[diskless(resource(&res, "Secondary", true, &tie_breaker_peers))]);
-    let dirs: Vec<PathBuf> = nodes.iter().map(|n| n.dir.join("drbd-reactor.d")).collect();
-    let mut processes = vec![env.start_namespace_controller().await];
-    for (node, dir) in nodes.iter().zip(&dirs) {
-        std::fs::create_dir_all(dir).unwrap();
-        let dir = dir.to_str().unwrap();
-        processes.push(env.start_agent(node, &["--promoter-snippets-dir", dir]).await);
-    }
+    let (nodes, dirs, processes) = replicas_with_agents(&env, &res).await;
     let claim_args = ["-n", env.ns.as_str(), "--claim", "data", "--size", "1Gi"];
 
     // A resource no agent reports is refused, and nothing is created.
     let missing = env.pv_name("missing");
     let refused = share(&[&[missing.as_str()][..], &claim_args].concat()).expect_err("refused");
     assert!(refused.contains("no agent reports a DRBD resource"), "{refused}");
-    assert!(
-        Api::<PersistentVolume>::all(env.client.clone())
-            .get_opt(&missing)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    let pvs = Api::<PersistentVolume>::all(env.client.clone());
+    assert!(pvs.get_opt(&missing).await.unwrap().is_none());
 
     let said = eventually("share to find the resource and the claim served", WAIT, || async {
         share(&[&[res.as_str(), "--wait", "30s"][..], &claim_args].concat()).ok()
@@ -107,11 +90,8 @@ async fn a_shared_resource_binds_is_served_and_has_a_promoter_on_each_replica() 
     .await;
     assert!(said.contains("True") && said.contains("clients mount"), "{said}");
     let claim = env.api::<PersistentVolumeClaim>().get("data").await.unwrap();
-    assert_eq!(
-        claim.status.and_then(|s| s.phase).as_deref(),
-        Some("Bound"),
-        "bound by the PV controller"
-    );
+    let phase = claim.status.and_then(|s| s.phase);
+    assert_eq!(phase.as_deref(), Some("Bound"), "bound by the PV controller");
     // The volume's own NFS server port, on the node that is its primary.
     let port = env
         .pv_annotation(&res, "storageos.com/nfs-port")
@@ -122,6 +102,37 @@ async fn a_shared_resource_binds_is_served_and_has_a_promoter_on_each_replica() 
     // Run again: the same objects, no error.
     share(&[&[res.as_str(), "--wait", "0s"][..], &claim_args].concat()).expect("a second run is harmless");
 
+    snippets_follow_the_volume(&env, &nodes, &dirs, &port).await;
+    teardown(env, processes).await;
+    drop(binder);
+}
+
+/// Nodes a (Primary), b and c (a diskless tie-breaker) replicate `res`; the controller and an
+/// agent per node, each writing snippets into its node's directory.
+async fn replicas_with_agents(env: &TestEnv, res: &str) -> (Vec<SimNode>, Vec<PathBuf>, Vec<Process>) {
+    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
+    healthy(&nodes, &[res], 0);
+    let tie_breaker_peers = [
+        (nodes[0].name.as_str(), "Connected", "Primary"),
+        (&nodes[1].name, "Connected", "Secondary"),
+    ];
+    nodes[2].set(&[diskless(resource(res, "Secondary", true, &tie_breaker_peers))]);
+    let dirs: Vec<PathBuf> = nodes.iter().map(|n| n.dir.join("drbd-reactor.d")).collect();
+    let mut processes = vec![env.start_namespace_controller().await];
+    for (node, dir) in nodes.iter().zip(&dirs) {
+        std::fs::create_dir_all(dir).unwrap();
+        let dir = dir.to_str().unwrap();
+        processes.push(env.start_agent(node, &["--promoter-snippets-dir", dir]).await);
+    }
+    (nodes, dirs, processes)
+}
+
+/// The snippet is on each node with a disk (naming the volume's units and port) and none on the
+/// tie-breaker; it goes from a node the resource leaves; when the volume stops being shared it
+/// stays on the Primary until that is Secondary, so that its NFS server is never stopped under
+/// its clients.
+async fn snippets_follow_the_volume(env: &TestEnv, nodes: &[SimNode], dirs: &[PathBuf], port: &str) {
+    let res = env.pv_name("shared");
     for dir in &dirs[..2] {
         let text = eventually("a snippet on each node with a disk", WAIT, || async {
             snippet(dir, &res)
@@ -135,15 +146,12 @@ async fn a_shared_resource_binds_is_served_and_has_a_promoter_on_each_replica() 
     }
     assert_eq!(snippet(&dirs[2], &res), None, "a tie-breaker serves nothing");
 
-    // The resource leaves node b: its snippet goes.
     nodes[1].set(&[]);
     eventually("the snippet gone from node b", WAIT, || async {
         snippet(&dirs[1], &res).is_none().then_some(())
     })
     .await;
 
-    // The volume stops being shared (its PV deleted) while node a is Primary: the snippet stays
-    // until a is Secondary, so that its NFS server is never stopped under its clients.
     env.api::<PersistentVolumeClaim>()
         .delete("data", &Default::default())
         .await
@@ -162,6 +170,4 @@ async fn a_shared_resource_binds_is_served_and_has_a_promoter_on_each_replica() 
         snippet(&dirs[0], &res).is_none().then_some(())
     })
     .await;
-    teardown(env, processes).await;
-    drop(binder);
 }
