@@ -11,6 +11,7 @@ pub(crate) mod api_health;
 pub mod cache;
 pub mod decide;
 pub mod drbd;
+mod drbd_book;
 mod error;
 mod events2;
 pub mod follow;

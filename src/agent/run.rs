@@ -18,7 +18,8 @@ use super::act::{Executor, ExecutorSettings, Scope};
 use super::action::Action;
 use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
-use super::drbd::{DrbdState, Resource, Shown};
+use super::drbd::DrbdState;
+use super::drbd_book::DrbdBook;
 use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
 use super::locality::Locality;
@@ -31,7 +32,7 @@ use super::view::{Observed, Timers};
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
 use crate::events::{EventSettings, EventSink};
-use crate::metrics::{AgentMetrics, set_to_now};
+use crate::metrics::AgentMetrics;
 use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
 
@@ -134,7 +135,6 @@ struct Rounds {
     node: String,
     node_ip: Option<std::net::IpAddr>,
     client: Client,
-    drbd: Arc<dyn DrbdSource>,
     heartbeat: Heartbeat,
     executor: Executor,
     metrics: AgentMetrics,
@@ -147,23 +147,10 @@ struct Rounds {
     resync_interval: Duration,
     timeout: Duration,
     timers: Timers,
-    /// The last DRBD state read or described by events2, and when; none after a failed read.
-    drbd_state: Option<(DrbdState, Instant)>,
-    /// The newest state events2 described that is not taken in yet; `true`: something was
-    /// created or destroyed, so the quorum settings must be read again.
-    pending: Option<(Vec<Resource>, bool)>,
-    /// The last state events2 described, to check the periodic read against.
-    described: Option<Vec<Resource>>,
-    /// The quorum settings were read in this round: a destructive step needs no fresh read.
-    quorum_read: bool,
+    /// What is known of the node's DRBD state, and when it is read next.
+    drbd: DrbdBook,
     /// What this node last stated on its report Lease.
     reported: Option<Report>,
-    drbd_due: bool,
-    /// When the last full read started and ended: what events2 described before it is older.
-    last_read: Option<(Instant, Instant)>,
-    /// Scheduled from the last attempt, not the last success: a failing drbdsetup is retried at
-    /// the status interval, not in a tight loop.
-    next_read: Instant,
     next_resync: Instant,
     promoter: Option<PromoterSnippets>,
     /// Which PVs and attachments the cache keeps: told the node's resources every round.
@@ -196,11 +183,16 @@ impl Rounds {
             executor_settings(args),
             Some(guard),
         );
+        let book = DrbdBook::new(
+            drbd,
+            metrics.clone(),
+            health.freshness.clone(),
+            *args.drbd_status_interval,
+        );
         Self {
             node: args.node_name.clone(),
             node_ip: args.node_ip,
             client,
-            drbd,
             heartbeat,
             executor,
             metrics,
@@ -215,14 +207,8 @@ impl Rounds {
             resync_interval: *args.resync_interval,
             timeout,
             timers: Timers::new(),
-            drbd_state: None,
-            pending: None,
-            described: None,
-            quorum_read: false,
+            drbd: book,
             reported: None,
-            drbd_due: true,
-            last_read: None,
-            next_read: Instant::now(),
             next_resync: Instant::now() + *args.resync_interval,
             promoter: args.promoter_snippets_dir.clone().map(|dir| {
                 PromoterSnippets::new(PromoterSettings {
@@ -248,115 +234,30 @@ impl Rounds {
         shutdown: &Shutdown,
     ) {
         loop {
-            self.quorum_read = false;
-            if self.drbd_due || Instant::now() >= self.next_read {
-                self.read_drbd().await;
-            } else if let Some((resources, created)) = self.pending.take() {
-                self.take_described(resources, created).await;
-            }
+            self.drbd.bring_up_to_date().await;
             self.round(cache).await;
-            let wake = next_wake(self.next_read, &self.timers, &self.settings, self.reconcile_interval);
+            let wake = next_wake(
+                self.drbd.next_read(),
+                &self.timers,
+                &self.settings,
+                self.reconcile_interval,
+            );
             tokio::select! {
                 _ = shutdown.cancelled() => break,
-                Some(change) = drbd_changes.next() => self.heard(change),
+                Some(change) = drbd_changes.next() => self.drbd.heard(change),
                 // A burst of Kubernetes changes makes one round, not one each; a DRBD change does
                 // not wait for the burst to end.
                 Some(()) = kube_changes.next() => tokio::select! {
-                    Some(change) = drbd_changes.next() => self.heard(change),
+                    Some(change) = drbd_changes.next() => self.drbd.heard(change),
                     _ = tokio::time::sleep(KUBE_DEBOUNCE) => {}
                 },
                 _ = tokio::time::sleep_until(wake.into()) => {}
             }
             // Take every change that is already waiting in this one round.
             while let Some(Some(change)) = drbd_changes.next().now_or_never() {
-                self.heard(change);
+                self.drbd.heard(change);
             }
             while let Some(Some(())) = kube_changes.next().now_or_never() {}
-        }
-    }
-
-    /// Keeps what events2 said for the next round: only the newest state counts.
-    fn heard(&mut self, change: DrbdChange) {
-        match change {
-            DrbdChange::Unknown => self.drbd_due = true,
-            DrbdChange::State { resources, created, at } => match against_read(at, self.last_read) {
-                AgainstRead::Older => {
-                    tracing::debug!("events2 described a state older than the last read; passed over")
-                }
-                AgainstRead::During => self.drbd_due = true,
-                AgainstRead::Newer => {
-                    let created = created || self.pending.as_ref().is_some_and(|(_, created)| *created);
-                    self.pending = Some((resources, created));
-                }
-            },
-        }
-    }
-
-    /// Takes the state events2 described: no `drbdsetup status` on a change's path. The settings
-    /// (quorum, net options), which events2 never prints, are read when something was created or
-    /// destroyed.
-    async fn take_described(&mut self, resources: Vec<Resource>, created: bool) {
-        self.described = Some(resources.clone());
-        let known = self.drbd_state.as_ref().map(|(state, _)| state.shown());
-        let shown = match known.filter(|_| !created) {
-            Some(known) => known,
-            None => match self.read_shown().await {
-                Some(read) => read,
-                None => return,
-            },
-        };
-        let state = DrbdState::new(resources, shown);
-        record_resources(&self.metrics, &state);
-        self.drbd_state = Some((state, Instant::now()));
-    }
-
-    /// Reads the DRBD settings (`drbdsetup show`); a failed read leaves no state to act on.
-    async fn read_shown(&mut self) -> Option<Shown> {
-        let read = {
-            let _timer = self.metrics.drbd_read.start_timer();
-            self.drbd.shown().await
-        };
-        match read {
-            Ok(read) => {
-                self.quorum_read = true;
-                Some(read)
-            }
-            Err(err) => {
-                self.metrics.drbd_read_errors.inc();
-                self.drbd_state = None;
-                tracing::warn!(error = %err, "cannot read the DRBD settings (drbdsetup show); no action until a read succeeds");
-                None
-            }
-        }
-    }
-
-    async fn read_drbd(&mut self) {
-        let started = Instant::now();
-        self.next_read = started + self.status_interval;
-        self.drbd_due = false;
-        // What events2 said before this read is older than it.
-        self.pending = None;
-        let read = {
-            let _timer = self.metrics.drbd_read.start_timer();
-            self.drbd.read().await
-        };
-        self.last_read = Some((started, Instant::now()));
-        match read {
-            Ok(state) => {
-                self.quorum_read = true;
-                self.check_described(&state);
-                record_resources(&self.metrics, &state);
-                self.health.freshness.mark_read();
-                set_to_now(&self.metrics.drbd_last_read);
-                self.drbd_state = Some((state, Instant::now()));
-            }
-            Err(err) => {
-                // A failed read leaves no state to act on: what was read before may be exactly
-                // what changed.
-                self.metrics.drbd_read_errors.inc();
-                self.drbd_state = None;
-                tracing::warn!(error = %err, "cannot read DRBD state; no action until a read succeeds");
-            }
         }
     }
 
@@ -366,38 +267,22 @@ impl Rounds {
     async fn fresh_steps(&mut self, mut observed: Observed) -> (Observed, Vec<Action>) {
         let now = Instant::now();
         let actions = decide::steps(&observed, &self.settings, &mut self.timers, now);
-        if self.quorum_read || !actions.iter().any(Action::is_destructive) {
+        if self.drbd.quorum_read() || !actions.iter().any(Action::is_destructive) {
             return (observed, actions);
         }
-        let Some(shown) = self.read_shown().await else {
+        let Some(shown) = self.drbd.read_settings_again().await else {
             let safe = actions.into_iter().filter(|a| !a.is_destructive()).collect();
             return (observed, safe);
         };
-        if let Some((state, _)) = self.drbd_state.as_mut() {
-            *state = DrbdState::new(std::mem::take(&mut state.resources), shown.clone());
-        }
         observed.drbd = DrbdState::new(std::mem::take(&mut observed.drbd.resources), shown);
         let actions = decide::steps(&observed, &self.settings, &mut self.timers, now);
         (observed, actions)
     }
 
-    /// The periodic read is the safety net under events2: where the two disagree, the read wins,
-    /// and the disagreement is counted and said.
-    fn check_described(&mut self, read: &DrbdState) {
-        let Some(described) = self.described.take() else { return };
-        if comparable(&described) != comparable(&read.resources) {
-            self.metrics.events2_mismatches.inc();
-            tracing::warn!("the DRBD state read differs from what drbdsetup events2 described; the read wins");
-        }
-    }
-
     /// One round over a DRBD state fresh enough to act on: observe, decide, act, report.
     async fn round(&mut self, cache: &Cache) {
         let usable_for = self.status_interval + self.timeout;
-        let fresh = self
-            .drbd_state
-            .clone()
-            .filter(|(_, read_at)| read_at.elapsed() <= usable_for);
+        let fresh = self.drbd.fresh(usable_for);
         self.health.probes.set_ready(fresh.is_some());
         let Some((state, read_at)) = fresh else { return };
         let state = &state;
@@ -499,25 +384,6 @@ async fn report(heartbeat: &Heartbeat, state: &DrbdState, reported: Option<Repor
     }
 }
 
-/// Where a state events2 described stands against the last full read (`started`, `ended`).
-#[derive(Debug, PartialEq, Eq)]
-enum AgainstRead {
-    /// Described before the read started: the read is newer, the description is passed over.
-    Older,
-    /// Described while the read ran: which is newer cannot be told, so DRBD is read again.
-    During,
-    /// Described after the read: taken in.
-    Newer,
-}
-
-fn against_read(described_at: Instant, last_read: Option<(Instant, Instant)>) -> AgainstRead {
-    match last_read {
-        Some((started, _)) if described_at < started => AgainstRead::Older,
-        Some((_, ended)) if described_at <= ended => AgainstRead::During,
-        _ => AgainstRead::Newer,
-    }
-}
-
 /// How long a `drbdsetup status` or `show` may take: two status intervals, at least 2 s, at most
 /// the operations timeout. A read takes milliseconds when DRBD is well; a stuck one given the
 /// whole operations timeout (1m by default) would hold every decision, publications included.
@@ -592,32 +458,9 @@ fn next_wake(
         .max(now + Duration::from_millis(10))
 }
 
-/// Resources in an order that does not depend on who listed them.
-fn comparable(resources: &[Resource]) -> Vec<Resource> {
-    let mut resources = resources.to_vec();
-    resources.sort_by(|a, b| a.name.cmp(&b.name));
-    for resource in &mut resources {
-        resource.connections.sort_by(|a, b| a.name.cmp(&b.name));
-    }
-    resources
-}
-
-fn record_resources(metrics: &AgentMetrics, state: &DrbdState) {
-    metrics.drbd_resources.reset();
-    for resource in &state.resources {
-        let quorum = if resource.has_quorum() { "true" } else { "false" };
-        let role = if resource.role.is_empty() {
-            "Unknown"
-        } else {
-            &resource.role
-        };
-        metrics.drbd_resources.with_label_values(&[role, quorum]).inc();
-    }
-}
-
 /// When DRBD state was last read, for `/healthz`.
 #[derive(Clone)]
-struct Freshness {
+pub(super) struct Freshness {
     last_read: Arc<Mutex<Instant>>,
     limit: Duration,
 }
@@ -631,7 +474,7 @@ impl Freshness {
         }
     }
 
-    fn mark_read(&self) {
+    pub(super) fn mark_read(&self) {
         *self.last_read.lock().expect("freshness poisoned") = Instant::now();
     }
 
@@ -674,26 +517,6 @@ mod tests {
         assert!(next_wake(next_read, &expired, &settings, reconcile) >= next_read);
         let running = timers(now - Duration::from_secs(3));
         assert!(next_wake(next_read, &running, &settings, reconcile) < now + Duration::from_secs(3));
-    }
-
-    #[test]
-    fn what_events2_described_while_or_before_a_read_ran_is_not_taken_as_newer() {
-        let t0 = Instant::now();
-        let read = Some((t0 + Duration::from_millis(100), t0 + Duration::from_millis(300)));
-        let cases = [
-            (0, None, AgainstRead::Newer),
-            (50, read, AgainstRead::Older),
-            (200, read, AgainstRead::During),
-            (300, read, AgainstRead::During),
-            (301, read, AgainstRead::Newer),
-        ];
-        for (millis, last_read, expected) in cases {
-            assert_eq!(
-                against_read(t0 + Duration::from_millis(millis), last_read),
-                expected,
-                "{millis} ms"
-            );
-        }
     }
 
     #[test]

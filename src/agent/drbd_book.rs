@@ -1,0 +1,255 @@
+//! What the agent knows of its node's DRBD state between rounds: the last state read
+//! (`drbdsetup status` and `show`) or described by `drbdsetup events2`, what events2 said that is
+//! not taken in yet, and when DRBD is read next. The periodic read is the safety net under
+//! events2, and where the two disagree the read wins.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::drbd::{DrbdState, Resource, Shown};
+use super::run::Freshness;
+use super::source::{DrbdChange, DrbdSource};
+use crate::metrics::{AgentMetrics, set_to_now};
+
+pub struct DrbdBook {
+    source: Arc<dyn DrbdSource>,
+    metrics: AgentMetrics,
+    freshness: Freshness,
+    status_interval: Duration,
+    /// The last DRBD state read or described by events2, and when; none after a failed read.
+    state: Option<(DrbdState, Instant)>,
+    /// The newest state events2 described that is not taken in yet; `true`: something was
+    /// created or destroyed, so the quorum settings must be read again.
+    pending: Option<(Vec<Resource>, bool)>,
+    /// The last state events2 described, to check the periodic read against.
+    described: Option<Vec<Resource>>,
+    /// The quorum settings were read in this round: a destructive step needs no fresh read.
+    quorum_read: bool,
+    /// A full read is due before the next round (events2 could not be followed).
+    due: bool,
+    /// When the last full read started and ended: what events2 described before it is older.
+    last_read: Option<(Instant, Instant)>,
+    /// Scheduled from the last attempt, not the last success: a failing drbdsetup is retried at
+    /// the status interval, not in a tight loop.
+    next_read: Instant,
+}
+
+impl DrbdBook {
+    pub fn new(
+        source: Arc<dyn DrbdSource>,
+        metrics: AgentMetrics,
+        freshness: Freshness,
+        status_interval: Duration,
+    ) -> Self {
+        Self {
+            source,
+            metrics,
+            freshness,
+            status_interval,
+            state: None,
+            pending: None,
+            described: None,
+            quorum_read: false,
+            due: true,
+            last_read: None,
+            next_read: Instant::now(),
+        }
+    }
+
+    /// Before a round: a full read when one is due, else what events2 described since.
+    pub async fn bring_up_to_date(&mut self) {
+        self.quorum_read = false;
+        if self.due || Instant::now() >= self.next_read {
+            self.read().await;
+        } else if let Some((resources, created)) = self.pending.take() {
+            self.take_described(resources, created).await;
+        }
+    }
+
+    /// The state, when it was taken within `usable_for`.
+    pub fn fresh(&self, usable_for: Duration) -> Option<(DrbdState, Instant)> {
+        self.state
+            .clone()
+            .filter(|(_, read_at)| read_at.elapsed() <= usable_for)
+    }
+
+    pub fn next_read(&self) -> Instant {
+        self.next_read
+    }
+
+    /// Whether this round's state carries settings read in this round.
+    pub fn quorum_read(&self) -> bool {
+        self.quorum_read
+    }
+
+    /// Reads the settings again for a destructive step, and keeps them with the state.
+    pub async fn read_settings_again(&mut self) -> Option<Shown> {
+        let shown = self.read_shown().await?;
+        if let Some((state, _)) = self.state.as_mut() {
+            *state = DrbdState::new(std::mem::take(&mut state.resources), shown.clone());
+        }
+        Some(shown)
+    }
+
+    /// Keeps what events2 said for the next round: only the newest state counts.
+    pub fn heard(&mut self, change: DrbdChange) {
+        match change {
+            DrbdChange::Unknown => self.due = true,
+            DrbdChange::State { resources, created, at } => match against_read(at, self.last_read) {
+                AgainstRead::Older => {
+                    tracing::debug!("events2 described a state older than the last read; passed over")
+                }
+                AgainstRead::During => self.due = true,
+                AgainstRead::Newer => {
+                    let created = created || self.pending.as_ref().is_some_and(|(_, created)| *created);
+                    self.pending = Some((resources, created));
+                }
+            },
+        }
+    }
+
+    /// Takes the state events2 described: no `drbdsetup status` on a change's path. The settings
+    /// (quorum, net options), which events2 never prints, are read when something was created or
+    /// destroyed.
+    async fn take_described(&mut self, resources: Vec<Resource>, created: bool) {
+        self.described = Some(resources.clone());
+        let known = self.state.as_ref().map(|(state, _)| state.shown());
+        let shown = match known.filter(|_| !created) {
+            Some(known) => known,
+            None => match self.read_shown().await {
+                Some(read) => read,
+                None => return,
+            },
+        };
+        let state = DrbdState::new(resources, shown);
+        record_resources(&self.metrics, &state);
+        self.state = Some((state, Instant::now()));
+    }
+
+    /// Reads the DRBD settings (`drbdsetup show`); a failed read leaves no state to act on.
+    async fn read_shown(&mut self) -> Option<Shown> {
+        let read = {
+            let _timer = self.metrics.drbd_read.start_timer();
+            self.source.shown().await
+        };
+        match read {
+            Ok(read) => {
+                self.quorum_read = true;
+                Some(read)
+            }
+            Err(err) => {
+                self.metrics.drbd_read_errors.inc();
+                self.state = None;
+                tracing::warn!(error = %err, "cannot read the DRBD settings (drbdsetup show); no action until a read succeeds");
+                None
+            }
+        }
+    }
+
+    async fn read(&mut self) {
+        let started = Instant::now();
+        self.next_read = started + self.status_interval;
+        self.due = false;
+        // What events2 said before this read is older than it.
+        self.pending = None;
+        let read = {
+            let _timer = self.metrics.drbd_read.start_timer();
+            self.source.read().await
+        };
+        self.last_read = Some((started, Instant::now()));
+        match read {
+            Ok(state) => {
+                self.quorum_read = true;
+                self.check_described(&state);
+                record_resources(&self.metrics, &state);
+                self.freshness.mark_read();
+                set_to_now(&self.metrics.drbd_last_read);
+                self.state = Some((state, Instant::now()));
+            }
+            Err(err) => {
+                // A failed read leaves no state to act on: what was read before may be exactly
+                // what changed.
+                self.metrics.drbd_read_errors.inc();
+                self.state = None;
+                tracing::warn!(error = %err, "cannot read DRBD state; no action until a read succeeds");
+            }
+        }
+    }
+
+    /// The periodic read is the safety net under events2: where the two disagree, the read wins,
+    /// and the disagreement is counted and said.
+    fn check_described(&mut self, read: &DrbdState) {
+        let Some(described) = self.described.take() else { return };
+        if comparable(&described) != comparable(&read.resources) {
+            self.metrics.events2_mismatches.inc();
+            tracing::warn!("the DRBD state read differs from what drbdsetup events2 described; the read wins");
+        }
+    }
+}
+
+/// Where a state events2 described stands against the last full read (`started`, `ended`).
+#[derive(Debug, PartialEq, Eq)]
+enum AgainstRead {
+    /// Described before the read started: the read is newer, the description is passed over.
+    Older,
+    /// Described while the read ran: which is newer cannot be told, so DRBD is read again.
+    During,
+    /// Described after the read: taken in.
+    Newer,
+}
+
+fn against_read(described_at: Instant, last_read: Option<(Instant, Instant)>) -> AgainstRead {
+    match last_read {
+        Some((started, _)) if described_at < started => AgainstRead::Older,
+        Some((_, ended)) if described_at <= ended => AgainstRead::During,
+        _ => AgainstRead::Newer,
+    }
+}
+
+/// Resources in an order that does not depend on who listed them.
+fn comparable(resources: &[Resource]) -> Vec<Resource> {
+    let mut resources = resources.to_vec();
+    resources.sort_by(|a, b| a.name.cmp(&b.name));
+    for resource in &mut resources {
+        resource.connections.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    resources
+}
+
+fn record_resources(metrics: &AgentMetrics, state: &DrbdState) {
+    metrics.drbd_resources.reset();
+    for resource in &state.resources {
+        let quorum = if resource.has_quorum() { "true" } else { "false" };
+        let role = if resource.role.is_empty() {
+            "Unknown"
+        } else {
+            &resource.role
+        };
+        metrics.drbd_resources.with_label_values(&[role, quorum]).inc();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_events2_described_while_or_before_a_read_ran_is_not_taken_as_newer() {
+        let t0 = Instant::now();
+        let read = Some((t0 + Duration::from_millis(100), t0 + Duration::from_millis(300)));
+        let cases = [
+            (0, None, AgainstRead::Newer),
+            (50, read, AgainstRead::Older),
+            (200, read, AgainstRead::During),
+            (300, read, AgainstRead::During),
+            (301, read, AgainstRead::Newer),
+        ];
+        for (millis, last_read, expected) in cases {
+            assert_eq!(
+                against_read(t0 + Duration::from_millis(millis), last_read),
+                expected,
+                "{millis} ms"
+            );
+        }
+    }
+}
