@@ -126,10 +126,7 @@ pub async fn peer_now(
     });
     let stated = within(timeout, leases.get_opt(&report_lease_name(node))).await;
     api.record(&stated);
-    let report = stated
-        .ok()?
-        .ok()?
-        .and_then(|lease| Report::parse(lease.metadata.annotations.as_ref()?.get(DRBD_REPORT_ANNOTATION)?));
+    let report = stated.ok()?.ok()?.and_then(|lease| Report::of_lease(&lease));
     Some((alive, report))
 }
 

@@ -14,9 +14,7 @@ use kube::ResourceExt;
 use super::drbd::DrbdState;
 use super::report::Report;
 use super::view::{AttachmentView, NodeView, Observed, PeerReport, PodView, VolumeView};
-use crate::names::{
-    DRBD_REPORT_ANNOTATION, IGNORE_FAIL_OVER_ANNOTATION, NFS_PORT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION,
-};
+use crate::names::{IGNORE_FAIL_OVER_ANNOTATION, NFS_PORT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
 use crate::sharedvolume::filters::Filters;
 use crate::sharedvolume::stamp::MoveStamp;
@@ -217,11 +215,7 @@ fn peer_reports(leases: &[Arc<Lease>]) -> (HashMap<String, PeerReport>, BTreeSet
             continue;
         };
         agent_nodes.insert(holder.clone());
-        let Some(report) = lease
-            .annotations()
-            .get(DRBD_REPORT_ANNOTATION)
-            .and_then(|r| Report::parse(r))
-        else {
+        let Some(report) = Report::of_lease(lease) else {
             continue;
         };
         reports.insert(holder, PeerReport { report, alive: false });

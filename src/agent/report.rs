@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use k8s_openapi::api::coordination::v1::Lease;
+
 use super::drbd::DrbdState;
+use crate::names::DRBD_REPORT_ANNOTATION;
 
 /// One agent's view of its DRBD resources.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -64,6 +67,11 @@ impl Report {
     /// Parses a report as found on a Lease; a malformed one is no report.
     pub fn parse(json: &str) -> Option<Self> {
         serde_json::from_str(json).ok()
+    }
+
+    /// The report an agent's report Lease carries, if any.
+    pub fn of_lease(lease: &Lease) -> Option<Self> {
+        Self::parse(lease.metadata.annotations.as_ref()?.get(DRBD_REPORT_ANNOTATION)?)
     }
 }
 

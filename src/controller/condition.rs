@@ -15,6 +15,7 @@ use serde_json::json;
 
 use super::outcome::{Outcome, ReconcileError};
 use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER, SERVICE_ENDPOINT_ANNOTATION};
+use crate::sharedvolume::claim::ready_condition;
 use crate::sharedvolume::classify::Skip;
 use crate::sharedvolume::desired::service_name;
 
@@ -46,7 +47,7 @@ pub fn stated(
     claim: &PersistentVolumeClaim,
     known_ours: bool,
 ) -> Option<Stated> {
-    let known_ours = known_ours || current(claim).is_some();
+    let known_ours = known_ours || ready_condition(claim).is_some();
     let pv = claim.spec.as_ref()?.volume_name.as_deref().unwrap_or_default();
     let stated = match result.as_ref().ok()? {
         Outcome::Shared {
@@ -129,12 +130,6 @@ pub fn fingerprint_besides_own_condition(claim: &PersistentVolumeClaim) -> u64 {
     hasher.finish()
 }
 
-/// The claim's condition of ours, if it has one.
-fn current(claim: &PersistentVolumeClaim) -> Option<&PersistentVolumeClaimCondition> {
-    let conditions = claim.status.as_ref()?.conditions.as_ref()?;
-    conditions.iter().find(|c| c.type_ == CLAIM_CONDITION_TYPE)
-}
-
 /// The condition to write, or `None` when the claim states it already. Its transition time moves
 /// only when readiness changes.
 pub fn to_write(
@@ -143,7 +138,7 @@ pub fn to_write(
     now: Timestamp,
 ) -> Option<PersistentVolumeClaimCondition> {
     let status = if stated.ready { "True" } else { "False" };
-    let current = current(claim);
+    let current = ready_condition(claim);
     if let Some(current) = current
         && current.status == status
         && current.reason.as_deref() == Some(&stated.reason)

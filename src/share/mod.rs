@@ -17,7 +17,8 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::agent::report::Report;
 use crate::cli::ShareArgs;
-use crate::names::{CLAIM_CONDITION_TYPE, DRBD_REPORT_ANNOTATION};
+use crate::names::AGENT_REPORT_LABEL;
+use crate::sharedvolume::claim::ready_condition;
 pub use manifest::ShareRequest;
 use manifest::{claim, lowest_free_port, persistent_volume, same_claim, same_volume};
 
@@ -71,14 +72,14 @@ async fn free_port(client: &Client) -> Result<u16> {
 /// The nodes whose agents report the resource; none is an error that says what to do.
 async fn nodes_with(client: &Client, resource: &str) -> Result<BTreeSet<String>> {
     let leases = Api::<Lease>::all(client.clone())
-        .list(&ListParams::default())
+        .list(&ListParams::default().labels(AGENT_REPORT_LABEL))
         .await
         .context("cannot list Leases to find the agents' DRBD reports (or pass --skip-resource-check)")?;
     let nodes: BTreeSet<String> = leases
         .items
         .iter()
         .filter_map(|lease| {
-            let report = Report::parse(lease.annotations().get(DRBD_REPORT_ANNOTATION)?)?;
+            let report = Report::of_lease(lease)?;
             report.resources.contains_key(resource).then(|| {
                 lease
                     .spec
@@ -148,17 +149,13 @@ async fn wait_served(client: &Client, request: &ShareRequest, wait: Duration) ->
     let deadline = tokio::time::Instant::now() + wait;
     let mut last = String::from("no SharedVolumeReady condition yet");
     loop {
-        if let Some(condition) = claims
-            .get_opt(&request.claim)
-            .await?
-            .and_then(|c| c.status?.conditions)
-            .and_then(|cs| cs.into_iter().find(|c| c.type_ == CLAIM_CONDITION_TYPE))
-        {
+        let claim = claims.get_opt(&request.claim).await?;
+        if let Some(condition) = claim.as_ref().and_then(ready_condition) {
             let message = format!(
                 "{} {}: {}",
                 condition.status,
-                condition.reason.unwrap_or_default(),
-                condition.message.unwrap_or_default()
+                condition.reason.as_deref().unwrap_or_default(),
+                condition.message.as_deref().unwrap_or_default()
             );
             if condition.status == "True" {
                 return Ok(message);

@@ -7,13 +7,16 @@
 //!   ([`pv_backs_shared_claim`]): ReadWriteMany *on the PV* and bound to some claim. It publishes
 //!   itself for such a PV and leaves the rest of the judgement to the controller's classification.
 
-use k8s_openapi::api::core::v1::{CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeSpec};
+use k8s_openapi::api::core::v1::{
+    CSIPersistentVolumeSource, PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimCondition,
+    PersistentVolumeSpec,
+};
 use kube::ResourceExt;
 
 use super::filters::Filters;
 use crate::names::{
-    MOUNT_ENDPOINT_ANNOTATION, MOVE_STAMP_ANNOTATION, NFS_PORT_ANNOTATION, SERVED_ELSEWHERE_ATTRIBUTES,
-    SERVICE_ENDPOINT_ANNOTATION, SHARED_VOLUME_OPT_OUT_ANNOTATION,
+    CLAIM_CONDITION_TYPE, MOUNT_ENDPOINT_ANNOTATION, MOVE_STAMP_ANNOTATION, NFS_PORT_ANNOTATION,
+    SERVED_ELSEWHERE_ATTRIBUTES, SERVICE_ENDPOINT_ANNOTATION, SHARED_VOLUME_OPT_OUT_ANNOTATION,
 };
 use crate::volume::ClaimKey;
 
@@ -31,6 +34,12 @@ pub fn bound_claim(pv: &PersistentVolume) -> Option<ClaimKey> {
         namespace: claim.namespace.clone()?,
         name: claim.name.clone()?,
     })
+}
+
+/// The claim's `SharedVolumeReady` condition, if it has one.
+pub fn ready_condition(claim: &PersistentVolumeClaim) -> Option<&PersistentVolumeClaimCondition> {
+    let conditions = claim.status.as_ref()?.conditions.as_ref()?;
+    conditions.iter().find(|c| c.type_ == CLAIM_CONDITION_TYPE)
 }
 
 /// Whether a volume mode (of a claim or a PV) is a filesystem: unset means `Filesystem`. A

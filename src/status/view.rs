@@ -12,7 +12,8 @@ use serde::Serialize;
 
 use crate::agent::heartbeat::{lease_name, report_lease_name};
 use crate::agent::report::Report;
-use crate::names::{CLAIM_CONDITION_TYPE, DRBD_REPORT_ANNOTATION, FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION};
+use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION};
+use crate::sharedvolume::claim::ready_condition;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::csi_resource_name;
 
@@ -104,7 +105,7 @@ pub fn build(observed: &Observed, now: Timestamp) -> StatusView {
         .filter_map(|pod| {
             let node = pod.spec.as_ref()?.node_name.as_deref()?;
             let lease = leases.get(&report_lease_name(node))?;
-            Some((node, Report::parse(lease.annotations().get(DRBD_REPORT_ANNOTATION)?)?))
+            Some((node, Report::of_lease(lease)?))
         })
         .collect();
     StatusView {
@@ -200,13 +201,7 @@ fn reservations(guard: &Lease, now: Timestamp) -> Vec<Reservation> {
 }
 
 fn claim(claim: &PersistentVolumeClaim, pvs: &[PersistentVolume], reports: &BTreeMap<&str, Report>) -> Option<Claim> {
-    let condition = claim
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .flatten()
-        .find(|c| c.type_ == CLAIM_CONDITION_TYPE)?;
+    let condition = ready_condition(claim)?;
     let volume = claim
         .spec
         .as_ref()
