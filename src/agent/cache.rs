@@ -19,7 +19,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
-use super::locality::{Kept, Locality, kept};
+use super::locality::{KeptKind, Locality, kept};
 use super::observe::{PIRAEUS_HA_CONTROLLER_LABELS, Snapshot};
 use crate::kube_client::{drop_managed_fields, paged};
 use crate::names::{AGENT_REPORT_LABEL, IGNORE_FAIL_OVER_ANNOTATION};
@@ -54,30 +54,15 @@ impl Cache {
         let all = watcher::Config::default;
         // The cluster's PVs and attachments, of which only the node's own are kept.
         let paged = || paged(all());
-        let pvs_kept = {
-            let locality = locality.clone();
-            move |pv: &PersistentVolume, from_list| locality.keeps_pv(pv, from_list)
-        };
-        let (pvs, pv_changes) = reflect_kept(
-            Reflected::new(Api::all(client.clone()), paged(), trim_pv, counter("pvs")),
-            pvs_kept,
-            (locality.clone(), Kept::Pvs),
-        );
+        let (pvs, pv_changes) = reflect_kept(Api::all(client.clone()), paged(), trim_pv, counter("pvs"), locality);
         let own_pods = all().fields(&format!("spec.nodeName={node}"));
         let (pods, pod_changes) = reflect(Api::all(client.clone()), own_pods, trim_pod, counter("pods"));
-        let attachments_kept = {
-            let locality = locality.clone();
-            move |attachment: &VolumeAttachment, _| locality.keeps_attachment(attachment)
-        };
         let (attachments, attachment_changes) = reflect_kept(
-            Reflected::new(
-                Api::all(client.clone()),
-                paged(),
-                trim_attachment,
-                counter("attachments"),
-            ),
-            attachments_kept,
-            (locality.clone(), Kept::Attachments),
+            Api::all(client.clone()),
+            paged(),
+            trim_attachment,
+            counter("attachments"),
+            locality,
         );
         let (nodes, node_changes) = reflect(
             Api::all(client.clone()),
@@ -166,14 +151,7 @@ where
     let (store, writer) = reflector::store();
     let changes = watcher(api, config)
         .default_backoff()
-        .inspect_ok(move |event| {
-            if matches!(
-                event,
-                watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_)
-            ) {
-                received.inc();
-            }
-        })
+        .inspect_ok(move |event| count_delivered(&received, event))
         .modify(trim)
         .reflect(writer)
         .filter_map(|event| {
@@ -189,50 +167,39 @@ where
     (store, changes)
 }
 
-/// What a reflector watches and how it trims and counts what arrives.
-struct Reflected<K: Resource> {
+/// Counts an object a watch delivered.
+fn count_delivered<K>(received: &IntCounter, event: &watcher::Event<K>) {
+    if matches!(
+        event,
+        watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_)
+    ) {
+        received.inc();
+    }
+}
+
+/// A reflector that keeps only what the locality keeps, and lists again whenever it asks (what
+/// it keeps changed): the fresh list replaces the store's contents, and once it is in the
+/// locality is told.
+fn reflect_kept<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
     received: IntCounter,
-}
-
-impl<K: Resource> Reflected<K> {
-    fn new(api: Api<K>, config: watcher::Config, trim: fn(&mut K), received: IntCounter) -> Self {
-        Self {
-            api,
-            config,
-            trim,
-            received,
-        }
-    }
-}
-
-/// A reflector that keeps only what `keep` says, and lists again whenever the locality asks (what
-/// `keep` says changed): the fresh list replaces the store's contents, and once it is in the
-/// locality is told.
-fn reflect_kept<K>(
-    reflected: Reflected<K>,
-    keep: impl Fn(&K, bool) -> bool + Send + 'static,
-    (locality, kind): (Locality, Kept),
+    locality: &Locality,
 ) -> (Store<K>, BoxStream<'static, ()>)
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: KeptKind + Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
 {
     let (store, mut writer) = reflector::store();
-    let Reflected {
-        api,
-        config,
-        trim,
-        received,
-    } = reflected;
-    let relist = locality.relist(kind);
+    let locality = locality.clone();
+    let relist = locality.relist(K::KIND);
+    let what = || K::kind(&Default::default()).to_string();
     let changes = producer::spawn(1, move |sender| async move {
         loop {
             // This list answers every ask so far: a waiting notification is spent.
             let _ = relist.notified().now_or_never();
-            let asked = locality.list_started(kind);
+            let asked = locality.list_started(K::KIND);
             let mut events = watcher(api.clone(), config.clone())
                 .default_backoff()
                 .modify(trim)
@@ -243,33 +210,26 @@ where
                     _ = relist.notified() => break,
                     event = events.next() => event,
                 };
-                match event {
+                let event = match event {
                     None => return,
                     Some(Err(err)) => {
-                        tracing::warn!(kind = K::kind(&Default::default()).as_ref(), error = %err, "watch failed; retrying")
+                        tracing::warn!(kind = what(), error = %err, "watch failed; retrying");
+                        continue;
                     }
-                    Some(Ok(event)) => {
-                        if matches!(
-                            event,
-                            watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_)
-                        ) {
-                            received.inc();
-                        }
-                        let listed = matches!(event, watcher::Event::InitDone);
-                        if let Some(event) = kept(event, &keep) {
-                            writer.apply_watcher_event(&event);
-                            if listed {
-                                locality.list_done(kind, asked);
-                            }
-                            let _ = sender.try_send(());
-                        }
-                    }
+                    Some(Ok(event)) => event,
+                };
+                count_delivered(&received, &event);
+                let listed = matches!(event, watcher::Event::InitDone);
+                let Some(event) = kept(event, |object: &K, from_list| object.kept_by(&locality, from_list)) else {
+                    continue;
+                };
+                writer.apply_watcher_event(&event);
+                if listed {
+                    locality.list_done(K::KIND, asked);
                 }
+                let _ = sender.try_send(());
             }
-            tracing::debug!(
-                kind = K::kind(&Default::default()).as_ref(),
-                "listing again: the node's resources changed"
-            );
+            tracing::debug!(kind = what(), "listing again: the node's resources changed");
         }
     });
     (store, changes)

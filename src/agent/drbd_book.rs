@@ -1,12 +1,14 @@
 //! What the agent knows of its node's DRBD state between rounds: the last state read
 //! (`drbdsetup status` and `show`) or described by `drbdsetup events2`, what events2 said that is
 //! not taken in yet, and when DRBD is read next. The periodic read is the safety net under
-//! events2, and where the two disagree the read wins.
+//! events2, and where the two disagree the read wins. Every state taken tells the cache's
+//! [`Locality`] which resources are on the node.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::drbd::{DrbdState, Resource, Shown};
+use super::locality::Locality;
 use super::run::Freshness;
 use super::source::{DrbdChange, DrbdSource};
 use crate::metrics::{AgentMetrics, set_to_now};
@@ -16,6 +18,7 @@ pub struct DrbdBook {
     metrics: AgentMetrics,
     freshness: Freshness,
     status_interval: Duration,
+    locality: Locality,
     /// The last DRBD state read or described by events2, and when; none after a failed read.
     state: Option<(DrbdState, Instant)>,
     /// The newest state events2 described that is not taken in yet; `true`: something was
@@ -40,12 +43,14 @@ impl DrbdBook {
         metrics: AgentMetrics,
         freshness: Freshness,
         status_interval: Duration,
+        locality: Locality,
     ) -> Self {
         Self {
             source,
             metrics,
             freshness,
             status_interval,
+            locality,
             state: None,
             pending: None,
             described: None,
@@ -71,6 +76,17 @@ impl DrbdBook {
         self.state
             .clone()
             .filter(|(_, read_at)| read_at.elapsed() <= usable_for)
+    }
+
+    /// The DRBD source, for the steps that run `drbdsetup`.
+    pub fn source(&self) -> Arc<dyn DrbdSource> {
+        self.source.clone()
+    }
+
+    /// Whether the cache holds every PV and attachment of the resources last taken: a resource
+    /// new here may have them still on their way.
+    pub fn volumes_listed(&self) -> bool {
+        self.locality.current()
     }
 
     pub fn next_read(&self) -> Instant {
@@ -121,8 +137,14 @@ impl DrbdBook {
                 None => return,
             },
         };
-        let state = DrbdState::new(resources, shown);
+        self.take(DrbdState::new(resources, shown));
+    }
+
+    /// Keeps `state` as the node's, and says so to the metrics and the cache's locality.
+    fn take(&mut self, state: DrbdState) {
         record_resources(&self.metrics, &state);
+        self.locality
+            .set_resources(state.resources.iter().map(|r| r.name.as_str()));
         self.state = Some((state, Instant::now()));
     }
 
@@ -161,10 +183,9 @@ impl DrbdBook {
             Ok(state) => {
                 self.quorum_read = true;
                 self.check_described(&state);
-                record_resources(&self.metrics, &state);
                 self.freshness.mark_read();
                 set_to_now(&self.metrics.drbd_last_read);
-                self.state = Some((state, Instant::now()));
+                self.take(state);
             }
             Err(err) => {
                 // A failed read leaves no state to act on: what was read before may be exactly

@@ -119,6 +119,27 @@ impl Locality {
     }
 }
 
+/// A kind the agent keeps only of its node's resources.
+pub trait KeptKind {
+    const KIND: Kept;
+    /// Whether the locality keeps it (`from_list`: it comes from a list, not a change).
+    fn kept_by(&self, locality: &Locality, from_list: bool) -> bool;
+}
+
+impl KeptKind for PersistentVolume {
+    const KIND: Kept = Kept::Pvs;
+    fn kept_by(&self, locality: &Locality, from_list: bool) -> bool {
+        locality.keeps_pv(self, from_list)
+    }
+}
+
+impl KeptKind for VolumeAttachment {
+    const KIND: Kept = Kept::Attachments;
+    fn kept_by(&self, locality: &Locality, _: bool) -> bool {
+        locality.keeps_attachment(self)
+    }
+}
+
 /// A watch event as the store should see it when only what `keep` says is kept (`keep` is told
 /// whether the object comes from a list): an object that stops being kept is deleted from the
 /// store, one never kept never reaches it.

@@ -79,11 +79,16 @@ pub async fn run(
     log_start(&args, satellite_namespace);
 
     let locality = Locality::default();
-    // The node's resources before the first list, so that it is the only one (a failed read:
-    // the first round's asks for another).
-    if let Ok(state) = drbd.read().await {
-        locality.set_resources(state.resources.iter().map(|r| r.name.as_str()));
-    }
+    let mut book = DrbdBook::new(
+        drbd,
+        metrics.clone(),
+        freshness.clone(),
+        *args.drbd_status_interval,
+        locality.clone(),
+    );
+    // The node's resources before the cache's first list, so that it is the only one (after a
+    // failed read, the first round's read asks for another).
+    book.bring_up_to_date().await;
     let (cache, mut kube_changes) = Cache::start(
         &client,
         &args.node_name,
@@ -92,7 +97,7 @@ pub async fn run(
         &locality,
         &metrics.watch_events,
     );
-    let drbd_changes = drbd.changes();
+    let drbd_changes = book.source().changes();
     if !synced(&cache, &mut kube_changes, &shutdown).await {
         return Ok(());
     }
@@ -101,8 +106,7 @@ pub async fn run(
     let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone()))
         .with_timeout(timeout)
         .with(event_settings);
-    let health = Health { probes, freshness };
-    let rounds = Rounds::new(&args, client, drbd, heartbeat, metrics, events, health).with_locality(locality);
+    let rounds = Rounds::new(&args, client, book, heartbeat, metrics, events, probes);
     rounds.run(&cache, kube_changes, drbd_changes, &shutdown).await;
     let _ = heartbeat_task.await;
     tracing::info!(node = %args.node_name, "agent stopped");
@@ -124,12 +128,6 @@ fn log_start(args: &AgentArgs, satellite_namespace: &str) {
     );
 }
 
-/// What the agent's probes answer from: readiness, and the freshness of its DRBD reads (liveness).
-struct Health {
-    probes: Probes,
-    freshness: Freshness,
-}
-
 /// The loop's parts and what it carries from one round to the next.
 struct Rounds {
     node: String,
@@ -138,7 +136,8 @@ struct Rounds {
     heartbeat: Heartbeat,
     executor: Executor,
     metrics: AgentMetrics,
-    health: Health,
+    /// Readiness: a DRBD state fresh enough to act on (liveness is the book's freshness).
+    probes: Probes,
     settings: DecisionSettings,
     /// Which volumes this agent may publish (`--storage-class`, `--csi-driver`).
     publishable: Filters,
@@ -153,19 +152,17 @@ struct Rounds {
     reported: Option<Report>,
     next_resync: Instant,
     promoter: Option<PromoterSnippets>,
-    /// Which PVs and attachments the cache keeps: told the node's resources every round.
-    locality: Locality,
 }
 
 impl Rounds {
     fn new(
         args: &AgentArgs,
         client: Client,
-        drbd: Arc<dyn DrbdSource>,
+        drbd: DrbdBook,
         heartbeat: Heartbeat,
         metrics: AgentMetrics,
         events: EventSink,
-        health: Health,
+        probes: Probes,
     ) -> Self {
         let timeout = *args.operations_timeout;
         let guard = FailOverGuard::new(
@@ -177,17 +174,11 @@ impl Rounds {
         );
         let executor = Executor::new(
             client.clone(),
-            drbd.clone(),
+            drbd.source(),
             events,
             metrics.clone(),
             executor_settings(args),
             Some(guard),
-        );
-        let book = DrbdBook::new(
-            drbd,
-            metrics.clone(),
-            health.freshness.clone(),
-            *args.drbd_status_interval,
         );
         Self {
             node: args.node_name.clone(),
@@ -196,7 +187,7 @@ impl Rounds {
             heartbeat,
             executor,
             metrics,
-            health,
+            probes,
             settings: decision_settings(args),
             publishable: Filters {
                 storage_classes: args.storage_class.clone(),
@@ -207,7 +198,7 @@ impl Rounds {
             resync_interval: *args.resync_interval,
             timeout,
             timers: Timers::new(),
-            drbd: book,
+            drbd,
             reported: None,
             next_resync: Instant::now() + *args.resync_interval,
             promoter: args.promoter_snippets_dir.clone().map(|dir| {
@@ -217,13 +208,7 @@ impl Rounds {
                     nfs_port: args.nfs_port,
                 })
             }),
-            locality: Locality::default(),
         }
-    }
-
-    fn with_locality(mut self, locality: Locality) -> Self {
-        self.locality = locality;
-        self
     }
 
     async fn run(
@@ -283,12 +268,10 @@ impl Rounds {
     async fn round(&mut self, cache: &Cache) {
         let usable_for = self.status_interval + self.timeout;
         let fresh = self.drbd.fresh(usable_for);
-        self.health.probes.set_ready(fresh.is_some());
+        self.probes.set_ready(fresh.is_some());
         let Some((state, read_at)) = fresh else { return };
         let state = &state;
-        self.locality
-            .set_resources(state.resources.iter().map(|r| r.name.as_str()));
-        if !self.locality.current() {
+        if !self.drbd.volumes_listed() {
             // A resource new here may have its PV and attachments still on their way: deciding
             // without them could take a volume in use for an unused one.
             tracing::debug!("waiting for the PVs and attachments of this node's resources to be listed");
