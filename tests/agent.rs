@@ -335,20 +335,10 @@ async fn volumes_that_are_not_ours_to_share_get_nothing() {
 async fn an_agent_keeps_only_its_nodes_volumes_and_takes_one_that_arrives() {
     let env = common::setup("agent-locality").await;
     let nodes = env.sim_nodes(&["a", "b"]).await;
-    let ours = env
-        .bound_rwx_claim("ours", Default::default())
-        .await
-        .1
-        .metadata
-        .name
-        .unwrap();
-    let later = env
-        .bound_rwx_claim("later", Default::default())
-        .await
-        .1
-        .metadata
-        .name
-        .unwrap();
+    for claim in ["ours", "later"] {
+        env.bound_rwx_claim(claim, Default::default()).await;
+    }
+    let (ours, later) = (env.pv_name("ours"), env.pv_name("later"));
     let mut elsewhere = Vec::new();
     for i in 0..20 {
         let (pv, claim) = (env.pv_name(&format!("elsewhere-{i}")), format!("elsewhere-{i}"));
