@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::drbd::{DrbdState, Resource, Shown};
 use super::locality::Locality;
-use super::run::Freshness;
+use super::freshness::Freshness;
 use super::source::{DrbdChange, DrbdSource};
 use crate::metrics::{AgentMetrics, set_to_now};
 

@@ -14,6 +14,7 @@ pub mod drbd;
 mod drbd_book;
 mod error;
 mod events2;
+mod freshness;
 pub mod follow;
 pub mod guard;
 pub mod heartbeat;

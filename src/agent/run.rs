@@ -4,7 +4,7 @@
 
 use crate::sharedvolume::filters::Filters;
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
@@ -20,6 +20,7 @@ use super::cache::Cache;
 use super::decide::{self, DecisionSettings};
 use super::drbd::DrbdState;
 use super::drbd_book::DrbdBook;
+use super::freshness::Freshness;
 use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
 use super::locality::Locality;
@@ -441,47 +442,6 @@ fn next_wake(
         .max(now + Duration::from_millis(10))
 }
 
-/// When DRBD state was last read, for `/healthz`.
-#[derive(Clone)]
-pub(super) struct Freshness {
-    last_read: Arc<Mutex<Instant>>,
-    limit: Duration,
-}
-
-impl Freshness {
-    fn new(status_interval: Duration, timeout: Duration) -> Self {
-        Self {
-            last_read: Arc::new(Mutex::new(Instant::now())),
-            // Three missed reads, each allowed its full timeout.
-            limit: 3 * status_interval + timeout,
-        }
-    }
-
-    pub(super) fn mark_read(&self) {
-        *self.last_read.lock().expect("freshness poisoned") = Instant::now();
-    }
-
-    fn age(&self) -> Duration {
-        self.last_read.lock().expect("freshness poisoned").elapsed()
-    }
-
-    fn check(&self) -> Result<(), StaleDrbdState> {
-        let age = self.age();
-        if age > self.limit {
-            return Err(StaleDrbdState { age, limit: self.limit });
-        }
-        Ok(())
-    }
-}
-
-/// The liveness failure of an agent whose DRBD reads stopped.
-#[derive(Debug, thiserror::Error)]
-#[error("DRBD state was last read {age:?} ago (limit {limit:?}); is drbdsetup hanging?")]
-struct StaleDrbdState {
-    age: Duration,
-    limit: Duration,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,16 +460,5 @@ mod tests {
         assert!(next_wake(next_read, &expired, &settings, reconcile) >= next_read);
         let running = timers(now - Duration::from_secs(3));
         assert!(next_wake(next_read, &running, &settings, reconcile) < now + Duration::from_secs(3));
-    }
-
-    #[test]
-    fn liveness_fails_once_drbd_state_is_stale() {
-        let freshness = Freshness::new(Duration::from_millis(10), Duration::from_millis(5));
-        assert!(freshness.check().is_ok());
-        std::thread::sleep(Duration::from_millis(50));
-        let err = freshness.check().unwrap_err().to_string();
-        assert!(err.contains("DRBD state was last read"), "{err}");
-        freshness.mark_read();
-        assert!(freshness.check().is_ok());
     }
 }
