@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::drbd::{DrbdState, Resource, Shown};
-use super::locality::Locality;
 use super::freshness::Freshness;
+use super::locality::Locality;
 use super::source::{DrbdChange, DrbdSource};
 use crate::metrics::{AgentMetrics, set_to_now};
 

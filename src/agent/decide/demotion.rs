@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use super::DecisionSettings;
+use super::settings::DecisionSettings;
 use crate::agent::action::Action;
 use crate::agent::drbd::Resource;
 use crate::agent::view::{Observed, Timers, VolumeView};

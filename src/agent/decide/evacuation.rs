@@ -2,7 +2,8 @@
 //! evicts the consumers of the shared volumes it is primary of, so the NFS server restarts
 //! elsewhere and the endpoints follow.
 
-use super::{DecisionSettings, evictable, is_movable, volumes_with_quorum};
+use super::select::{evictable, is_movable, volumes_with_quorum};
+use super::settings::DecisionSettings;
 use crate::agent::action::{Action, Cause};
 use crate::agent::drbd::Connection;
 use crate::agent::view::Observed;

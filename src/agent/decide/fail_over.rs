@@ -6,7 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
 
-use super::{DecisionSettings, is_movable, volumes_with_quorum};
+use super::select::{is_movable, volumes_with_quorum};
+use super::settings::DecisionSettings;
 use crate::agent::action::{Action, Cause};
 use crate::agent::drbd::Resource;
 use crate::agent::view::{FailOverDone, NodeView, Observed, PodView, Timers, VolumeView};

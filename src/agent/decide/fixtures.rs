@@ -1,11 +1,11 @@
 //! What the rules' tables are built from: a resource, pods, nodes, attachments, and the
 //! fail-over scenarios most rules start from.
 
-use std::time::{Duration, Instant};
+pub(crate) use std::time::{Duration, Instant};
 
 use super::*;
 use crate::agent::action::Action;
-use crate::agent::drbd::{Connection, Device, DrbdState, PeerDevice};
+use crate::agent::drbd::{Connection, Device, DrbdState, PeerDevice, Resource};
 use crate::agent::report::{Report, ResourceReport};
 pub(crate) use crate::agent::view::{AttachmentView, NodeView, PeerReport, PodView, Timers, VolumeView};
 use crate::names::TAINT_BY_OWN_AGENT;

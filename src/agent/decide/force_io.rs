@@ -1,7 +1,7 @@
 //! Force-IO evictions: a local resource that forces IO errors has its local consumers evicted,
 //! so that they restart where the volume works.
 
-use super::evictable;
+use super::select::evictable;
 use crate::agent::action::{Action, Cause};
 use crate::agent::view::{Observed, PodView};
 

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use super::DecisionSettings;
+use super::settings::DecisionSettings;
 use crate::agent::action::{Action, Cause};
 use crate::agent::view::{Observed, Timers};
 use crate::names::{FORCE_IO_ERROR_TAINT, LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER, TAINT_BY_OWN_AGENT};

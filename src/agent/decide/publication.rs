@@ -4,7 +4,8 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use super::{DecisionSettings, volumes_with_quorum};
+use super::select::volumes_with_quorum;
+use super::settings::DecisionSettings;
 use crate::agent::action::Action;
 use crate::agent::drbd::Resource;
 use crate::agent::view::{Observed, Publication, Timers, VolumeView};
