@@ -13,6 +13,7 @@ mod leader;
 mod move_model;
 mod outcome;
 mod plan;
+mod reads;
 pub mod reconcile;
 mod run;
 mod service;

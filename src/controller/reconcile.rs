@@ -1,11 +1,10 @@
 //! The imperative shell of the shared-volume loop, one claim at a time: read (the claim's volume
-//! and its objects), plan (pure: [`super::plan`]), apply (Service, endpoints, mount endpoint).
+//! and its objects, [`super::reads`]), plan (pure: [`super::plan`]), apply (Service, endpoints, mount endpoint).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource};
 
@@ -15,6 +14,7 @@ use super::context::Context;
 use super::endpoints::write_endpoints_over;
 use super::outcome::{Level, Outcome, ReconcileError, Tells};
 use super::plan::{Current, Drift, Held, MoveStep, Plan, PvSight, move_step};
+use super::reads::{self, Look, Read};
 use super::service::{EnsuredService, ensure_service};
 use crate::deadline::within;
 use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER};
@@ -149,13 +149,16 @@ async fn reconcile_claim(
     ctx: &Context,
     tells: &mut Tells,
 ) -> Result<Outcome, ReconcileError> {
-    let (pv, pv_fresh) = match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
-        Some(name) => read_pv(ctx, name).await?,
-        None => (None, true),
+    let pv = match claim.spec.as_ref().and_then(|s| s.volume_name.as_deref()) {
+        Some(name) => reads::pv(ctx, name, Look::CacheFirst).await?,
+        None => Read {
+            value: None,
+            fresh: true,
+        },
     };
-    let found = match find_shared_volume(claim, ctx, pv, pv_fresh).await? {
-        Ok(found) => found,
-        Err(why) => return Ok(not_managed(ctx, claim, why, tells)),
+    let found = match find_shared_volume(claim, ctx, pv).await? {
+        Finding::Shared(found) => *found,
+        Finding::NotManaged(why) => return Ok(not_managed(ctx, claim, why, tells)),
     };
     let key = ClaimKey::of(claim);
     let (found, current) = match follow_moves(claim, ctx, &key, found, tells).await? {
@@ -218,7 +221,10 @@ async fn follow_moves(
     mut found: Found,
     tells: &mut Tells,
 ) -> Result<Followed, ReconcileError> {
-    let (mut current, mut objects_fresh) = read_current(ctx, &found.shared).await?;
+    let Read {
+        value: mut current,
+        fresh: mut objects_fresh,
+    } = reads::objects(ctx, &found.shared, Look::CacheFirst).await?;
     let held = ctx.read_book(|book| book.held(key).map(|(stamp, until)| (stamp.clone(), until)));
     loop {
         let held = held.as_ref().map(|(stamp, until)| Held {
@@ -229,14 +235,14 @@ async fn follow_moves(
             MoveStep::Proceed => return Ok(Followed::Ready(Box::new((found, current)))),
             MoveStep::ReadPv => {
                 let name = found.pv.metadata.name.clone().unwrap_or_default();
-                let pv = Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(&name).await?;
-                found = match find_shared_volume(claim, ctx, pv, true).await? {
-                    Ok(found) => found,
-                    Err(why) => return Ok(Followed::Ended(not_managed(ctx, claim, why, tells))),
+                let pv = reads::pv(ctx, &name, Look::Fresh).await?;
+                found = match find_shared_volume(claim, ctx, pv).await? {
+                    Finding::Shared(found) => *found,
+                    Finding::NotManaged(why) => return Ok(Followed::Ended(not_managed(ctx, claim, why, tells))),
                 };
             }
             MoveStep::ReadEndpoints => {
-                current = read_from_api(ctx, &found.shared).await?;
+                current = reads::objects(ctx, &found.shared, Look::Fresh).await?.value;
                 objects_fresh = true;
             }
             MoveStep::Hold(stamp) => {
@@ -255,18 +261,25 @@ async fn follow_moves(
 /// agent's three writes go out together, so its PV write lands within a round trip or not at all.
 const MOVE_HOLD: Duration = Duration::from_secs(2);
 
-/// The claim's volume, given its PV (`fresh`: read from the API in this reconcile), if the claim
-/// is a shared volume of ours; else why not. A volume the backend does not know, or holds
-/// something unusable, is bad input.
+/// What the claim turned out to be, once its PV and the storage system's volume are read.
+enum Finding {
+    /// Boxed: a volume and its PV are large, and the other way out is small.
+    Shared(Box<Found>),
+    /// Not ours to serve (skipped), or ours but unusable (bad input): the reconcile ends here.
+    NotManaged(NotManaged),
+}
+
+/// The claim's volume, given its PV as read, if the claim is a shared volume of ours; else why
+/// not. A volume the backend does not know, or holds something unusable, is bad input.
 async fn find_shared_volume(
     claim: &PersistentVolumeClaim,
     ctx: &Context,
-    pv: Option<PersistentVolume>,
-    fresh: bool,
-) -> Result<Result<Found, NotManaged>, ReconcileError> {
+    pv: Read<Option<PersistentVolume>>,
+) -> Result<Finding, ReconcileError> {
+    let Read { value: pv, fresh } = pv;
     let pv = match classify::candidate_volume(claim, pv.as_ref(), &ctx.settings.filters) {
         Ok(pv) => pv,
-        Err(why) => return Ok(Err(why)),
+        Err(why) => return Ok(Finding::NotManaged(why)),
     };
     let volume = match ctx.backend.volume(pv).await {
         Ok(Some(volume)) => volume,
@@ -275,50 +288,24 @@ async fn find_shared_volume(
                 "the storage system has no volume for PV {:?}; check that it still exists and carries the CSI labels",
                 pv.metadata.name.as_deref().unwrap_or_default()
             );
-            return Ok(Err(NotManaged::Invalid(Invalid::new("VolumeNotFound", message))));
+            return Ok(Finding::NotManaged(NotManaged::Invalid(Invalid::new(
+                "VolumeNotFound",
+                message,
+            ))));
         }
         Err(VolumeError::Invalid { reason, message }) => {
-            return Ok(Err(NotManaged::Invalid(Invalid::new(reason, message))));
+            return Ok(Finding::NotManaged(NotManaged::Invalid(Invalid::new(reason, message))));
         }
         Err(err) => return Err(err.into()),
     };
-    Ok(classify::shared_volume(claim, pv, &volume).map(|shared| Found {
-        pv: pv.clone(),
-        volume,
-        shared,
-        fresh,
-    }))
-}
-
-/// The Service, Endpoints and EndpointSlice as the caches hold them, or, until the caches have
-/// listed, as the API has them. Reconciles do not wait for the caches: a watch that cannot list
-/// (an API server restarting, a permission missing) would hold every claim unserved, where the
-/// API still answers.
-/// Whether they came from the API is the second value.
-async fn read_current(ctx: &Context, shared: &SharedVolume) -> Result<(Current, bool), kube::Error> {
-    let (namespace, name) = (&shared.namespace, &shared.service_name);
-    if let Some(caches) = ctx.caches() {
-        let cached = Current {
-            service: caches.service(namespace, name).map(|s| (*s).clone()),
-            endpoints: caches.endpoints(namespace, name).map(|e| (*e).clone()),
-            slice: caches.slice(namespace, name).map(|s| (*s).clone()),
-        };
-        return Ok((cached, false));
-    }
-    Ok((read_from_api(ctx, shared).await?, true))
-}
-
-async fn read_from_api(ctx: &Context, shared: &SharedVolume) -> Result<Current, kube::Error> {
-    let (namespace, name) = (&shared.namespace, &shared.service_name);
-    let client = &ctx.client;
-    Ok(Current {
-        service: Api::<Service>::namespaced(client.clone(), namespace)
-            .get_opt(name)
-            .await?,
-        endpoints: Api::namespaced(client.clone(), namespace).get_opt(name).await?,
-        slice: Api::<EndpointSlice>::namespaced(client.clone(), namespace)
-            .get_opt(name)
-            .await?,
+    Ok(match classify::shared_volume(claim, pv, &volume) {
+        Ok(shared) => Finding::Shared(Box::new(Found {
+            pv: pv.clone(),
+            volume,
+            shared,
+            fresh,
+        })),
+        Err(why) => Finding::NotManaged(why),
     })
 }
 
@@ -437,17 +424,6 @@ fn report_invalid(ctx: &Context, invalid: Invalid, tells: &mut Tells) -> Outcome
         invalid.message.clone(),
     );
     Outcome::Invalid(invalid)
-}
-
-/// The PV, from the cache when it holds it (what triggered the reconcile is always there), else
-/// from the API.
-/// Whether it came from the API is the second value.
-async fn read_pv(ctx: &Context, name: &str) -> Result<(Option<PersistentVolume>, bool), kube::Error> {
-    if let Some(pv) = ctx.caches().and_then(|c| c.pv(name)) {
-        return Ok((Some((*pv).clone()), false));
-    }
-    let pv = Api::<PersistentVolume>::all(ctx.client.clone()).get_opt(name).await?;
-    Ok((pv, true))
 }
 
 async fn ensure_endpoints(
