@@ -685,8 +685,6 @@ mod tests {
     use crate::agent::source::{DrbdError, MockDrbdSource};
     use crate::scripted_api;
     use crate::volume::ClaimKey;
-    use http_body_util::Full;
-    use hyper::body::Bytes;
     use mockall::predicate::eq;
 
     /// A client whose API server answers every request with 200 `{}` (events go nowhere).
@@ -1020,35 +1018,23 @@ mod tests {
     fn refusing_client(code: u16) -> (Client, Arc<Mutex<Vec<Value>>>) {
         let events = Arc::new(Mutex::new(Vec::new()));
         let posted = events.clone();
-        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-            let posted = posted.clone();
-            async move {
-                let (method, path) = (request.method().clone(), request.uri().path().to_owned());
-                let bytes = http_body_util::BodyExt::collect(request.into_body())
-                    .await
-                    .unwrap()
-                    .to_bytes();
-                let (status, body) = if path.contains("/events") {
-                    posted.lock().unwrap().push(serde_json::from_slice(&bytes).unwrap());
-                    (201, json!({}))
-                } else if method == http::Method::GET {
-                    let taints = [json!({"key": crate::names::LOST_QUORUM_TAINT, "effect": "NoSchedule"})];
-                    (
-                        200,
-                        json!({"metadata": {"name": "node-b", "resourceVersion": "1"}, "spec": {"taints": taints}}),
-                    )
-                } else {
-                    let refused = json!({"kind": "Status", "code": code, "message": "nodes \"node-b\" is forbidden"});
-                    (code, refused)
-                };
-                let response = http::Response::builder()
-                    .status(status)
-                    .body(Full::new(Bytes::from(body.to_string())))
-                    .unwrap();
-                Ok::<_, std::convert::Infallible>(response)
-            }
+        let client = scripted_api::client(move |request| {
+            let (status, body) = if request.path.contains("/events") {
+                posted.lock().unwrap().push(request.body.clone());
+                (201, json!({}))
+            } else if request.method == http::Method::GET {
+                let taints = [json!({"key": crate::names::LOST_QUORUM_TAINT, "effect": "NoSchedule"})];
+                (
+                    200,
+                    json!({"metadata": {"name": "node-b", "resourceVersion": "1"}, "spec": {"taints": taints}}),
+                )
+            } else {
+                let refused = json!({"kind": "Status", "code": code, "message": "nodes \"node-b\" is forbidden"});
+                (code, refused)
+            };
+            (status, body.to_string())
         });
-        (Client::new(service, "default"), events)
+        (client, events)
     }
 
     #[tokio::test]

@@ -452,14 +452,9 @@ async fn ensure_endpoints(
 
 #[cfg(test)]
 mod tests {
-    //! The shell against a stub API server that expects an exact list of requests, in order,
-    //! and answers each with a canned response.
+    //! The shell against a scripted API server that expects an exact list of requests, in
+    //! order, and answers each with a canned response.
 
-    use std::collections::VecDeque;
-    use std::sync::Mutex;
-
-    use http_body_util::{BodyExt, Full};
-    use hyper::body::Bytes;
     use kube::Client;
     use serde_json::{Value, json};
 
@@ -467,71 +462,12 @@ mod tests {
     use crate::events::EventSink;
     use crate::metrics::ControllerMetrics;
     use crate::names::{MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
+    use crate::scripted_api::{Exchange, Seen, answer, in_order, not_found};
     use crate::sharedvolume::desired::EndpointObjects;
     use crate::sharedvolume::filters::Filters;
     use crate::volume::kubernetes::{PvAnnotations, volume_from_pv};
 
     use super::super::context::ReconcileSettings;
-
-    /// One expected request (`"GET /api/v1/…"`, no query) and the answer to it.
-    struct Exchange {
-        request: String,
-        status: u16,
-        body: Value,
-    }
-
-    fn answer(request: &str, status: u16, body: Value) -> Exchange {
-        Exchange {
-            request: request.to_owned(),
-            status,
-            body,
-        }
-    }
-
-    fn not_found(request: &str) -> Exchange {
-        let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "message": "not found"});
-        answer(request, 404, status)
-    }
-
-    /// What the stub saw: each request line, with the body of every write.
-    #[derive(Default)]
-    struct Seen {
-        requests: Vec<String>,
-        bodies: Vec<Value>,
-    }
-
-    /// A client whose API server answers the `script` in order; any other request gets a 500
-    /// and is recorded as it came.
-    fn stub_api(script: Vec<Exchange>) -> (Client, Arc<Mutex<Seen>>) {
-        let script = Arc::new(Mutex::new(VecDeque::from(script)));
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let service = tower::service_fn({
-            let seen = seen.clone();
-            move |request: http::Request<kube::client::Body>| {
-                let (script, seen) = (script.clone(), seen.clone());
-                async move {
-                    let line = format!("{} {}", request.method(), request.uri().path());
-                    let bytes = request.into_body().collect().await.unwrap().to_bytes();
-                    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                    let next = script.lock().unwrap().pop_front();
-                    let mut seen = seen.lock().unwrap();
-                    seen.requests.push(line.clone());
-                    seen.bodies.push(body);
-                    let (status, body) = match next {
-                        Some(exchange) if exchange.request == line => (exchange.status, exchange.body),
-                        _ => (500, json!({"kind": "Status", "code": 500, "message": "unexpected"})),
-                    };
-                    let response = http::Response::builder()
-                        .status(status)
-                        .header("content-type", "application/json")
-                        .body(Full::new(Bytes::from(body.to_string())))
-                        .unwrap();
-                    Ok::<_, std::convert::Infallible>(response)
-                }
-            }
-        });
-        (Client::new(service, "default"), seen)
-    }
 
     fn context(client: Client) -> Context {
         let settings = ReconcileSettings {
@@ -625,7 +561,7 @@ mod tests {
     /// scripted requests, and returns how it ended and what the stub saw.
     async fn reconcile_against(script: Vec<Exchange>) -> (Outcome, Seen) {
         let expected = request_lines(&script);
-        let (client, seen) = stub_api(script);
+        let (client, seen) = in_order(script);
         let ctx = context(client);
         let mut tells = Tells::default();
         let outcome = reconcile_claim(&claim(), &ctx, &mut tells).await.unwrap();
@@ -734,7 +670,7 @@ mod tests {
             answer(&format!("POST {EVENTS}"), 201, json!({})),
         ];
         let expected = request_lines(&script);
-        let (client, seen) = stub_api(script);
+        let (client, seen) = in_order(script);
         let ctx = Arc::new(context(client));
         let err = reconcile(Arc::new(claim()), ctx.clone()).await.unwrap_err();
         let seen = std::mem::take(&mut *seen.lock().unwrap());
