@@ -6,6 +6,7 @@
 mod attacker;
 mod common;
 
+use common::controller::ControllerArgs;
 use common::drbd::{resource, slice_addresses};
 use common::helm::{CHART, alerts, find, objects, run, template};
 use common::process::Process;
@@ -585,7 +586,7 @@ async fn run_as_the_charts_service_accounts(env: &TestEnv, controller_sa: &str, 
     let as_controller = kubeconfig_as(env, controller_sa, "controller");
     let controller = Process::start_with_env(
         &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--lease-namespace", &env.ns],
+        &ControllerArgs::leading(&env.ns).as_strs(),
         &[("KUBECONFIG", as_controller.as_str())],
     );
     controller.wait_ready().await;

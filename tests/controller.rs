@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::cluster::PrivateCluster;
+use common::controller::ControllerArgs;
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Service};
@@ -20,34 +21,14 @@ const WAIT: Duration = Duration::from_secs(30);
 /// Like [`start_controller`], on a control plane of the test's own, as the chart's account there.
 async fn start_controller_on(cluster: &PrivateCluster, env: &TestEnv, extra: &[&str]) -> Process {
     let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
-    let mut args = vec!["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    args.extend_from_slice(extra);
+    let args = ControllerArgs::alone(&env.ns).with(extra);
     let process = Process::start_with_env(
         &format!("{}-controller", env.ns),
-        &args,
+        &args.as_strs(),
         &[("KUBECONFIG", kubeconfig.as_str())],
     );
     process.wait_ready().await;
     process
-}
-
-/// Waits until the PV's mount endpoint annotation is set (and differs from `not`), and returns it.
-async fn published(env: &TestEnv, pv: &str, not: Option<&str>) -> String {
-    eventually("a published mount endpoint", WAIT, || async {
-        env.pv_annotation(pv, MOUNT_ENDPOINT)
-            .await
-            .filter(|value| Some(value.as_str()) != not)
-    })
-    .await
-}
-
-/// Creates an RWX claim whose volume is served at `endpoint`, and waits until its mount endpoint
-/// is published: (PV name, mount endpoint).
-async fn shared_claim(env: &TestEnv, claim: &str, endpoint: &str) -> (String, String) {
-    let (_, pv) = env.bound_rwx_claim(claim, serving(endpoint)).await;
-    let name = pv.metadata.name.unwrap();
-    let mount = published(env, &name, None).await;
-    (name, mount)
 }
 
 fn cluster_ip(service: &Service) -> String {
@@ -78,7 +59,7 @@ async fn publishes_a_stable_address_and_follows_failover() {
     let name = pv.metadata.name.clone().unwrap();
     let claim_uid = claim.metadata.uid.clone().unwrap();
 
-    let mount = published(&env, &name, None).await;
+    let mount = env.published_mount_endpoint(&name).await;
     let service = env.api::<Service>().get(&name).await.unwrap();
     let ip = cluster_ip(&service);
     assert_eq!(mount, format!("{ip}:2049"));
@@ -158,7 +139,7 @@ async fn publishes_a_stable_address_and_follows_failover() {
 async fn keeps_everything_when_the_service_endpoint_goes_away() {
     let env = common::setup("ctl-gone").await;
     let controller = env.start_controller(&[]).await;
-    let (name, mount) = shared_claim(&env, "data", "192.0.2.20:2049").await;
+    let (name, mount) = env.shared_claim("data", "192.0.2.20:2049").await;
     let ip = cluster_ip(&env.api::<Service>().get(&name).await.unwrap());
     let skipped_before = controller
         .metric("storageos_shared_volume_reconciles_total{result=\"skipped\"}")
@@ -185,7 +166,7 @@ async fn keeps_everything_when_the_service_endpoint_goes_away() {
 async fn a_deleted_service_comes_back_at_the_address_clients_mount() {
     let env = common::setup("ctl-recreate").await;
     let controller = env.start_controller(&[]).await;
-    let (name, first) = shared_claim(&env, "data", "192.0.2.30:2049").await;
+    let (name, first) = env.shared_claim("data", "192.0.2.30:2049").await;
     let services = env.api::<Service>();
     let old = services.get(&name).await.unwrap();
 
@@ -220,7 +201,7 @@ async fn a_deleted_service_whose_address_was_taken_gets_a_new_one_and_a_warning(
     let service = recreated(&env, &name, &old).await;
     let expected = format!("{}:2049", cluster_ip(&service));
     assert_ne!(expected, first);
-    assert_eq!(published(&env, &name, Some(&first)).await, expected);
+    assert_eq!(env.published_mount_endpoint_other_than(&name, &first).await, expected);
     let warnings = env.wait_for_events("data", "ServiceRecreated").await;
     assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
     let note = warnings[0].note.clone().unwrap();
@@ -257,7 +238,7 @@ async fn a_deleted_services_address_still_held_for_a_moment_is_taken_back() {
         first,
         "an address freed within the grace is taken back"
     );
-    assert_eq!(published(&env, &name, None).await, first);
+    assert_eq!(env.published_mount_endpoint(&name).await, first);
     assert!(
         env.events("data", "ServiceRecreated").await.is_empty(),
         "no Warning: clients are unaffected"
@@ -271,7 +252,7 @@ async fn a_deleted_services_address_still_held_for_a_moment_is_taken_back() {
 /// deleted Service).
 async fn address_taken_while_away(env: &TestEnv, endpoint: &str, taker: &str) -> (String, String, Service) {
     let controller = env.start_controller(&[]).await;
-    let (name, first) = shared_claim(env, "data", endpoint).await;
+    let (name, first) = env.shared_claim("data", endpoint).await;
     let services = env.api::<Service>();
     let old = services.get(&name).await.unwrap();
     controller.stop().await;
@@ -305,7 +286,7 @@ async fn recreated(env: &TestEnv, name: &str, old: &Service) -> Service {
 async fn repairs_hand_edited_objects() {
     let env = common::setup("ctl-drift").await;
     let controller = env.start_controller(&[]).await;
-    let (name, _) = shared_claim(&env, "data", "192.0.2.40:2050").await;
+    let (name, _) = env.shared_claim("data", "192.0.2.40:2050").await;
     endpoints_at(&env, &name, "192.0.2.40", 2050).await;
 
     let edit = PatchParams::default();
@@ -372,7 +353,7 @@ async fn repairs_hand_edited_objects() {
 async fn deleting_the_claim_collects_everything() {
     let env = common::setup("ctl-gc").await;
     let controller = env.start_controller(&[]).await;
-    let (name, _) = shared_claim(&env, "data", "192.0.2.50:2049").await;
+    let (name, _) = env.shared_claim("data", "192.0.2.50:2049").await;
     endpoints_at(&env, &name, "192.0.2.50", 2049).await;
 
     env.api::<PersistentVolumeClaim>()
@@ -404,7 +385,8 @@ async fn ignores_single_writer_claims_and_filtered_classes() {
     // A raw block device shared for live migration: whatever its PV says, no NFS share.
     let (_, block) = env.bound_rwx_block_claim("vm-disk", serving("192.0.2.63:2049")).await;
     let (_, ours) = env.bound_rwx_claim("ours", serving("192.0.2.62:2049")).await;
-    published(&env, ours.metadata.name.as_deref().unwrap(), None).await;
+    env.published_mount_endpoint(ours.metadata.name.as_deref().unwrap())
+        .await;
     eventually("the three ignored claims to be looked at", WAIT, || async {
         let skipped = controller
             .metric("storageos_shared_volume_reconciles_total{result=\"skipped\"}")
@@ -454,7 +436,7 @@ async fn skipped_claims_leave_the_reconcile_histogram_alone() {
         "skipped claims must not be observed in the reconcile histogram"
     );
 
-    shared_claim(&env, "shared", "192.0.2.99:2049").await;
+    env.shared_claim("shared", "192.0.2.99:2049").await;
     let observed = reconciles(&controller).await;
     assert!(observed >= 1.0, "a shared claim is observed ({observed})");
     let shared = controller
@@ -538,7 +520,7 @@ async fn reports_bad_input_and_writes_nothing() {
     // Fixing the input is picked up without a restart.
     env.annotate_pv(&env.pv_name("hostname"), SERVICE_ENDPOINT, Some("192.0.2.73:2049"))
         .await;
-    published(&env, &env.pv_name("hostname"), None).await;
+    env.published_mount_endpoint(&env.pv_name("hostname")).await;
     controller.stop().await;
     env.cleanup().await;
 }
@@ -553,13 +535,9 @@ async fn reconciles(process: &Process) -> f64 {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn only_the_leader_writes_and_a_standby_takes_over() {
     let env = common::setup("ctl-leader").await;
-    let lease = ["--lease-namespace", &env.ns, "--lease-name", "svc-leader"];
-    let timing = ["--lease-duration-seconds", "4", "--lease-grace-seconds", "2"];
     let start = |identity: &'static str| {
-        let mut args = vec!["controller", "--watch-namespace", &env.ns, "--identity", identity];
-        args.extend_from_slice(&lease);
-        args.extend_from_slice(&timing);
-        env.start_as("controller", &format!("{}-{identity}", env.ns), &args, &[])
+        let args = ControllerArgs::replica(&env.ns, identity, "svc-leader", 4, 2);
+        env.start_as("controller", &format!("{}-{identity}", env.ns), &args.as_strs(), &[])
     };
     let (a, b) = (start("a"), start("b"));
     a.wait_ready().await;
@@ -576,7 +554,7 @@ async fn only_the_leader_writes_and_a_standby_takes_over() {
     let (leader_process, standby_process) = if leader == "a" { (a, b) } else { (b, a) };
 
     let (_, pv) = env.bound_rwx_claim("first", serving("192.0.2.80:2049")).await;
-    published(&env, pv.metadata.name.as_deref().unwrap(), None).await;
+    env.published_mount_endpoint(pv.metadata.name.as_deref().unwrap()).await;
     let events = env.events("first", "MountEndpointPublished").await;
     assert_eq!(
         events[0].reporting_instance.as_deref(),
@@ -593,7 +571,7 @@ async fn only_the_leader_writes_and_a_standby_takes_over() {
     })
     .await;
     let (_, pv) = env.bound_rwx_claim("second", serving("192.0.2.81:2049")).await;
-    published(&env, pv.metadata.name.as_deref().unwrap(), None).await;
+    env.published_mount_endpoint(pv.metadata.name.as_deref().unwrap()).await;
     let events = env.events("second", "MountEndpointPublished").await;
     assert_eq!(events[0].reporting_instance.as_deref(), Some(standby));
     standby_process.stop().await;
@@ -610,7 +588,7 @@ async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_
     let controller = start_controller_on(&cluster, &env, &[]).await;
 
     // An IPv6 NFS server gets an IPv6 ClusterIP, although the cluster's first family is IPv4.
-    let (six, six_mount) = shared_claim(&env, "six", "[fd00:20::5]:2049").await;
+    let (six, six_mount) = env.shared_claim("six", "[fd00:20::5]:2049").await;
     let service = env.api::<Service>().get(&six).await.unwrap();
     let spec = service.spec.unwrap();
     assert_eq!(spec.ip_families, Some(vec!["IPv6".to_string()]));
@@ -623,7 +601,7 @@ async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_
     // An IPv4 server whose primary moves to an IPv6 address: the EndpointSlice cannot change its
     // addressType, so it is replaced; the Service keeps its address (clients keep their mount)
     // and a Warning says it cannot reach the new family.
-    let (four, four_mount) = shared_claim(&env, "four", "192.0.2.40:2049").await;
+    let (four, four_mount) = env.shared_claim("four", "192.0.2.40:2049").await;
     let (_, old_slice) = endpoints_at(&env, &four, "192.0.2.40", 2049).await;
     env.annotate_pv(&four, SERVICE_ENDPOINT, Some("[fd00:20::6]:2049"))
         .await;
@@ -662,7 +640,7 @@ async fn the_claim_states_its_shared_endpoint_through_each_state() {
     assert!(pending.contains(SERVICE_ENDPOINT), "{pending}");
 
     env.annotate_pv(&pv, SERVICE_ENDPOINT, Some("192.0.2.90:2049")).await;
-    let mount = published(&env, &pv, None).await;
+    let mount = env.published_mount_endpoint(&pv).await;
     let ready = env.claim_condition_becomes("data", "True", "Served").await;
     assert!(ready.contains(&mount) && ready.contains("192.0.2.90:2049"), "{ready}");
     let describe = common::helm::run(tool("kubectl").args(["describe", "pvc", "data", "-n", &env.ns]));

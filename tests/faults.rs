@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
+use common::controller::ControllerArgs;
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, TestEnv, audit, eventually, serving};
 use futures::StreamExt;
@@ -35,32 +36,14 @@ fn long_run() -> bool {
 }
 
 /// The arguments of a replica with leader election, watching only the test's namespace.
-fn replica_args(env: &TestEnv, identity: &str) -> Vec<String> {
-    let (lease, grace) = (LEASE.to_string(), GRACE.to_string());
-    [
-        "controller",
-        "--watch-namespace",
-        &env.ns,
-        "--identity",
-        identity,
-        "--lease-namespace",
-        &env.ns,
-        "--lease-name",
-        "svc-leader",
-        "--lease-duration-seconds",
-        &lease,
-        "--lease-grace-seconds",
-        &grace,
-    ]
-    .map(String::from)
-    .to_vec()
+fn replica_args(env: &TestEnv, identity: &str) -> ControllerArgs {
+    ControllerArgs::replica(&env.ns, identity, "svc-leader", LEASE, GRACE)
 }
 
 /// A replica with leader election, watching only the test's namespace.
 fn replica(env: &TestEnv, identity: &str) -> Process {
     let args = replica_args(env, identity);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    env.start_as("controller", &format!("{}-{identity}", env.ns), &args, &[])
+    env.start_as("controller", &format!("{}-{identity}", env.ns), &args.as_strs(), &[])
 }
 
 /// Starts replicas `a` and `b` and waits until one leads: (leader, standby, their identities).
@@ -108,14 +91,6 @@ async fn single_controller(env: &TestEnv) -> Process {
     env.start_namespace_controller().await
 }
 
-/// Creates an RWX claim served at `endpoint` and waits for its mount endpoint: the PV name.
-async fn published_claim(env: &TestEnv, claim: &str, endpoint: &str) -> String {
-    let (_, pv) = env.bound_rwx_claim(claim, serving(endpoint)).await;
-    let name = pv.metadata.name.unwrap();
-    env.published_mount_endpoint(&name).await;
-    name
-}
-
 /// A replica started while the API server is down waits for it, as client-go's leader election
 /// does, instead of exiting; then it leads and serves.
 #[tokio::test]
@@ -127,8 +102,11 @@ async fn a_replica_started_while_the_apiserver_is_down_waits_for_it() {
     let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[lease]);
     cluster.kill("kube-apiserver");
     let args = replica_args(&env, "a");
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut replica = Process::start_with_env(&format!("{}-a", env.ns), &args, &[("KUBECONFIG", kubeconfig.as_str())]);
+    let mut replica = Process::start_with_env(
+        &format!("{}-a", env.ns),
+        &args.as_strs(),
+        &[("KUBECONFIG", kubeconfig.as_str())],
+    );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         replica.exited(),
@@ -141,7 +119,7 @@ async fn a_replica_started_while_the_apiserver_is_down_waits_for_it() {
         (replica.metric(LEADER).await == 1.0).then_some(())
     })
     .await;
-    published_claim(&env, "data", "192.0.2.96:2049").await;
+    env.shared_claim("data", "192.0.2.96:2049").await;
     replica.stop().await;
     env.remove_chart_permissions(&cluster.kubeconfig());
     env.cleanup().await;
@@ -152,7 +130,7 @@ async fn a_replica_started_while_the_apiserver_is_down_waits_for_it() {
 async fn a_killed_leader_is_replaced_within_its_lease() {
     let env = common::setup("flt-kill-leader").await;
     let ((leader, _), (standby, standby_id)) = two_replicas(&env).await;
-    published_claim(&env, "before", "192.0.2.90:2049").await;
+    env.shared_claim("before", "192.0.2.90:2049").await;
 
     let killed = Instant::now();
     leader.kill().await;
@@ -161,7 +139,7 @@ async fn a_killed_leader_is_replaced_within_its_lease() {
     })
     .await;
     let takeover = killed.elapsed();
-    let name = published_claim(&env, "after", "192.0.2.91:2049").await;
+    let name = env.shared_claim("after", "192.0.2.91:2049").await.0;
     let took = killed.elapsed();
     println!(
         "leader killed with -9: standby leads after {:.1} s, a new claim published after {:.1} s (lease {LEASE} s)",
@@ -190,7 +168,7 @@ async fn a_killed_leader_is_replaced_within_its_lease() {
 async fn a_paused_leader_writes_nothing_once_it_resumes() {
     let env = common::setup("flt-pause").await;
     let ((leader, leader_id), (standby, standby_id)) = two_replicas(&env).await;
-    let tampered = published_claim(&env, "tampered", "192.0.2.92:2049").await;
+    let tampered = env.shared_claim("tampered", "192.0.2.92:2049").await.0;
 
     // The leader freezes (SIGSTOP: a stalled VM, a long GC pause) past its lease.
     leader.signal("STOP");
@@ -199,7 +177,7 @@ async fn a_paused_leader_writes_nothing_once_it_resumes() {
     })
     .await;
     for (claim, endpoint) in [("during-1", "192.0.2.93:2049"), ("during-2", "192.0.2.94:2049")] {
-        published_claim(&env, claim, endpoint).await;
+        env.shared_claim(claim, endpoint).await;
     }
 
     // Something keeps changing a field the controller manages, so that whoever leads has
@@ -247,7 +225,7 @@ async fn the_liveness_probe_goes_through_the_reconcile_loop() {
 async fn a_field_contested_by_an_outside_writer_is_repaired_with_bounded_writes() {
     let env = common::setup("flt-contested").await;
     let controller = single_controller(&env).await;
-    let name = published_claim(&env, "contested", "192.0.2.96:2049").await;
+    let name = env.shared_claim("contested", "192.0.2.96:2049").await.0;
     let since = SystemTime::now();
 
     // 20 changes a second for 10 s: repairing each one is a write storm against the API server.
@@ -290,7 +268,7 @@ async fn a_field_contested_by_an_outside_writer_is_repaired_with_bounded_writes(
 async fn only_the_claim_a_volume_is_bound_to_is_served_and_nothing_is_orphaned() {
     let env = common::setup("flt-claims").await;
     let controller = single_controller(&env).await;
-    let served = published_claim(&env, "owner", "192.0.2.97:2049").await;
+    let served = env.shared_claim("owner", "192.0.2.97:2049").await.0;
     let owner_uid = |meta: &kube::api::ObjectMeta| meta.owner_references.as_ref().map(|o| o[0].uid.clone());
     let owner = env
         .api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
@@ -392,7 +370,7 @@ async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
         names
     };
     for claim in more_claims(5) {
-        published_claim(&env, &claim, "192.0.2.120:2049").await;
+        env.shared_claim(&claim, "192.0.2.120:2049").await;
     }
     let cpu_before = cpu_seconds(controller.pid());
 
@@ -405,7 +383,7 @@ async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
                 env.api::<Service>().list(&ListParams::default()).await.ok()
             })
             .await;
-            published_claim(&env, &claim, "192.0.2.121:2049").await;
+            env.shared_claim(&claim, "192.0.2.121:2049").await;
         }
         println!(
             "{component} restarted: 5 new claims published {:.1} s later",
@@ -526,7 +504,7 @@ impl RefusedRenewals {
 async fn a_leader_that_cannot_renew_stops_writing_before_another_takes_over() {
     let env = common::setup("flt-renew").await;
     let ((leader, leader_id), (standby, standby_id)) = two_replicas(&env).await;
-    let tampered = published_claim(&env, "tampered", "192.0.2.95:2049").await;
+    let tampered = env.shared_claim("tampered", "192.0.2.95:2049").await.0;
     let (stop_tampering, tamperer) = tamper(&env, &tampered);
     tokio::time::sleep(Duration::from_secs(1)).await;
 

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::cluster::PrivateCluster;
+use common::controller::ControllerArgs;
 use common::drbd::{NODE_LABEL, SimNode, resource, slice_addresses, suspended};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, serving};
@@ -261,24 +262,10 @@ impl Soak {
 
     fn start_controller(&mut self, r: usize) {
         let identity = ["x", "y"][r];
-        let args = [
-            "controller",
-            "--watch-namespace",
-            &self.env.ns,
-            "--identity",
-            identity,
-            "--lease-namespace",
-            &self.env.ns,
-            "--lease-name",
-            LEASE,
-            "--lease-duration-seconds",
-            "4",
-            "--lease-grace-seconds",
-            "2",
-        ];
+        let args = ControllerArgs::replica(&self.env.ns, identity, LEASE, 4, 2);
         let name = format!("{}-controller-{identity}", self.env.ns);
         let kubeconfig = [("KUBECONFIG", self.controller_kubeconfig.as_str())];
-        self.controllers[r] = Some(Process::start_with_env(&name, &args, &kubeconfig));
+        self.controllers[r] = Some(Process::start_with_env(&name, &args.as_strs(), &kubeconfig));
     }
 
     /// Starts node `i`'s agent, not waiting for it: the API server may be restarting, or its

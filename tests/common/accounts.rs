@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
+use super::controller::ControllerArgs;
 use super::helm::{CHART, run};
 use super::process::Process;
 use super::{TestEnv, tool};
@@ -69,18 +70,8 @@ impl TestEnv {
     /// The controller for this test's namespace alone, leader-elected through its Lease in this
     /// namespace (as the chart runs it), as the chart's account; once it is ready.
     pub async fn start_leading_controller(&self) -> Process {
-        let controller = self.start_as(
-            "controller",
-            &format!("{}-controller", self.ns),
-            &[
-                "controller",
-                "--watch-namespace",
-                &self.ns,
-                "--lease-namespace",
-                &self.ns,
-            ],
-            &[],
-        );
+        let args = ControllerArgs::leading(&self.ns);
+        let controller = self.start_as("controller", &format!("{}-controller", self.ns), &args.as_strs(), &[]);
         controller.wait_ready().await;
         controller
     }
@@ -121,9 +112,8 @@ impl TestEnv {
 
     /// [`TestEnv::start_namespace_controller`] with `extra` flags.
     pub async fn start_controller(&self, extra: &[&str]) -> Process {
-        let mut args = vec!["controller", "--watch-namespace", &self.ns, "--leader-elect", "false"];
-        args.extend_from_slice(extra);
-        let controller = self.start_as("controller", &format!("{}-controller", self.ns), &args, &[]);
+        let args = ControllerArgs::alone(&self.ns).with(extra);
+        let controller = self.start_as("controller", &format!("{}-controller", self.ns), &args.as_strs(), &[]);
         controller.wait_ready().await;
         controller
     }

@@ -5,6 +5,7 @@
 pub mod accounts;
 pub mod audit;
 pub mod cluster;
+pub mod controller;
 pub mod datapath;
 pub mod docs;
 pub mod drbd;
@@ -395,11 +396,31 @@ impl TestEnv {
 
     /// Waits until the controller has published `pv_name`'s mount endpoint, and returns it.
     pub async fn published_mount_endpoint(&self, pv_name: &str) -> String {
+        self.mount_endpoint_besides(pv_name, None).await
+    }
+
+    /// Waits until `pv_name`'s published mount endpoint is another than `old`, and returns it.
+    pub async fn published_mount_endpoint_other_than(&self, pv_name: &str, old: &str) -> String {
+        self.mount_endpoint_besides(pv_name, Some(old)).await
+    }
+
+    async fn mount_endpoint_besides(&self, pv_name: &str, old: Option<&str>) -> String {
         let what = format!("PV {pv_name}'s mount endpoint published");
-        eventually(&what, Duration::from_secs(30), || {
+        eventually(&what, Duration::from_secs(30), || async {
             self.pv_annotation(pv_name, MOUNT_ENDPOINT)
+                .await
+                .filter(|value| Some(value.as_str()) != old)
         })
         .await
+    }
+
+    /// Creates an RWX claim whose volume is served at `endpoint` and waits until its mount
+    /// endpoint is published: (PV name, mount endpoint).
+    pub async fn shared_claim(&self, claim: &str, endpoint: &str) -> (String, String) {
+        let (_, pv) = self.bound_rwx_claim(claim, serving(endpoint)).await;
+        let name = pv.metadata.name.expect("a named PV");
+        let mount = self.published_mount_endpoint(&name).await;
+        (name, mount)
     }
 
     /// An annotation of a PV as stored now.
