@@ -879,12 +879,7 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
 
     // A slice away from a primary that has been healthy for longer than the bound.
     let (truth, pvs) = (soak.truth.clone(), soak.pvs.clone());
-    let env = TestEnv {
-        client: client.clone(),
-        config: soak.env.config.clone(),
-        ns: soak.env.ns.clone(),
-        id: soak.env.id.clone(),
-    };
+    let env = soak.env.view(client.clone());
     tasks.push(tokio::spawn(async move {
         let mut reported: HashMap<usize, Instant> = HashMap::new();
         loop {

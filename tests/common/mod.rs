@@ -43,6 +43,9 @@ pub struct TestEnv {
     pub ns: String,
     /// Random suffix of the namespace, also used to make cluster-scoped names unique.
     pub id: String,
+    /// Whether dropping this env removes what the test made: so a test that fails before its
+    /// [`TestEnv::cleanup`] leaves nothing behind either. False once cleaned, and for a view.
+    removes_on_drop: bool,
 }
 
 /// Connects to the cluster in KUBECONFIG and creates a fresh namespace named after the test.
@@ -83,7 +86,13 @@ pub async fn setup_on(config: kube::Config, test: &str) -> TestEnv {
         .create(&PostParams::default(), &namespace)
         .await
         .expect("cannot create the test namespace: is the control plane up?");
-    TestEnv { client, config, ns, id }
+    TestEnv {
+        client,
+        config,
+        ns,
+        id,
+        removes_on_drop: true,
+    }
 }
 
 /// A tool from the test tool cache (`SVC_TOOLS_BIN`, set by `make test`), else from PATH.
@@ -131,8 +140,25 @@ impl TestEnv {
         format!("pvc-{}-{name}", self.id)
     }
 
+    /// The same namespace through another client, for a task of its own; dropping it removes
+    /// nothing.
+    pub fn view(&self, client: Client) -> TestEnv {
+        TestEnv {
+            client,
+            config: self.config.clone(),
+            ns: self.ns.clone(),
+            id: self.id.clone(),
+            removes_on_drop: false,
+        }
+    }
+
     /// Deletes the namespace and the PVs, Nodes and VolumeAttachments this test made.
-    pub async fn cleanup(self) {
+    pub async fn cleanup(mut self) {
+        self.remove_what_the_test_made().await;
+        self.removes_on_drop = false;
+    }
+
+    async fn remove_what_the_test_made(&self) {
         self.remove_chart_permissions(&accounts::admin_kubeconfig());
         self.cleanup_nodes().await;
         let pvs = self.pvs();
@@ -557,3 +583,38 @@ pub fn grown(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> V
         .filter(|(_, delta)| *delta > 0.0)
         .collect()
 }
+
+/// A test that panics (a failed assertion) never reaches its clean-up: the same clean-up then
+/// runs here, on a thread with a runtime and a client of its own (the test's runtime is
+/// unwinding), and gives up after [`DROP_CLEANUP_LIMIT`] when the API server is gone.
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if !self.removes_on_drop {
+            return;
+        }
+        let config = self.config.clone();
+        let (ns, id) = (self.ns.clone(), self.id.clone());
+        let cleaner = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime for the clean-up");
+            runtime.block_on(async move {
+                let Ok(client) = Client::try_from(config.clone()) else {
+                    return;
+                };
+                let env = TestEnv {
+                    client,
+                    config,
+                    ns,
+                    id,
+                    removes_on_drop: false,
+                };
+                let _ = tokio::time::timeout(DROP_CLEANUP_LIMIT, env.remove_what_the_test_made()).await;
+            });
+        });
+        let _ = cleaner.join();
+    }
+}
+
+const DROP_CLEANUP_LIMIT: Duration = Duration::from_secs(20);
