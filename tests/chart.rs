@@ -729,15 +729,20 @@ fn refused_with(sets: &[&str], says: &str) {
 
 #[test]
 #[ignore = "needs helm: run `make test`"]
-fn the_chart_fits_a_cluster_through_its_escape_hatches() {
+fn the_chart_refuses_values_that_contradict_each_other() {
     // Both monitors would scrape every target twice: refused, saying why.
     refused_with(
         &["metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true"],
         "scraped twice",
     );
     refused_with(&["controller.image.digest=latest"], "/controller/image/digest");
+}
 
-    let custom = template(&[
+/// The chart rendered with every escape hatch a locked-down cluster reaches for: a mirror
+/// registry, a proxy and a corporate CA, spread constraints, cloud IAM annotations, its own
+/// monitoring labels.
+fn with_escape_hatches() -> Vec<Value> {
+    template(&[
         "controller.image.registry=mirror.example.com/",
         "controller.image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
         "agent.image.registry=mirror.example.com",
@@ -769,7 +774,13 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
         "metrics.prometheusRule.enabled=true",
         "metrics.prometheusRule.disabledAlerts[0]=SharedVolumeAgentDryRun",
         "metrics.prometheusRule.agentSelector=job=\"my-agents\"",
-    ]);
+    ])
+}
+
+#[test]
+#[ignore = "needs helm: run `make test`"]
+fn images_env_volumes_and_accounts_follow_the_escape_hatches() {
+    let custom = with_escape_hatches();
     let deployment =
         &find(&custom, "Deployment", "demo-shared-volume-controller-controller")["spec"]["template"]["spec"];
     let controller = &deployment["containers"][0];
@@ -810,6 +821,12 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
         );
         assert_eq!(sa["metadata"]["annotations"]["iam.example.com/role"], role);
     }
+}
+
+#[test]
+#[ignore = "needs helm: run `make test`"]
+fn monitoring_follows_the_escape_hatches() {
+    let custom = with_escape_hatches();
     let monitor = find(&custom, "ServiceMonitor", "demo-shared-volume-controller-agent");
     assert_eq!(monitor["metadata"]["namespace"], "monitoring");
     assert_eq!(monitor["spec"]["namespaceSelector"]["matchNames"], json!(["storage"]));
@@ -837,7 +854,11 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
         "https://github.com/storageos/shared-volume-controller/blob/main/docs/reference/alerts.md#sharedvolumeagentdown",
         "runbooks on main: no release is tagged yet"
     );
+}
 
+#[test]
+#[ignore = "needs helm: run `make test`"]
+fn monitoring_takes_its_own_selectors_runbooks_and_pod_monitor() {
     let own = template(&[
         "metrics.prometheusRule.enabled=true",
         "metrics.prometheusRule.controllerSelector=job=\"my-controller\"",
@@ -868,8 +889,11 @@ fn the_chart_fits_a_cluster_through_its_escape_hatches() {
         "the release namespace by default"
     );
     assert!(pod_monitor["spec"]["namespaceSelector"].is_null());
+}
 
-    // `helm test`: the selftest pod, and an account that only reads what it checks.
+#[test]
+#[ignore = "needs helm: run `make test`"]
+fn helm_test_runs_a_selftest_that_only_reads() {
     let defaults = template(&[]);
     let selftest = find(&defaults, "Pod", "demo-shared-volume-controller-selftest");
     assert_eq!(selftest["metadata"]["annotations"]["helm.sh/hook"], "test");
