@@ -295,19 +295,41 @@ mod tests {
         }
     }
 
-    #[test]
-    fn moves_in_flight_are_held_and_drift_is_repaired_from_a_fresh_pv() {
-        let in_flight = at(2, Some((2, "7")));
-        let held = |expired| Held {
-            stamp: in_flight.stamp.as_ref().unwrap(),
-            expired,
-        };
-        let hold = MoveStep::Hold(in_flight.stamp.clone().unwrap());
-        let moved = PvSight {
-            stamp: in_flight.stamp.clone(),
+    /// Endpoints an agent moved to 10.0.0.2 over PV version 7.
+    fn in_flight() -> Pointing {
+        at(2, Some((2, "7")))
+    }
+
+    fn hold() -> MoveStep {
+        MoveStep::Hold(in_flight().stamp.unwrap())
+    }
+
+    /// The PV after the agent's move: at 10.0.0.2, version 8, carrying the move's stamp.
+    fn moved() -> PvSight {
+        PvSight {
+            stamp: in_flight().stamp,
             ..pv_at(2, "8", true)
-        };
-        let cases = [
+        }
+    }
+
+    fn held(stamp: &MoveStamp, expired: bool) -> Held<'_> {
+        Held { stamp, expired }
+    }
+
+    /// The case's name, the PV, [Endpoints, EndpointSlice], whether those were read fresh, a
+    /// hold, and the step expected.
+    type StepCase<'a> = (&'a str, PvSight, [Pointing; 2], bool, Option<Held<'a>>, MoveStep);
+
+    fn check_steps<const N: usize>(cases: [StepCase; N]) {
+        for (name, pv, objects, objects_fresh, held, expected) in cases {
+            assert_eq!(move_step(&pv, &objects, objects_fresh, held), expected, "{name}");
+        }
+    }
+
+    /// Endpoints off the PV with no move involved: the PV is read fresh, then they are repaired.
+    #[test]
+    fn drift_without_a_move_is_repaired_from_a_fresh_pv() {
+        check_steps([
             (
                 "in line",
                 pv_at(1, "7", false),
@@ -340,66 +362,82 @@ mod tests {
                 None,
                 MoveStep::Proceed,
             ),
+        ]);
+    }
+
+    /// Endpoints an agent moved ahead of the PV: held, then read fresh and put back once the hold runs out.
+    #[test]
+    fn a_move_in_flight_is_held_until_its_hold_runs_out() {
+        let stamp = in_flight().stamp.unwrap();
+        check_steps([
             (
                 "a move, held before anything is read",
                 pv_at(1, "7", false),
-                [in_flight.clone(), at(1, None)],
+                [in_flight(), at(1, None)],
                 false,
                 None,
-                hold.clone(),
+                hold(),
             ),
             (
                 "a move, PV at its version: held",
                 pv_at(1, "7", true),
-                [in_flight.clone(), at(1, None)],
+                [in_flight(), at(1, None)],
                 false,
                 None,
-                hold.clone(),
+                hold(),
             ),
             (
                 "still held",
                 pv_at(1, "7", true),
-                [in_flight.clone(), at(1, None)],
+                [in_flight(), at(1, None)],
                 false,
-                Some(held(false)),
-                hold.clone(),
+                Some(held(&stamp, false)),
+                hold(),
             ),
             (
                 "hold run out",
                 pv_at(1, "7", true),
-                [in_flight.clone(), at(1, None)],
+                [in_flight(), at(1, None)],
                 false,
-                Some(held(true)),
+                Some(held(&stamp, true)),
                 MoveStep::ReadEndpoints,
             ),
             (
                 "hold run out, read fresh: repaired",
                 pv_at(1, "7", true),
-                [in_flight.clone(), at(1, None)],
+                [in_flight(), at(1, None)],
                 true,
-                Some(held(true)),
+                Some(held(&stamp, true)),
                 MoveStep::Proceed,
             ),
             (
                 "a stale stamp: the PV moved on",
                 pv_at(1, "9", true),
-                [in_flight.clone(), at(1, None)],
+                [in_flight(), at(1, None)],
                 false,
                 None,
                 MoveStep::ReadEndpoints,
             ),
+        ]);
+    }
+
+    /// A PV that shows the move: held until both endpoints do; stale writers and later hand edits repaired.
+    #[test]
+    fn a_move_the_pv_shows_is_written_once_both_endpoints_show_it() {
+        let stamp = in_flight().stamp.unwrap();
+        check_steps([
             (
                 "the PV shows the move, an endpoint not yet: held",
-                moved.clone(),
-                [in_flight.clone(), at(1, None)],
+                moved(),
+                [in_flight(), at(1, None)],
                 false,
                 None,
-                hold.clone(),
+                hold(),
             ),
             (
                 "the fresh endpoints show it too",
-                moved.clone(),
-                [in_flight.clone(), in_flight.clone()],
+                moved(),
+                [in_flight(), in_flight()],
                 true,
                 None,
                 MoveStep::Proceed,
@@ -410,10 +448,10 @@ mod tests {
                     stamp: Some(MoveStamp::new("10.0.0.1:2049", "7")),
                     ..pv_at(1, "8", true)
                 },
-                [in_flight.clone(), at(1, None)],
+                [in_flight(), at(1, None)],
                 false,
                 None,
-                hold.clone(),
+                hold(),
             ),
             (
                 "a move decided before the PV's last one: a stale writer, repaired",
@@ -421,38 +459,35 @@ mod tests {
                     stamp: Some(MoveStamp::new("10.0.0.1:2049", "8")),
                     ..pv_at(1, "9", true)
                 },
-                [in_flight.clone(), at(1, None)],
+                [in_flight(), at(1, None)],
                 true,
                 None,
                 MoveStep::Proceed,
             ),
             (
                 "one fresh endpoint not yet: held",
-                moved.clone(),
-                [in_flight.clone(), at(1, None)],
+                moved(),
+                [in_flight(), at(1, None)],
                 true,
                 None,
-                hold.clone(),
+                hold(),
             ),
             (
                 "that hold run out: written",
-                moved.clone(),
-                [in_flight.clone(), at(1, None)],
+                moved(),
+                [in_flight(), at(1, None)],
                 true,
-                Some(held(true)),
+                Some(held(&stamp, true)),
                 MoveStep::Proceed,
             ),
             (
                 "a hand edit after the move: repaired",
-                moved,
-                [in_flight.clone(), at(9, Some((2, "7")))],
+                moved(),
+                [in_flight(), at(9, Some((2, "7")))],
                 true,
                 None,
                 MoveStep::Proceed,
             ),
-        ];
-        for (name, pv, objects, objects_fresh, held, expected) in cases {
-            assert_eq!(move_step(&pv, &objects, objects_fresh, held), expected, "{name}");
-        }
+        ]);
     }
 }
