@@ -215,10 +215,67 @@ mod tests {
         claim
     }
 
+    /// One candidate case: its name, the claim, its PV, the filters, and what it comes to
+    /// (see [`candidate_outcome`]).
+    type Case<'a> = (
+        &'a str,
+        PersistentVolumeClaim,
+        Option<&'a PersistentVolume>,
+        &'a Filters,
+        Result<Result<(), Skip>, &'a str>,
+    );
+
+    fn check_candidates(cases: Vec<Case>) {
+        for (name, claim, pv, filters, expected) in cases {
+            assert_eq!(candidate_outcome(&claim, pv, filters), expected, "{name}");
+        }
+    }
+
     #[test]
-    fn candidates() {
+    fn a_candidate_is_a_bound_rwx_filesystem_claim() {
+        let ours = pv("apps", "data", "linstor.csi.linbit.com");
+        let none = Filters::default();
+        let rwx = claim(&["ReadWriteMany"], "Bound");
+        let pending = claim(&["ReadWriteMany"], "Pending");
+        check_candidates(vec![
+            ("rwx bound", rwx.clone(), Some(&ours), &none, Ok(Ok(()))),
+            (
+                "rwx filesystem, said so",
+                filesystem(rwx.clone()),
+                Some(&ours),
+                &none,
+                Ok(Ok(())),
+            ),
+            (
+                "rwo",
+                claim(&["ReadWriteOnce"], "Bound"),
+                Some(&ours),
+                &none,
+                Ok(Err(Skip::NotReadWriteMany)),
+            ),
+            ("pending", pending.clone(), Some(&ours), &none, Ok(Err(Skip::NotBound))),
+            (
+                "rwx block claim",
+                block(rwx),
+                Some(&ours),
+                &none,
+                Ok(Err(Skip::BlockVolume)),
+            ),
+            (
+                "rwx block claim, not bound yet: never told it waits",
+                block(pending),
+                Some(&ours),
+                &none,
+                Ok(Err(Skip::BlockVolume)),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn its_pv_and_the_filters_can_skip_or_refuse_it() {
         let ours = pv("apps", "data", "linstor.csi.linbit.com");
         let elsewhere = pv("other", "data", "linstor.csi.linbit.com");
+        let (served_by_linstor, opted_out) = (served_by_linstor(&ours), opted_out(&ours));
         let none = Filters::default();
         let by_class = Filters {
             storage_classes: vec!["fast".into()],
@@ -228,109 +285,75 @@ mod tests {
             csi_drivers: vec!["linstor.csi.linbit.com".into()],
             ..Default::default()
         };
-        let rwx = claim(&["ReadWriteMany"], "Bound");
-        let mut served_by_linstor = ours.clone();
-        served_by_linstor
-            .spec
-            .as_mut()
-            .unwrap()
-            .csi
-            .as_mut()
-            .unwrap()
-            .volume_attributes = Some(
-            [(
-                "linstor.csi.linbit.com/nfs-export".to_owned(),
-                "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/export/pvc-1".to_owned(),
-            )]
-            .into(),
-        );
-        let mut opted_out = ours.clone();
-        opted_out
-            .annotations_mut()
-            .insert("storageos.com/shared-volume".into(), "false".into());
-        type Case<'a> = (
-            &'a str,
-            PersistentVolumeClaim,
-            Option<&'a PersistentVolume>,
-            &'a Filters,
-            Result<Result<(), Skip>, &'a str>,
-        );
-        let cases: Vec<Case> = vec![
-            ("rwx bound", rwx.clone(), Some(&ours), &none, Ok(Ok(()))),
-            (
-                "rwo",
-                claim(&["ReadWriteOnce"], "Bound"),
-                Some(&ours),
-                &none,
-                Ok(Err(Skip::NotReadWriteMany)),
-            ),
-            (
-                "pending",
-                claim(&["ReadWriteMany"], "Pending"),
-                Some(&ours),
-                &none,
-                Ok(Err(Skip::NotBound)),
-            ),
-            ("pv missing", rwx.clone(), None, &none, Err("VolumeMissing")),
+        let rwx = || claim(&["ReadWriteMany"], "Bound");
+        check_candidates(vec![
+            ("pv missing", rwx(), None, &none, Err("VolumeMissing")),
             (
                 "pv elsewhere",
-                rwx.clone(),
+                rwx(),
                 Some(&elsewhere),
                 &none,
                 Err("VolumeBoundElsewhere"),
             ),
             (
                 "class filtered",
-                rwx.clone(),
+                rwx(),
                 Some(&ours),
                 &by_class,
                 Ok(Err(Skip::StorageClassFiltered)),
             ),
-            ("driver kept", rwx.clone(), Some(&ours), &by_driver, Ok(Ok(()))),
-            (
-                "rwx block claim",
-                block(rwx.clone()),
-                Some(&ours),
-                &none,
-                Ok(Err(Skip::BlockVolume)),
-            ),
-            (
-                "rwx block claim, not bound yet: never told it waits",
-                block(claim(&["ReadWriteMany"], "Pending")),
-                Some(&ours),
-                &none,
-                Ok(Err(Skip::BlockVolume)),
-            ),
+            ("driver kept", rwx(), Some(&ours), &by_driver, Ok(Ok(()))),
             (
                 "LINSTOR CSI's own NFS export serves it",
-                rwx.clone(),
+                rwx(),
                 Some(&served_by_linstor),
                 &none,
                 Ok(Err(Skip::ServedElsewhere)),
             ),
             (
                 "opted out on its PV",
-                rwx.clone(),
+                rwx(),
                 Some(&opted_out),
                 &none,
                 Ok(Err(Skip::OptedOut)),
             ),
-            (
-                "rwx filesystem, said so",
-                filesystem(rwx.clone()),
-                Some(&ours),
-                &none,
-                Ok(Ok(())),
-            ),
-        ];
-        for (name, claim, pv, filters, expected) in cases {
-            let got = match candidate_volume(&claim, pv, filters) {
-                Ok(_) => Ok(Ok(())),
-                Err(NotManaged::Skip(skip)) => Ok(Err(skip)),
-                Err(NotManaged::Invalid(invalid)) => Err(invalid.reason),
-            };
-            assert_eq!(got, expected, "{name}");
+        ]);
+    }
+
+    /// Served: `Ok(Ok(()))`; skipped: `Ok(Err(skip))`; bad input: `Err(reason)`.
+    fn candidate_outcome<'a>(
+        claim: &PersistentVolumeClaim,
+        pv: Option<&PersistentVolume>,
+        filters: &Filters,
+    ) -> Result<Result<(), Skip>, &'a str> {
+        match candidate_volume(claim, pv, filters) {
+            Ok(_) => Ok(Ok(())),
+            Err(NotManaged::Skip(skip)) => Ok(Err(skip)),
+            Err(NotManaged::Invalid(invalid)) => Err(invalid.reason),
         }
+    }
+
+    /// `pv` as LINSTOR CSI leaves a volume it serves over NFS itself.
+    fn served_by_linstor(pv: &PersistentVolume) -> PersistentVolume {
+        let mut served = pv.clone();
+        let csi = served.spec.as_mut().unwrap().csi.as_mut().unwrap();
+        csi.volume_attributes = Some(
+            [(
+                "linstor.csi.linbit.com/nfs-export".to_owned(),
+                "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/export/pvc-1".to_owned(),
+            )]
+            .into(),
+        );
+        served
+    }
+
+    /// `pv` with its owner's opt-out annotation.
+    fn opted_out(pv: &PersistentVolume) -> PersistentVolume {
+        let mut opted_out = pv.clone();
+        opted_out
+            .annotations_mut()
+            .insert("storageos.com/shared-volume".into(), "false".into());
+        opted_out
     }
 
     #[test]
