@@ -54,6 +54,11 @@ impl Rng {
         (self.next() % n as u64) as usize
     }
 
+    /// A moment between `from` and `to` milliseconds from now.
+    fn later(&mut self, from: u64, to: u64) -> Instant {
+        Instant::now() + self.millis(from, to)
+    }
+
     fn millis(&mut self, from: u64, to: u64) -> Duration {
         Duration::from_millis(from + self.next() % (to - from))
     }
@@ -316,65 +321,10 @@ async fn soak() {
         println!("soak: SOAK_SECONDS not set, nothing run (make soak)");
         return;
     };
-    let seed = std::env::var("SOAK_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        })
-        | 1;
+    let seed = seed();
     println!("soak: seed {seed}, {seconds} s (replay with SOAK_SEED={seed})");
     let mut rng = Rng(seed);
-    // A lost node is given back after 5-12 s: Kubernetes must decide within that for the soak to
-    // see NotReady nodes at all, so its grace period is 8 s here, as in `make test`, not 50 s.
-    let cluster = PrivateCluster::up_with(
-        "soak",
-        &[
-            ("SVC_NODE_MONITOR_GRACE_PERIOD", "8s"),
-            ("SVC_NODE_MONITOR_PERIOD", "1s"),
-        ],
-    );
-    let env = common::setup_on(cluster.config().await, "soak").await;
-    let nodes = env.sim_nodes(&NODES).await;
-    for node in &nodes {
-        node.set_net_options(json!({"ping-int": PING_INT.as_secs().to_string(), "timeout": "25"}));
-    }
-    let mut pvs = Vec::new();
-    for v in 0..VOLUMES {
-        let (_, pv) = env
-            .bound_rwx_claim(&format!("data-{v}"), serving(&nodes[v % 3].endpoint()))
-            .await;
-        pvs.push(pv.metadata.name.unwrap());
-    }
-    let lease = format!("controller.flags.lease-name={LEASE}");
-    let controller_kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[&lease]);
-    let agent_kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "agent", &[&lease]);
-    let mut soak = Soak {
-        cluster,
-        env,
-        nodes,
-        pvs,
-        world: World::new(),
-        truth: Shared::default(),
-        controllers: vec![None, None],
-        agents: vec![None, None, None],
-        controller_kubeconfig,
-        agent_kubeconfig,
-    };
-    soak.write_world();
-    soak.keep_consumers().await;
-    for r in 0..2 {
-        soak.start_controller(r);
-    }
-    for i in 0..3 {
-        soak.start_agent(i);
-    }
-    for process in soak.agents.iter().chain(&soak.controllers).flatten() {
-        process.wait_ready().await;
-    }
+    let mut soak = Soak::set_up().await;
     let watchers = watch(&soak);
     let (faults, converged) = play(&mut soak, &mut rng, Duration::from_secs(seconds)).await;
     // Taking the claims down is no fault: the watchers stop first.
@@ -407,6 +357,75 @@ async fn soak() {
         "not converged within {CONVERGE_BOUND:?} of the last fault"
     );
     assert!(left.is_empty(), "processes of the soak's nodes outlived it: {left:?}");
+}
+
+/// `SOAK_SEED`, or one drawn from the clock; odd, as the generator needs.
+fn seed() -> u64 {
+    std::env::var("SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
+        | 1
+}
+
+impl Soak {
+    /// A control plane of its own, three simulated nodes, the volumes and their consumers, two
+    /// controller replicas and three agents, all ready.
+    async fn set_up() -> Soak {
+        // A lost node is given back after 5-12 s: Kubernetes must decide within that for the soak to
+        // see NotReady nodes at all, so its grace period is 8 s here, as in `make test`, not 50 s.
+        let cluster = PrivateCluster::up_with(
+            "soak",
+            &[
+                ("SVC_NODE_MONITOR_GRACE_PERIOD", "8s"),
+                ("SVC_NODE_MONITOR_PERIOD", "1s"),
+            ],
+        );
+        let env = common::setup_on(cluster.config().await, "soak").await;
+        let nodes = env.sim_nodes(&NODES).await;
+        for node in &nodes {
+            node.set_net_options(json!({"ping-int": PING_INT.as_secs().to_string(), "timeout": "25"}));
+        }
+        let mut pvs = Vec::new();
+        for v in 0..VOLUMES {
+            let (_, pv) = env
+                .bound_rwx_claim(&format!("data-{v}"), serving(&nodes[v % 3].endpoint()))
+                .await;
+            pvs.push(pv.metadata.name.unwrap());
+        }
+        let lease = format!("controller.flags.lease-name={LEASE}");
+        let controller_kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[&lease]);
+        let agent_kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "agent", &[&lease]);
+        let mut soak = Soak {
+            cluster,
+            env,
+            nodes,
+            pvs,
+            world: World::new(),
+            truth: Shared::default(),
+            controllers: vec![None, None],
+            agents: vec![None, None, None],
+            controller_kubeconfig,
+            agent_kubeconfig,
+        };
+        soak.write_world();
+        soak.keep_consumers().await;
+        for r in 0..2 {
+            soak.start_controller(r);
+        }
+        for i in 0..3 {
+            soak.start_agent(i);
+        }
+        for process in soak.agents.iter().chain(&soak.controllers).flatten() {
+            process.wait_ready().await;
+        }
+        soak
+    }
 }
 
 /// The processes still running that belong to the nodes of test `id` (the agents' `drbdsetup
@@ -557,8 +576,6 @@ async fn inject(
     restart: &mut Option<tokio::task::JoinHandle<()>>,
     last_restart: &mut Instant,
 ) -> bool {
-    let later = |rng: &mut Rng, from, to| Instant::now() + rng.millis(from, to);
-    let all_up = soak.world.up.iter().all(|u| *u);
     match fault {
         Fault::KillController => {
             let r = rng.below(2);
@@ -566,7 +583,7 @@ async fn inject(
                 return false;
             };
             process.kill().await;
-            pending.push((later(rng, 500, 3_000), Undo::StartController(r)));
+            pending.push((rng.later(500, 3_000), Undo::StartController(r)));
         }
         Fault::KillAgent => {
             let i = rng.below(3);
@@ -574,27 +591,10 @@ async fn inject(
                 return false;
             };
             process.kill().await;
-            pending.push((later(rng, 500, 3_000), Undo::StartAgent(i)));
+            pending.push((rng.later(500, 3_000), Undo::StartAgent(i)));
         }
         Fault::RestartApiserver | Fault::RestartEtcd => {
-            let busy = restart.as_ref().is_some_and(|r| !r.is_finished());
-            if busy || last_restart.elapsed() < Duration::from_secs(30) {
-                return false;
-            }
-            let component = if fault == Fault::RestartApiserver {
-                "kube-apiserver"
-            } else {
-                "etcd"
-            };
-            let dir = soak.cluster.dir.clone();
-            *restart = Some(tokio::task::spawn_blocking(move || {
-                let script = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster.sh");
-                let _ = std::process::Command::new(script)
-                    .args(["restart", component])
-                    .arg(dir)
-                    .status();
-            }));
-            *last_restart = Instant::now();
+            return restart_control_plane(soak, fault, restart, last_restart);
         }
         Fault::BreakLink => {
             let (i, j) = (rng.below(3), rng.below(3));
@@ -604,20 +604,9 @@ async fn inject(
             soak.world.link[i][j] = false;
             soak.world.link[j][i] = false;
             soak.write_world();
-            pending.push((later(rng, 2_000, 8_000), Undo::Mend(i, j)));
+            pending.push((rng.later(2_000, 8_000), Undo::Mend(i, j)));
         }
-        Fault::IsolateNode => {
-            let i = rng.below(3);
-            if !all_up || soak.world.link.iter().flatten().any(|l| !l) {
-                return false;
-            }
-            for j in 0..3 {
-                soak.world.link[i][j] = false;
-                soak.world.link[j][i] = false;
-            }
-            soak.write_world();
-            pending.push((later(rng, 3_000, 8_000), Undo::Reconnect(i)));
-        }
+        Fault::IsolateNode => return isolate_node(soak, rng, pending),
         Fault::SwitchOver => {
             let v = rng.below(VOLUMES);
             let to = rng.below(3);
@@ -627,50 +616,101 @@ async fn inject(
             soak.world.primary[v] = Some(to);
             soak.write_world();
         }
-        Fault::LoseNode => {
-            let i = rng.below(3);
-            if !all_up {
-                return false;
-            }
-            if let Some(process) = soak.agents[i].take() {
-                process.kill().await;
-            }
-            pending.retain(|(_, undo)| !matches!(undo, Undo::StartAgent(j) if *j == i));
-            soak.world.up[i] = false;
-            soak.nodes[i].kubelet.stop();
-            soak.write_world();
-            pending.push((later(rng, 5_000, 12_000), Undo::Return(i)));
-        }
-        Fault::EditObject => {
-            let v = rng.below(VOLUMES);
-            let name = &soak.pvs[v];
-            let elsewhere =
-                json!({"subsets": [{"addresses": [{"ip": "192.0.2.250"}], "ports": [{"name": "nfs", "port": 2049}]}]});
-            let _ = soak
-                .env
-                .api::<Endpoints>()
-                .patch(name, &PatchParams::default(), &Patch::Merge(elsewhere))
-                .await;
-        }
-        Fault::DeleteObject => {
-            let v = rng.below(VOLUMES);
-            let name = &soak.pvs[v];
-            let params = DeleteParams::default();
-            let _ = match rng.below(3) {
-                0 => soak.env.api::<Service>().delete(name, &params).await.map(|_| ()),
-                1 => soak.env.api::<Endpoints>().delete(name, &params).await.map(|_| ()),
-                _ => soak.env.api::<EndpointSlice>().delete(name, &params).await.map(|_| ()),
-            };
-        }
+        Fault::LoseNode => return lose_node(soak, rng, pending).await,
+        Fault::EditObject | Fault::DeleteObject => tamper(soak, rng, fault).await,
         Fault::SlowDrbd => {
             let i = rng.below(3);
             std::fs::write(soak.nodes[i].dir.join("hang"), "").unwrap();
-            pending.push((later(rng, 1_000, 3_000), Undo::Unhang(i)));
+            pending.push((rng.later(1_000, 3_000), Undo::Unhang(i)));
         }
         Fault::LateDetection => return drop_link_noticed_late(soak, rng, pending),
         Fault::SuspendIo => return suspend_io(soak, rng, pending),
     }
     true
+}
+
+/// Restarts the API server or etcd, at most one at a time and 30 s apart, in the background.
+fn restart_control_plane(
+    soak: &Soak,
+    fault: Fault,
+    restart: &mut Option<tokio::task::JoinHandle<()>>,
+    last_restart: &mut Instant,
+) -> bool {
+    let busy = restart.as_ref().is_some_and(|r| !r.is_finished());
+    if busy || last_restart.elapsed() < Duration::from_secs(30) {
+        return false;
+    }
+    let component = if fault == Fault::RestartApiserver {
+        "kube-apiserver"
+    } else {
+        "etcd"
+    };
+    let dir = soak.cluster.dir.clone();
+    *restart = Some(tokio::task::spawn_blocking(move || {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster.sh");
+        let _ = std::process::Command::new(script)
+            .args(["restart", component])
+            .arg(dir)
+            .status();
+    }));
+    *last_restart = Instant::now();
+    true
+}
+
+/// Cuts one node off from both others while everything else is whole.
+fn isolate_node(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let i = rng.below(3);
+    if !soak.world.up.iter().all(|u| *u) || soak.world.link.iter().flatten().any(|l| !l) {
+        return false;
+    }
+    for j in 0..3 {
+        soak.world.link[i][j] = false;
+        soak.world.link[j][i] = false;
+    }
+    soak.write_world();
+    pending.push((rng.later(3_000, 8_000), Undo::Reconnect(i)));
+    true
+}
+
+/// A node gone: its agent killed, its kubelet silent, its links down, back some seconds later.
+async fn lose_node(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let i = rng.below(3);
+    if !soak.world.up.iter().all(|u| *u) {
+        return false;
+    }
+    if let Some(process) = soak.agents[i].take() {
+        process.kill().await;
+    }
+    pending.retain(|(_, undo)| !matches!(undo, Undo::StartAgent(j) if *j == i));
+    soak.world.up[i] = false;
+    soak.nodes[i].kubelet.stop();
+    soak.write_world();
+    pending.push((rng.later(5_000, 12_000), Undo::Return(i)));
+    true
+}
+
+/// A hand edit of one volume's Endpoints, or one of its objects deleted.
+async fn tamper(soak: &Soak, rng: &mut Rng, fault: Fault) {
+    if fault == Fault::EditObject {
+        let v = rng.below(VOLUMES);
+        let name = &soak.pvs[v];
+        let elsewhere =
+            json!({"subsets": [{"addresses": [{"ip": "192.0.2.250"}], "ports": [{"name": "nfs", "port": 2049}]}]});
+        let _ = soak
+            .env
+            .api::<Endpoints>()
+            .patch(name, &PatchParams::default(), &Patch::Merge(elsewhere))
+            .await;
+        return;
+    }
+    let v = rng.below(VOLUMES);
+    let name = &soak.pvs[v];
+    let params = DeleteParams::default();
+    let _ = match rng.below(3) {
+        0 => soak.env.api::<Service>().delete(name, &params).await.map(|_| ()),
+        1 => soak.env.api::<Endpoints>().delete(name, &params).await.map(|_| ()),
+        _ => soak.env.api::<EndpointSlice>().delete(name, &params).await.map(|_| ()),
+    };
 }
 
 /// A link drops silently; one end's DRBD notices at once, the other up to `ping-int` later.
@@ -753,17 +793,29 @@ async fn collect(soak: &Soak) {
 /// The watchers: taints, evictions and detachments of healthy primaries, slices away from them,
 /// ClusterIPs that change.
 fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
-    let client = soak.env.client.clone();
-    let names: Vec<String> = soak.nodes.iter().map(|n| n.name.clone()).collect();
-    let ips: Vec<String> = soak.nodes.iter().map(|n| n.ip.clone()).collect();
-    let volume_of = |name: &str, prefix: &str| name.strip_prefix(prefix).and_then(|v| v.parse::<usize>().ok());
-    let mut tasks = Vec::new();
+    vec![
+        watch_taints(soak),
+        watch_pod_removals(soak),
+        watch_attachment_deletions(soak),
+        watch_forced_demotions(soak),
+        watch_cluster_ips(soak),
+        watch_slices(soak),
+    ]
+}
 
-    // A taint on a healthy primary's node.
-    let (truth, nodes) = (soak.truth.clone(), names.clone());
+/// The volume a name of the soak's (`<prefix><v>`) is of.
+fn volume_of(name: &str, prefix: &str) -> Option<usize> {
+    name.strip_prefix(prefix).and_then(|v| v.parse::<usize>().ok())
+}
+
+/// A taint on a healthy primary's node.
+fn watch_taints(soak: &Soak) -> tokio::task::JoinHandle<()> {
+    let names: Vec<String> = soak.nodes.iter().map(|n| n.name.clone()).collect();
+    let client = soak.env.client.clone();
+    let (truth, nodes) = (soak.truth.clone(), names);
     let selector = format!("{NODE_LABEL}={}", soak.env.id);
     let node_api: Api<Node> = Api::all(client.clone());
-    tasks.push(tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut tainted: HashMap<String, bool> = HashMap::new();
         let config = watcher::Config::default().labels(&selector);
         let mut events = watcher(node_api, config).default_backoff().applied_objects().boxed();
@@ -787,12 +839,15 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
                 }
             }
         }
-    }));
+    })
+}
 
-    // A consumer evicted or deleted on its volume's healthy primary.
-    let (truth, nodes) = (soak.truth.clone(), names.clone());
+/// A consumer evicted or deleted on its volume's healthy primary.
+fn watch_pod_removals(soak: &Soak) -> tokio::task::JoinHandle<()> {
+    let names: Vec<String> = soak.nodes.iter().map(|n| n.name.clone()).collect();
+    let (truth, nodes) = (soak.truth.clone(), names);
     let pods: Api<Pod> = soak.env.api();
-    tasks.push(tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut events = watcher(pods, watcher::Config::default()).default_backoff().boxed();
         while let Some(event) = events.next().await {
             let pod = match event {
@@ -817,12 +872,16 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
                 ));
             }
         }
-    }));
+    })
+}
 
-    // An attachment deleted on its volume's healthy primary.
-    let (truth, nodes, id) = (soak.truth.clone(), names.clone(), soak.env.id.clone());
+/// An attachment deleted on its volume's healthy primary.
+fn watch_attachment_deletions(soak: &Soak) -> tokio::task::JoinHandle<()> {
+    let names: Vec<String> = soak.nodes.iter().map(|n| n.name.clone()).collect();
+    let client = soak.env.client.clone();
+    let (truth, nodes, id) = (soak.truth.clone(), names, soak.env.id.clone());
     let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-    tasks.push(tokio::spawn(async move {
+    tokio::spawn(async move {
         let prefix = format!("{id}-att-");
         let mut events = watcher(attachments, watcher::Config::default())
             .default_backoff()
@@ -845,14 +904,14 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
                 ));
             }
         }
-    }));
+    })
+}
 
-    tasks.push(watch_forced_demotions(soak));
-
-    // A ClusterIP that changes.
+/// A ClusterIP that changes.
+fn watch_cluster_ips(soak: &Soak) -> tokio::task::JoinHandle<()> {
     let truth = soak.truth.clone();
     let services: Api<Service> = soak.env.api();
-    tasks.push(tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut first: HashMap<String, String> = HashMap::new();
         let mut events = watcher(services, watcher::Config::default())
             .default_backoff()
@@ -875,12 +934,16 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
                 *known = ip;
             }
         }
-    }));
+    })
+}
 
-    // A slice away from a primary that has been healthy for longer than the bound.
+/// A slice away from a primary that has been healthy for longer than the bound.
+fn watch_slices(soak: &Soak) -> tokio::task::JoinHandle<()> {
+    let ips: Vec<String> = soak.nodes.iter().map(|n| n.ip.clone()).collect();
+    let client = soak.env.client.clone();
     let (truth, pvs) = (soak.truth.clone(), soak.pvs.clone());
     let env = soak.env.view(client.clone());
-    tasks.push(tokio::spawn(async move {
+    tokio::spawn(async move {
         let mut reported: HashMap<usize, Instant> = HashMap::new();
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -903,8 +966,7 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
                 }
             }
         }
-    }));
-    tasks
+    })
 }
 
 /// A healthy primary forced to Secondary (its IO suspended for a snapshot is no reason), from the
