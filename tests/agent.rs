@@ -6,11 +6,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::drbd::{
-    FORCE_IO_ERROR, LOST_QUORUM, WAIT, app_on_node_a, cluster_events, drbd_taints, fail_over_durations, healthy, lost,
-    no_labels, pod_state, resource, slice_addresses, suspended, teardown, three_nodes, untouched, wait_for_eviction,
-    wait_for_taint,
+    FORCE_IO_ERROR, LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, fail_over_durations,
+    healthy, lost, no_labels, pod_state, resource, slice_addresses, suspended, teardown, three_nodes, untouched,
+    wait_for_eviction, wait_for_taint,
 };
-use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, eventually};
+use common::process::Process;
+use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
@@ -31,12 +32,37 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
         (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
     })
     .await;
+    let mut agents = agents_with_heartbeats(&env, &nodes).await;
+    let lost = node_a_is_lost_and_failed_over(&env, &nodes, &pv, &attachment, &mut agents).await;
+    let rewrite = node_b_is_promoted_and_serves(&env, &nodes, &pv).await;
+    eprintln!(
+        "fail-over figures: node lost → tainted in {:?} (fail-over timeout 1s), NotReady in \
+         {:?} (Kubernetes, grace {:?}), force-delete + attachment deleted in {:?}; \
+         DRBD role change → EndpointSlice at the new primary in {rewrite:?}",
+        lost.tainted,
+        lost.not_ready,
+        common::drbd::node_monitor_grace_period(),
+        lost.fail_over,
+    );
+    assert_eq!(
+        env.cluster_ip(&pv).await.unwrap(),
+        cluster_ip,
+        "the ClusterIP never changes"
+    );
+    assert_eq!(env.pv_annotation(&pv, MOUNT_ENDPOINT).await, Some(mount));
+    the_new_primary_counted_its_work(&agents).await;
+    agents.push(controller);
+    teardown(env, agents).await;
+}
+
+/// An agent on each node, each holding its heartbeat Lease.
+async fn agents_with_heartbeats(env: &TestEnv, nodes: &[SimNode]) -> Vec<Process> {
     let mut agents = Vec::new();
-    for node in &nodes {
+    for node in nodes {
         agents.push(env.start_agent(node, &[]).await);
     }
     let leases: Api<Lease> = env.api();
-    for node in &nodes {
+    for node in nodes {
         let name = format!("shared-volume-agent-{}", node.name);
         let lease = eventually("the agent's heartbeat Lease", WAIT, || async {
             leases.get_opt(&name).await.unwrap()
@@ -46,6 +72,23 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     }
     assert_eq!(agents[0].get("/healthz").await.map(|r| r.0), Some(200));
 
+    agents
+}
+
+/// When a fail-over's steps were seen, from the node's loss.
+struct FailOverSeen {
+    tainted: Duration,
+    not_ready: Duration,
+    fail_over: Duration,
+}
+
+async fn node_a_is_lost_and_failed_over(
+    env: &TestEnv,
+    nodes: &[SimNode],
+    pv: &str,
+    attachment: &str,
+    agents: &mut Vec<Process>,
+) -> FailOverSeen {
     // Node a dies: its agent and its kubelet with it; b and c see its DRBD links drop. The agents
     // act on DRBD's evidence at once: taint, and evict the pod while Kubernetes still has the node
     // Ready (with no kubelet it stays Terminating). Once Kubernetes marks the node NotReady, the
@@ -53,18 +96,18 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     agents.remove(0).stop().await;
     nodes[0].kubelet.stop();
     let failed_at = Instant::now();
-    lost(&nodes, &[&pv], 0, None);
-    wait_for_taint(&env, &nodes[0].name, LOST_QUORUM, true).await;
+    lost(nodes, &[pv], 0, None);
+    wait_for_taint(env, &nodes[0].name, LOST_QUORUM, true).await;
     let tainted = failed_at.elapsed();
-    wait_for_eviction(&env, "app").await;
+    wait_for_eviction(env, "app").await;
     env.wait_not_ready(&nodes[0].name).await;
     let not_ready = failed_at.elapsed();
     eventually("the pod on node a force-deleted", WAIT, || async {
-        pod_state(&env, "app").await.is_none().then_some(())
+        pod_state(env, "app").await.is_none().then_some(())
     })
     .await;
     eventually("the attachment deleted", WAIT, || async {
-        (!env.attachment_exists(&attachment).await).then_some(())
+        (!env.attachment_exists(attachment).await).then_some(())
     })
     .await;
     let fail_over = failed_at.elapsed();
@@ -73,55 +116,54 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
         "the agents act before Kubernetes decides: {tainted:?} vs {not_ready:?}"
     );
     // The agent that failed node a over reports how long the volume's fail-over took.
-    let (count, sum) = fail_over_durations(&agents, 1).await;
+    let (count, sum) = fail_over_durations(agents, 1).await;
     assert!(count <= 2.0, "one volume, reported by the agents that tainted: {count}");
     let took = sum / count;
     assert!(
         (1.0..fail_over.as_secs_f64() + 5.0).contains(&took),
         "from the first sign of loss to the last step: {took:.2} s (fail-over timeout 1 s, steps done after {fail_over:?})"
     );
-    cluster_events(&env, &nodes[0].name, "NodeStorageQuorumLost").await;
+    cluster_events(env, &nodes[0].name, "NodeStorageQuorumLost").await;
     env.wait_for_events("app", "VolumeWithoutQuorum").await;
     assert_eq!(
-        drbd_taints(&env, &nodes[1].name).await,
+        drbd_taints(env, &nodes[1].name).await,
         None,
         "healthy nodes stay untainted"
     );
 
-    // DRBD promotes node b: its agent publishes itself and rewrites the endpoints.
+    FailOverSeen {
+        tainted,
+        not_ready,
+        fail_over,
+    }
+}
+
+/// DRBD promotes node b; its agent publishes itself and rewrites the endpoints: how long that
+/// took from the role change.
+async fn node_b_is_promoted_and_serves(env: &TestEnv, nodes: &[SimNode], pv: &str) -> Duration {
     let promoted_at = Instant::now();
-    lost(&nodes, &[&pv], 0, Some(1));
+    lost(nodes, &[pv], 0, Some(1));
     eventually("the slice at node b", WAIT, || async {
-        (slice_addresses(&env, &pv).await == [nodes[1].ip.clone()]).then_some(())
+        (slice_addresses(env, pv).await == [nodes[1].ip.clone()]).then_some(())
     })
     .await;
     let rewrite = promoted_at.elapsed();
     let on_b = format!("on node {}", nodes[1].name);
     env.claim_condition_says("data", "True", "ServedAfterMove", &on_b).await;
-    eprintln!(
-        "fail-over figures: node lost → tainted in {tainted:?} (fail-over timeout 1s), NotReady in \
-         {not_ready:?} (Kubernetes, grace {:?}), force-delete + attachment deleted in {fail_over:?}; \
-         DRBD role change → EndpointSlice at the new primary in {rewrite:?}",
-        common::drbd::node_monitor_grace_period()
-    );
     let endpoints = env
         .api::<k8s_openapi::api::core::v1::Endpoints>()
-        .get(&pv)
+        .get(pv)
         .await
         .unwrap();
     let subset = &endpoints.subsets.unwrap()[0];
     assert_eq!(subset.addresses.as_ref().unwrap()[0].ip, nodes[1].ip);
-    assert_eq!(
-        env.pv_annotation(&pv, SERVICE_ENDPOINT).await,
-        Some(nodes[1].endpoint())
-    );
-    assert_eq!(
-        env.cluster_ip(&pv).await.unwrap(),
-        cluster_ip,
-        "the ClusterIP never changes"
-    );
-    assert_eq!(env.pv_annotation(&pv, MOUNT_ENDPOINT).await, Some(mount));
-    cluster_events(&env, &pv, "ServiceEndpointMoved").await;
+    assert_eq!(env.pv_annotation(pv, SERVICE_ENDPOINT).await, Some(nodes[1].endpoint()));
+    cluster_events(env, pv, "ServiceEndpointMoved").await;
+    rewrite
+}
+
+/// Node b rewrote the endpoints once and timed its DRBD reads; node c never published.
+async fn the_new_primary_counted_its_work(agents: &[Process]) {
     let rewrites = agents[0]
         .metric("storageos_drbd_agent_endpoint_rewrite_duration_seconds_count")
         .await;
@@ -143,8 +185,6 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
             .await,
         1.0
     );
-    agents.push(controller);
-    teardown(env, agents).await;
 }
 
 #[tokio::test]
