@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::controller::ControllerArgs;
 use common::drbd::{SimNode, demote_others, healthy, lost, node_monitor_grace_period, promote, slice_addresses};
 use common::node_loss::{OUTCOMES, Timeline, lose_the_primarys_node, side_by_side};
 use common::process::Process;
@@ -231,7 +232,7 @@ fn controller(env: &TestEnv) -> Process {
 fn controller_with(env: &TestEnv, vars: &[(&str, &str)]) -> Process {
     Process::start_with_env(
         &format!("{}-controller", env.ns),
-        &["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"],
+        &ControllerArgs::alone(&env.ns).as_strs(),
         vars,
     )
 }

@@ -18,19 +18,6 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Like [`start_controller`], on a control plane of the test's own, as the chart's account there.
-async fn start_controller_on(cluster: &PrivateCluster, env: &TestEnv, extra: &[&str]) -> Process {
-    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
-    let args = ControllerArgs::alone(&env.ns).with(extra);
-    let process = Process::start_with_env(
-        &format!("{}-controller", env.ns),
-        &args.as_strs(),
-        &[("KUBECONFIG", kubeconfig.as_str())],
-    );
-    process.wait_ready().await;
-    process
-}
-
 fn cluster_ip(service: &Service) -> String {
     service.spec.as_ref().unwrap().cluster_ip.clone().unwrap()
 }
@@ -585,7 +572,7 @@ async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_
     let cluster = PrivateCluster::up_with("dualstack", &[("SVC_SERVICE_CIDR", "10.96.0.0/16,fd00:10:96::/108")]);
     let env = common::setup_on(cluster.config().await, "ctl-dualstack").await;
     // As the chart's controller: replacing a slice needs a permission the chart must grant.
-    let controller = start_controller_on(&cluster, &env, &[]).await;
+    let controller = env.start_controller_on(&cluster, &[]).await;
 
     // An IPv6 NFS server gets an IPv6 ClusterIP, although the cluster's first family is IPv4.
     let (six, six_mount) = env.shared_claim("six", "[fd00:20::5]:2049").await;
@@ -698,7 +685,7 @@ async fn a_standing_warning_outlives_the_event_ttl() {
     let cluster = PrivateCluster::up_with("eventttl", &[("SVC_EVENT_TTL", "15s")]);
     let env = common::setup_on(cluster.config().await, "ctl-event-ttl").await;
     let repeat = ["--warning-repeat-interval", "5s", "--resync-interval", "2s"];
-    let controller = start_controller_on(&cluster, &env, &repeat).await;
+    let controller = env.start_controller_on(&cluster, &repeat).await;
     env.bound_rwx_claim("broken", serving("nfs.example.com:2049")).await;
     let first = env.wait_for_events("broken", "InvalidServiceEndpoint").await;
     let posted = std::time::Instant::now();

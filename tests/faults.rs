@@ -354,14 +354,7 @@ fn cpu_seconds(pid: u32) -> f64 {
 async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
     let cluster = common::cluster::PrivateCluster::up("restart");
     let env = common::setup_on(cluster.config().await, "flt-restart").await;
-    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
-    let controller = Process::start_with_env(
-        &format!("{}-controller", env.ns),
-        &args,
-        &[("KUBECONFIG", kubeconfig.as_str())],
-    );
-    controller.wait_ready().await;
+    let controller = env.start_controller_on(&cluster, &[]).await;
     let since = SystemTime::now();
     let mut claims = 0;
     let mut more_claims = |count: usize| {
@@ -624,8 +617,8 @@ async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved()
     let env = common::setup("flt-kill9").await;
     let mut random = Random::from_env();
     let history = ServiceHistory::start(&env);
-    let args = ["controller", "--watch-namespace", &env.ns, "--leader-elect", "false"];
-    let start = || env.start_as("controller", &format!("{}-controller", env.ns), &args, &[]);
+    let args = ControllerArgs::alone(&env.ns);
+    let start = || env.start_as("controller", &format!("{}-controller", env.ns), &args.as_strs(), &[]);
 
     let mut pvs = Vec::new();
     let mut servers = BTreeMap::new();
@@ -656,6 +649,24 @@ async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved()
 
     // Every volume published at its Service's ClusterIP, endpoints at its current server.
     let converged = Instant::now();
+    every_claim_converged(&env, &pvs, &servers).await;
+    println!(
+        "{claims} claims converged {:.1} s after the last restart, through {survived} kills",
+        converged.elapsed().as_secs_f64()
+    );
+
+    // Nothing duplicated, nothing orphaned, no ClusterIP ever changed.
+    one_of_each_owned_by_its_claim(&env, &pvs).await;
+    let changed = history.changed();
+    println!("ClusterIP changes: {}", changed.len());
+    assert!(changed.is_empty(), "no Service recreated or readdressed: {changed:#?}");
+    controller.stop().await;
+    env.cleanup().await;
+}
+
+/// Waits until every volume is published at its Service's ClusterIP, with endpoints at its
+/// current server.
+async fn every_claim_converged(env: &TestEnv, pvs: &[String], servers: &BTreeMap<String, String>) {
     eventually("every claim converged", WAIT, || async {
         let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
         let endpoints = env.api::<Endpoints>().list(&ListParams::default()).await.unwrap().items;
@@ -677,7 +688,7 @@ async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved()
                 Some((e.metadata.name.clone()?, format!("{ip}:{port}")))
             })
             .collect();
-        for pv in &pvs {
+        for pv in pvs {
             let mount = env.pv_annotation(pv, MOUNT_ENDPOINT).await?;
             (mount == format!("{}:2049", ips.get(pv)?)).then_some(())?;
             (at.get(pv) == servers.get(pv)).then_some(())?;
@@ -685,12 +696,12 @@ async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved()
         Some(())
     })
     .await;
-    println!(
-        "{claims} claims converged {:.1} s after the last restart, through {survived} kills",
-        converged.elapsed().as_secs_f64()
-    );
+}
 
-    // Nothing duplicated, nothing orphaned, no ClusterIP ever changed.
+/// One Service, Endpoints and EndpointSlice per claim, named after its PV, each owned by its
+/// claim alone.
+async fn one_of_each_owned_by_its_claim(env: &TestEnv, pvs: &[String]) {
+    let claims = pvs.len();
     let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
     let endpoints = env.api::<Endpoints>().list(&ListParams::default()).await.unwrap().items;
     let slices = env
@@ -725,9 +736,4 @@ async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved()
             owned.name
         );
     }
-    let changed = history.changed();
-    println!("ClusterIP changes: {}", changed.len());
-    assert!(changed.is_empty(), "no Service recreated or readdressed: {changed:#?}");
-    controller.stop().await;
-    env.cleanup().await;
 }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
+use super::cluster::PrivateCluster;
 use super::controller::ControllerArgs;
 use super::helm::{CHART, run};
 use super::process::Process;
@@ -116,6 +117,20 @@ impl TestEnv {
         let controller = self.start_as("controller", &format!("{}-controller", self.ns), &args.as_strs(), &[]);
         controller.wait_ready().await;
         controller
+    }
+
+    /// [`TestEnv::start_controller`] on a control plane of the test's own, as the chart's
+    /// account there.
+    pub async fn start_controller_on(&self, cluster: &PrivateCluster, extra: &[&str]) -> Process {
+        let kubeconfig = self.chart_kubeconfig(&cluster.kubeconfig(), "controller", &[]);
+        let args = ControllerArgs::alone(&self.ns).with(extra);
+        let process = Process::start_with_env(
+            &format!("{}-controller", self.ns),
+            &args.as_strs(),
+            &[("KUBECONFIG", kubeconfig.as_str())],
+        );
+        process.wait_ready().await;
+        process
     }
 
     /// Starts `shared-volume-controller <args>` (`component`: `controller` or `agent`) as the
