@@ -164,7 +164,7 @@ fn the_alerts_fire_when_they_should_and_only_then() {
 }
 
 #[test]
-fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit() {
+fn the_dashboard_has_the_scope_variables_with_cluster_hidden() {
     let dashboard = dashboard();
     let variables: Vec<&str> = dashboard["templating"]["list"]
         .as_array()
@@ -189,7 +189,11 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
         cluster["hide"], 2,
         "the cluster variable is hidden, as in the kube-prometheus dashboards"
     );
+}
 
+#[test]
+fn every_dashboard_query_is_scoped_by_the_variables() {
+    let dashboard = dashboard();
     let queries = dashboard_queries(&dashboard);
     assert!(queries.len() > 20, "{} queries", queries.len());
     let mut exprs = Vec::new();
@@ -218,7 +222,11 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
         exprs.push(expr.as_str());
     }
     assert_exported(&exprs, "dashboard panels");
+}
 
+#[test]
+fn every_panel_has_a_unit_and_the_data_source_variable() {
+    let dashboard = dashboard();
     for panel in dashboard["panels"]
         .as_array()
         .unwrap()
@@ -232,12 +240,7 @@ fn every_dashboard_query_is_scoped_by_the_variables_and_every_panel_has_a_unit()
         );
         assert_eq!(panel["datasource"]["uid"], "${datasource}", "panel {}", panel["title"]);
     }
-    let alive = dashboard["panels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|panel| panel["title"] == "HA agents alive")
-        .expect("an agents-alive panel");
+    let alive = panel(&dashboard, "HA agents alive");
     assert!(
         alive["targets"][0]["expr"].as_str().unwrap().ends_with("or vector(0)"),
         "no agent alive shows 0, not no data"
@@ -261,6 +264,14 @@ fn lint(dashboard: &Value) -> Vec<Finding> {
     if dashboard["editable"] != false {
         finding("uneditable-dashboard", "", "the dashboard is editable".into());
     }
+    lint_variables(dashboard, &mut finding);
+    lint_panels(dashboard, &mut finding);
+    found
+}
+
+/// The linter's template rules: the data source, job and instance variables as it expects them,
+/// every query variable reloaded on a time change and over one of the scope labels.
+fn lint_variables(dashboard: &Value, finding: &mut impl FnMut(&'static str, &str, String)) {
     let variables = dashboard["templating"]["list"].as_array().unwrap();
     let variable = |name: &str| variables.iter().find(|v| v["name"] == name);
     match variable("datasource") {
@@ -304,6 +315,11 @@ fn lint(dashboard: &Value) -> Vec<Finding> {
             );
         }
     }
+}
+
+/// The linter's panel rules: a title and description, the data source variable, a known unit,
+/// queries, and each query's own rules.
+fn lint_panels(dashboard: &Value, finding: &mut impl FnMut(&'static str, &str, String)) {
     for panel in dashboard["panels"]
         .as_array()
         .unwrap()
@@ -335,10 +351,9 @@ fn lint(dashboard: &Value) -> Vec<Finding> {
             finding("panel-no-targets-rule", title, "no queries".into());
         }
         for expr in targets.iter().filter_map(|t| t["expr"].as_str()) {
-            lint_expr(expr, title, &mut finding);
+            lint_expr(expr, title, finding);
         }
     }
-    found
 }
 
 fn lint_expr(expr: &str, title: &str, finding: &mut impl FnMut(&'static str, &str, String)) {
@@ -440,28 +455,32 @@ fn the_dashboard_passes_the_dashboard_linters_rules() {
     }
 }
 
+/// The dashboard's panel titled `title`.
+fn panel(dashboard: &Value, title: &str) -> Value {
+    dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["title"] == title)
+        .unwrap_or_else(|| panic!("a panel {title}"))
+        .clone()
+}
+
+/// The color of `value` by the panel's thresholds.
+fn color(thresholds: &Value, value: f64) -> String {
+    let mut color = String::new();
+    for step in thresholds["steps"].as_array().unwrap() {
+        if step["value"].is_null() || step["value"].as_f64().unwrap() <= value {
+            color = step["color"].as_str().unwrap().to_owned();
+        }
+    }
+    color
+}
+
 #[test]
 fn the_top_row_turns_red_when_it_should() {
     let dashboard = dashboard();
-    let panel = |title: &str| {
-        dashboard["panels"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["title"] == title)
-            .unwrap_or_else(|| panic!("a panel {title}"))
-            .clone()
-    };
-    /// The color of `value` by the panel's thresholds.
-    fn color(thresholds: &Value, value: f64) -> String {
-        let mut color = String::new();
-        for step in thresholds["steps"].as_array().unwrap() {
-            if step["value"].is_null() || step["value"].as_f64().unwrap() <= value {
-                color = step["color"].as_str().unwrap().to_owned();
-            }
-        }
-        color
-    }
+    let panel = |title: &str| panel(&dashboard, title);
     let leaders = panel("Controller leaders");
     let thresholds = &leaders["fieldConfig"]["defaults"]["thresholds"];
     let colors: Vec<String> = [0.0, 1.0, 2.0, 3.0].iter().map(|v| color(thresholds, *v)).collect();
@@ -499,6 +518,11 @@ fn the_top_row_turns_red_when_it_should() {
     let down = &alive["fieldConfig"]["overrides"][0];
     assert_eq!(down["matcher"]["options"], "down");
     assert_eq!(color(&down["properties"][0]["value"], 1.0), "red", "an agent down");
+}
+
+#[test]
+fn rows_and_legends_name_what_users_look_for() {
+    let dashboard = dashboard();
     let rows: Vec<&str> = dashboard["panels"]
         .as_array()
         .unwrap()
