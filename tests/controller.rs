@@ -50,36 +50,9 @@ async fn publishes_a_stable_address_and_follows_failover() {
     let service = env.api::<Service>().get(&name).await.unwrap();
     let ip = cluster_ip(&service);
     assert_eq!(mount, format!("{ip}:2049"));
-    let spec = service.spec.as_ref().unwrap();
-    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
-    assert_eq!(spec.selector, None, "the Service must not select pods");
-    let port = &spec.ports.as_ref().unwrap()[0];
-    assert_eq!(
-        (
-            port.name.as_deref(),
-            port.port,
-            port.protocol.as_deref(),
-            port.target_port.clone()
-        ),
-        (Some("nfs"), 2049, Some("TCP"), Some(IntOrString::Int(2050)))
-    );
-    let labels = service.metadata.labels.clone().unwrap();
-    assert_eq!(labels["storageos.com/volume-id"], name);
-    assert_eq!(labels["app.kubernetes.io/managed-by"], "shared-volume-controller");
-
+    the_service_points_at_the_nfs_port_and_selects_nothing(&service, &name);
     let (endpoints, slice) = endpoints_at(&env, &name, "192.0.2.10", 2050).await;
-    assert_eq!(
-        endpoints.metadata.labels.as_ref().unwrap()["endpointslice.kubernetes.io/skip-mirror"],
-        "true"
-    );
-    let slice_labels = slice.metadata.labels.as_ref().unwrap();
-    assert_eq!(slice_labels["kubernetes.io/service-name"], name);
-    assert_eq!(
-        slice_labels["endpointslice.kubernetes.io/managed-by"],
-        "shared-volume-controller.storageos.com"
-    );
-    assert_eq!(slice.address_type, "IPv4");
-    assert_eq!(slice.endpoints[0].conditions.as_ref().unwrap().ready, Some(true));
+    the_endpoints_are_ours_and_not_mirrored(&endpoints, &slice, &name);
     for owners in [
         &service.metadata.owner_references,
         &endpoints.metadata.owner_references,
@@ -119,6 +92,44 @@ async fn publishes_a_stable_address_and_follows_failover() {
     );
     controller.stop().await;
     env.cleanup().await;
+}
+
+/// A ClusterIP Service without a selector, port `nfs` 2049 to the server's 2050, labelled with
+/// its volume and its manager.
+fn the_service_points_at_the_nfs_port_and_selects_nothing(service: &Service, name: &str) {
+    let spec = service.spec.as_ref().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    assert_eq!(spec.selector, None, "the Service must not select pods");
+    let port = &spec.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (
+            port.name.as_deref(),
+            port.port,
+            port.protocol.as_deref(),
+            port.target_port.clone()
+        ),
+        (Some("nfs"), 2049, Some("TCP"), Some(IntOrString::Int(2050)))
+    );
+    let labels = service.metadata.labels.clone().unwrap();
+    assert_eq!(labels["storageos.com/volume-id"], name);
+    assert_eq!(labels["app.kubernetes.io/managed-by"], "shared-volume-controller");
+}
+
+/// The Endpoints not mirrored by Kubernetes, the slice named for the Service, managed by us,
+/// IPv4, ready.
+fn the_endpoints_are_ours_and_not_mirrored(endpoints: &Endpoints, slice: &EndpointSlice, name: &str) {
+    assert_eq!(
+        endpoints.metadata.labels.as_ref().unwrap()["endpointslice.kubernetes.io/skip-mirror"],
+        "true"
+    );
+    let slice_labels = slice.metadata.labels.as_ref().unwrap();
+    assert_eq!(slice_labels["kubernetes.io/service-name"], name);
+    assert_eq!(
+        slice_labels["endpointslice.kubernetes.io/managed-by"],
+        "shared-volume-controller.storageos.com"
+    );
+    assert_eq!(slice.address_type, "IPv4");
+    assert_eq!(slice.endpoints[0].conditions.as_ref().unwrap().ready, Some(true));
 }
 
 #[tokio::test]
