@@ -103,6 +103,10 @@ fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> 
     register(registry, IntCounterVec::new(Opts::new(name, help), labels)?)
 }
 
+fn int_gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntGaugeVec> {
+    register(registry, IntGaugeVec::new(Opts::new(name, help), labels)?)
+}
+
 fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter> {
     register(registry, IntCounter::new(name, help)?)
 }
@@ -243,12 +247,11 @@ pub struct AgentMetrics {
 impl AgentMetrics {
     pub fn register(registry: &Registry) -> Result<Self> {
         Ok(Self {
-            drbd_resources: register(
+            drbd_resources: int_gauge_vec(
                 registry,
-                IntGaugeVec::new(
-                    Opts::new(AGENT_DRBD_RESOURCES, "Local DRBD resources by role and quorum."),
-                    &["role", "quorum"],
-                )?,
+                AGENT_DRBD_RESOURCES,
+                "Local DRBD resources by role and quorum.",
+                &["role", "quorum"],
             )?,
             actions: counter_vec(
                 registry,
@@ -307,12 +310,11 @@ impl AgentMetrics {
                 "Objects received from the agent's watches, by watch.",
                 &["watch"],
             )?,
-            cached_objects: register(
+            cached_objects: int_gauge_vec(
                 registry,
-                IntGaugeVec::new(
-                    Opts::new(AGENT_CACHED_OBJECTS, "Objects held in the agent's caches, by kind."),
-                    &["kind"],
-                )?,
+                AGENT_CACHED_OBJECTS,
+                "Objects held in the agent's caches, by kind.",
+                &["kind"],
             )?,
             held_fail_overs: counter(
                 registry,
