@@ -336,20 +336,7 @@ impl DataPath {
         std::fs::create_dir_all(&recovery_dir).unwrap();
 
         let sink = NodeLink::create(format!("{PREFIX}-{}-sink", env.id), format!("{PREFIX}{}s", env.id), 0);
-        fence("-I");
-        must("ip", &["route", "add", "unreachable", NODE_RANGE]);
-        must(
-            "ip",
-            &[
-                "route",
-                "add",
-                SERVICE_CIDR,
-                "dev",
-                &sink.host_link,
-                "src",
-                "10.211.0.1",
-            ],
-        );
+        route_service_range_to(&sink);
         let links: Vec<NodeLink> = names
             .iter()
             .enumerate()
@@ -364,17 +351,7 @@ impl DataPath {
         let at: Vec<(&str, String)> = names.iter().copied().zip(links.iter().map(|l| l.ip.clone())).collect();
         let nodes = env.sim_nodes_at(&at).await;
 
-        let proxy_node = format!("{}-kube-proxy", env.id);
-        let node: Node = serde_json::from_value(json!({"metadata": {"name": proxy_node}})).unwrap();
-        let api: Api<Node> = Api::all(env.client.clone());
-        api.create(&PostParams::default(), &node).await.unwrap();
-        let status = json!({"status": {
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
-        }});
-        api.patch_status(&proxy_node, &PatchParams::default(), &Patch::Merge(status))
-            .await
-            .unwrap();
+        let proxy_node = ready_proxy_node(env).await;
         let proxy_log = dir.join("kube-proxy.log");
         let proxy_metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -712,4 +689,39 @@ impl DataPath {
         std::fs::create_dir_all(&scratch).unwrap();
         scratch
     }
+}
+
+/// Fences the node range and routes the Service range into `sink`: a ClusterIP no rule
+/// translates goes nowhere, as in a cluster.
+fn route_service_range_to(sink: &NodeLink) {
+    fence("-I");
+    must("ip", &["route", "add", "unreachable", NODE_RANGE]);
+    must(
+        "ip",
+        &[
+            "route",
+            "add",
+            SERVICE_CIDR,
+            "dev",
+            &sink.host_link,
+            "src",
+            "10.211.0.1",
+        ],
+    );
+}
+
+/// The Node kube-proxy runs as, Ready at loopback.
+async fn ready_proxy_node(env: &TestEnv) -> String {
+    let proxy_node = format!("{}-kube-proxy", env.id);
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": proxy_node}})).unwrap();
+    let api: Api<Node> = Api::all(env.client.clone());
+    api.create(&PostParams::default(), &node).await.unwrap();
+    let status = json!({"status": {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+    }});
+    api.patch_status(&proxy_node, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .unwrap();
+    proxy_node
 }

@@ -253,33 +253,39 @@ async fn handle(state: &Mutex<State>, request: Request<Incoming>) -> Response<Fu
             }
         }
         (Method::PUT, ["v2", "namespaces", ns, "volumes", id, "nfs", "mount-endpoint"]) => {
-            let inject = state.conflicts_to_inject > 0;
-            let Some(volume) = state
-                .volumes
-                .get_mut(*ns)
-                .and_then(|v| v.iter_mut().find(|v| v["id"] == *id))
-            else {
-                return error(StatusCode::NOT_FOUND, "no such volume");
-            };
-            if inject {
-                bump(volume, |_| {});
-            }
-            if body["version"] != volume["version"] || !body["mountEndpoint"].is_string() {
-                let current = volume["version"].clone();
-                if inject {
-                    state.conflicts_to_inject -= 1;
-                }
-                state.stats.conflicts += 1;
-                return error(
-                    StatusCode::CONFLICT,
-                    &format!("version mismatch: volume is at {current}"),
-                );
-            }
-            let endpoint = body["mountEndpoint"].clone();
-            bump(volume, |v| v["labels"]["storageos.com/nfs/mount-endpoint"] = endpoint);
-            state.stats.publishes += 1;
-            reply(StatusCode::OK, json!({}))
+            publish(&mut state, ns, id, &body)
         }
         _ => error(StatusCode::NOT_FOUND, "no such endpoint"),
     }
+}
+
+/// `PUT …/nfs/mount-endpoint`: the API's optimistic concurrency (a stale version is a 409),
+/// with the conflicts a test asked for injected first.
+fn publish(state: &mut State, ns: &str, id: &str, body: &Value) -> Response<Full<Bytes>> {
+    let inject = state.conflicts_to_inject > 0;
+    let Some(volume) = state
+        .volumes
+        .get_mut(ns)
+        .and_then(|v| v.iter_mut().find(|v| v["id"] == *id))
+    else {
+        return error(StatusCode::NOT_FOUND, "no such volume");
+    };
+    if inject {
+        bump(volume, |_| {});
+    }
+    if body["version"] != volume["version"] || !body["mountEndpoint"].is_string() {
+        let current = volume["version"].clone();
+        if inject {
+            state.conflicts_to_inject -= 1;
+        }
+        state.stats.conflicts += 1;
+        return error(
+            StatusCode::CONFLICT,
+            &format!("version mismatch: volume is at {current}"),
+        );
+    }
+    let endpoint = body["mountEndpoint"].clone();
+    bump(volume, |v| v["labels"]["storageos.com/nfs/mount-endpoint"] = endpoint);
+    state.stats.publishes += 1;
+    reply(StatusCode::OK, json!({}))
 }
