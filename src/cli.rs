@@ -223,6 +223,10 @@ pub struct ControllerArgs {
     /// After creating a Service, how long to wait for its ClusterIP before retrying later.
     #[arg(long, env = "K8S_CREATE_WAIT_DURATION", default_value = "20s")]
     pub k8s_create_wait_duration: Duration,
+    /// Whether to write each volume's core/v1 Endpoints beside its EndpointSlice: `auto` writes
+    /// them below Kubernetes 1.33 only (they are deprecated from 1.33; kube-proxy reads slices).
+    #[arg(long, env = "WRITE_ENDPOINTS", value_enum, default_value = "auto")]
+    pub write_endpoints: crate::core_endpoints::WriteEndpoints,
     /// Run only while holding the Lease (for more than one replica).
     #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -315,6 +319,10 @@ pub struct AgentArgs {
     /// Port the NFS server listens on, published with the node IP as the service endpoint.
     #[arg(long, env = "NFS_PORT", default_value_t = crate::names::NFS_PORT)]
     pub nfs_port: u16,
+    /// Whether to write each volume's core/v1 Endpoints beside its EndpointSlice: `auto` writes
+    /// them below Kubernetes 1.33 only (they are deprecated from 1.33; kube-proxy reads slices).
+    #[arg(long, env = "WRITE_ENDPOINTS", value_enum, default_value = "auto")]
+    pub write_endpoints: crate::core_endpoints::WriteEndpoints,
     /// The drbdsetup binary.
     #[arg(long, env = "DRBDSETUP_PATH", default_value = "drbdsetup")]
     pub drbdsetup_path: std::path::PathBuf,

@@ -15,6 +15,7 @@ mod cli;
 mod compat;
 mod conntrack;
 mod controller;
+mod core_endpoints;
 mod deadline;
 mod events;
 mod kube_client;

@@ -43,6 +43,8 @@ pub struct ExecutorSettings {
     pub max_backoff: Duration,
     /// Oldest DRBD state a step that takes something may be carried out over.
     pub max_state_age: Duration,
+    /// A move rewrites the core/v1 Endpoints too, not only the EndpointSlice.
+    pub write_endpoints: bool,
 }
 
 /// How one action ended.
@@ -545,6 +547,7 @@ impl Executor {
                     node: &self.settings.node,
                     retry_for: self.settings.operations_timeout / 2,
                     triggered_at: &wall_clock_of(drbd_read_at),
+                    write_endpoints: self.settings.write_endpoints,
                 },
             )
             .await?
@@ -704,6 +707,7 @@ mod tests {
             min_backoff: Duration::from_millis(50),
             max_state_age: Duration::from_secs(2),
             max_backoff: Duration::from_millis(400),
+            write_endpoints: true,
         };
         let events = EventSink::new(stub_client(), "test", None);
         let executor = Executor::new(stub_client(), Arc::new(drbd), events, metrics.clone(), settings, None);

@@ -1,6 +1,6 @@
 //! Endpoints follow the primary: this node publishes itself as the volume's NFS service endpoint
-//! and rewrites the volume's Endpoints and EndpointSlice in the same round trip, all three
-//! stamped with the move, so clients of the unchanged ClusterIP reach the new primary without
+//! and rewrites the volume's EndpointSlice (and its core/v1 Endpoints, where they are written) in
+//! the same round trip, all stamped with the move, so clients of the unchanged ClusterIP reach the new primary without
 //! waiting for the leader, and the controller knows the move for one in flight.
 
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume};
@@ -43,6 +43,8 @@ pub struct Move<'a> {
     pub retry_for: Duration,
     /// When the move was triggered (RFC 3339): the DRBD state that showed this node promoted.
     pub triggered_at: &'a str,
+    /// Rewrite the core/v1 Endpoints too (`--write-endpoints`), not only the EndpointSlice.
+    pub write_endpoints: bool,
 }
 
 /// Publishes the move's endpoint on the PV and points the claim's Endpoints and EndpointSlice at
@@ -83,12 +85,20 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
     published?;
     // Then both endpoints at once, each tried again on a failure that may pass: once the PV
     // says this node, no publication is decided again to repair them.
+    let endpoints = async {
+        if !to.write_endpoints {
+            return Ok(());
+        }
+        patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for)
+            .await
+            .map(|_| ())
+    };
     let (endpoints, slice) = tokio::join!(
-        patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for),
+        endpoints,
         patch_retrying(&slices, &name, &params, &slice_patch, to.retry_for),
     );
     let ClaimKey { namespace, .. } = to.claim;
-    for written in [endpoints.map(|_| ()), slice.map(|_| ())] {
+    for written in [endpoints, slice.map(|_| ())] {
         match written {
             Ok(()) => {}
             Err(err) if api_status(&err) == Some(404) => {
@@ -176,6 +186,7 @@ mod tests {
             node: "node-b",
             retry_for: Duration::from_secs(5),
             triggered_at: "2026-11-26T09:30:41Z",
+            write_endpoints: true,
         }
     }
 
@@ -218,5 +229,22 @@ mod tests {
             .filter(|p| p.contains("endpointslices"))
             .count();
         assert_eq!(slices, 3);
+    }
+
+    #[tokio::test]
+    async fn without_core_endpoints_a_move_writes_the_pv_and_the_slice_only() {
+        let (client, seen) = scripted(|_, _| (200, "{}"));
+        let claim = claim();
+        let slices_only = Move {
+            write_endpoints: false,
+            ..a_move(&claim)
+        };
+        assert_eq!(
+            publish_and_follow(&client, slices_only).await.unwrap(),
+            Followed::Rewritten
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(seen.iter().all(|p| !p.contains("/endpoints/")), "{seen:?}");
     }
 }

@@ -32,13 +32,14 @@ use super::source::{DrbdChange, DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
+use crate::core_endpoints::WriteEndpoints;
 use crate::events::{EventSettings, EventSink};
 use crate::metrics::AgentMetrics;
 use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
 
 pub async fn run(
-    args: AgentArgs,
+    mut args: AgentArgs,
     client: Client,
     registry: Registry,
     probes: Probes,
@@ -78,6 +79,8 @@ pub async fn run(
         .filter(|namespace| !namespace.is_empty())
         .unwrap_or(&args.lease_namespace);
     log_start(&args, satellite_namespace);
+    let writes_endpoints = args.write_endpoints.resolve_for(&client).await;
+    args.write_endpoints = WriteEndpoints::settled(writes_endpoints);
 
     let locality = Locality::default();
     let mut book = DrbdBook::new(
@@ -401,6 +404,8 @@ fn executor_settings(args: &AgentArgs) -> ExecutorSettings {
         min_backoff: Duration::from_secs(1),
         max_backoff: Duration::from_secs(120),
         max_state_age: 2 * *args.drbd_status_interval,
+        // Resolved against the API server's version at start (`auto`).
+        write_endpoints: args.write_endpoints == WriteEndpoints::Always,
     }
 }
 

@@ -26,6 +26,8 @@ pub(crate) struct ReconcileSettings {
     /// `max_error_requeue`.
     pub error_requeue: Duration,
     pub max_error_requeue: Duration,
+    /// Write core/v1 Endpoints beside the EndpointSlice (`--write-endpoints`, resolved).
+    pub write_endpoints: bool,
 }
 
 pub(crate) struct Context {

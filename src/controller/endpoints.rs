@@ -1,5 +1,5 @@
 //! The controller's writes of a shared volume's Endpoints and EndpointSlice, over what it read,
-//! where they differ. The agent's move patches the same fields (`agent::follow`); both build them
+//! where they differ; where Endpoints are not written (`--write-endpoints`), its old ones go. The agent's move patches the same fields (`agent::follow`); both build them
 //! with [`crate::sharedvolume::desired`], so their writes always agree.
 
 use k8s_openapi::api::core::v1::Endpoints;
@@ -7,23 +7,33 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 
+use super::plan::written_by_us;
 use crate::apply::create_or_apply;
 use crate::kube_client::api_status;
 use crate::sharedvolume::desired::EndpointObjects;
 
-/// Writes the `desired` Endpoints and EndpointSlice where they differ from `endpoints` and
-/// `slice` (as read or cached; missing ones are created); true when something was written.
+/// Writes the `desired` Endpoints (when `write_endpoints`) and EndpointSlice where they differ
+/// from `endpoints` and `slice` (as read or cached; missing ones are created); without
+/// `write_endpoints`, Endpoints this controller wrote before are deleted. True when something
+/// was written.
 pub async fn write_endpoints_over(
     client: &Client,
     field_manager: &str,
     desired: &EndpointObjects,
-    endpoints: Option<&Endpoints>,
-    slice: Option<&EndpointSlice>,
+    (endpoints, slice): (Option<&Endpoints>, Option<&EndpointSlice>),
+    write_endpoints: bool,
 ) -> Result<bool, kube::Error> {
     let (endpoints_api, slices_api) = apis(client, desired);
-    let wrote_endpoints = create_or_apply(&endpoints_api, field_manager, &desired.endpoints, endpoints)
-        .await?
-        .is_some();
+    let wrote_endpoints = if write_endpoints {
+        create_or_apply(&endpoints_api, field_manager, &desired.endpoints, endpoints)
+            .await?
+            .is_some()
+    } else {
+        match endpoints.filter(|current| written_by_us(current, &desired.endpoints)) {
+            Some(ours) => delete_exactly(&endpoints_api, ours).await?,
+            None => false,
+        }
+    };
     let wrote_slice = match slice {
         Some(current) if current.address_type != desired.slice.address_type => {
             replace_slice(&slices_api, field_manager, current, &desired.slice).await?;
@@ -34,6 +44,25 @@ pub async fn write_endpoints_over(
             .is_some(),
     };
     Ok(wrote_endpoints || wrote_slice)
+}
+
+/// Deletes that very object (a UID precondition), if it is still there: true when deleted.
+async fn delete_exactly<K>(api: &Api<K>, current: &K) -> Result<bool, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = DeleteParams {
+        preconditions: current.uid().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match api.delete(&current.name_any(), &params).await {
+        Ok(_) => Ok(true),
+        Err(err) if matches!(api_status(&err), Some(404 | 409)) => Ok(false),
+        Err(err) => Err(err),
+    }
 }
 
 fn apis(client: &Client, desired: &EndpointObjects) -> (Api<Endpoints>, Api<EndpointSlice>) {
@@ -59,17 +88,6 @@ async fn replace_slice(
         to = %desired.address_type,
         "the NFS server changed address family: replacing the EndpointSlice"
     );
-    let params = DeleteParams {
-        preconditions: current.uid().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
-        ..Default::default()
-    };
-    match slices.delete(&name, &params).await {
-        Ok(_) => {}
-        Err(err) if matches!(api_status(&err), Some(404 | 409)) => {}
-        Err(err) => return Err(err),
-    }
+    delete_exactly(slices, current).await?;
     create_or_apply(slices, field_manager, desired, None).await.map(|_| ())
 }

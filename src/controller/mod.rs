@@ -71,6 +71,7 @@ pub async fn run(
     let election_client = Client::try_from(config.clone()).context("cannot build a Kubernetes client")?;
     let client = fenced_client(config, fence.clone(), &args.identity)?;
     let backend = volume::backend(backend_settings(&args), &client)?;
+    let write_endpoints = args.write_endpoints.resolve_for(&election_client).await;
     let settings = ReconcileSettings {
         filters: Filters {
             storage_classes: args.storage_class.clone(),
@@ -82,6 +83,7 @@ pub async fn run(
         reconcile_timeout: *args.reconcile_timeout,
         error_requeue: *args.api_retry_interval,
         max_error_requeue: *args.max_retry_interval,
+        write_endpoints,
     };
     let events = EventSink::new(client.clone(), CONTROLLER_NAME, Some(args.identity.clone())).with(event_settings);
     let ctx = Arc::new(Context::new(client.clone(), backend, settings, metrics.clone(), events));

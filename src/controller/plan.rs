@@ -7,7 +7,10 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
+use kube::ResourceExt;
+
 use crate::apply::is_converged;
+use crate::names::APP_MANAGED_BY_LABEL;
 use crate::sharedvolume::desired::{self, EndpointObjects, SharedVolume};
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::NfsEndpoint;
@@ -18,6 +21,8 @@ use crate::volume::NfsEndpoint;
 pub(crate) struct Plan {
     pub service: Service,
     pub endpoints: EndpointObjects,
+    /// The core/v1 Endpoints are written too; without them, the volume should have none.
+    pub writes_endpoints: bool,
     /// A digest of what the objects are built from (see [`desired::fingerprint`]).
     pub fingerprint: u64,
 }
@@ -42,18 +47,28 @@ pub(crate) enum Drift {
 }
 
 impl Plan {
-    pub fn of(shared: &SharedVolume) -> Self {
+    pub fn of(shared: &SharedVolume, writes_endpoints: bool) -> Self {
         Self {
             service: desired::service(shared),
             endpoints: EndpointObjects::of(shared),
+            writes_endpoints,
             fingerprint: desired::fingerprint(shared),
         }
     }
 
     /// Whether every object read already has every field this plan sets.
     pub fn is_in_line(&self, current: &Current) -> bool {
+        let endpoints_in_line = if self.writes_endpoints {
+            is_converged(&self.endpoints.endpoints, current.endpoints.as_ref())
+        } else {
+            // Someone else's Endpoints of that name are left alone, and no drift of ours.
+            current
+                .endpoints
+                .as_ref()
+                .is_none_or(|endpoints| !written_by_us(endpoints, &self.endpoints.endpoints))
+        };
         is_converged(&self.service, current.service.as_ref())
-            && is_converged(&self.endpoints.endpoints, current.endpoints.as_ref())
+            && endpoints_in_line
             && is_converged(&self.endpoints.slice, current.slice.as_ref())
     }
 
@@ -70,9 +85,28 @@ impl Plan {
     }
 }
 
+/// Whether `current` is Endpoints this controller wrote for the same claim as `desired`: its
+/// managed-by label and its owner, the claim.
+pub(crate) fn written_by_us(current: &Endpoints, desired: &Endpoints) -> bool {
+    let label = |object: &Endpoints| object.labels().get(APP_MANAGED_BY_LABEL).cloned();
+    let owner = |object: &Endpoints| object.owner_references().first().map(|owner| owner.uid.clone());
+    label(current).is_some() && label(current) == label(desired) && owner(current) == owner(desired)
+}
+
 impl Current {
-    /// Where the Endpoints and the EndpointSlice point, and the stamps they carry.
-    pub fn pointing(&self) -> [Pointing; 2] {
+    /// Where the endpoint objects written point, and the stamps they carry: the
+    /// Endpoints (when written) and the EndpointSlice. Endpoints left from before are not a
+    /// move: the plan deletes them.
+    pub fn pointing(&self, writes_endpoints: bool) -> Vec<Pointing> {
+        let [endpoints, slice] = self.pointing_of_both();
+        if writes_endpoints {
+            vec![endpoints, slice]
+        } else {
+            vec![slice]
+        }
+    }
+
+    fn pointing_of_both(&self) -> [Pointing; 2] {
         let endpoints = self.endpoints.as_ref().map(|endpoints| {
             let subset = endpoints.subsets.as_ref().and_then(|s| s.first());
             let ip = subset
@@ -255,11 +289,28 @@ mod tests {
     }
 
     #[test]
+    fn without_core_endpoints_a_leftover_one_is_drift_and_never_a_move() {
+        let plan = Plan::of(&shared_volume("192.0.2.1:2049"), false);
+        let leftover = current_of(&plan);
+        assert!(!plan.is_in_line(&leftover), "Endpoints left from before are to go");
+        let slice_only = Current {
+            endpoints: None,
+            ..leftover.clone()
+        };
+        assert!(plan.is_in_line(&slice_only));
+        let mut moved_leftover = leftover;
+        moved_leftover.endpoints = Some(Plan::of(&shared_volume("192.0.2.9:2049"), false).endpoints.endpoints);
+        let pointing = moved_leftover.pointing(false);
+        assert_eq!(pointing.len(), 1, "the slice alone");
+        assert_eq!(pointing[0].server, Some("192.0.2.1:2049".parse().unwrap()));
+    }
+
+    #[test]
     fn drift_is_a_change_to_what_we_converged() {
-        let plan = Plan::of(&shared_volume("192.0.2.1:2049"));
+        let plan = Plan::of(&shared_volume("192.0.2.1:2049"), true);
         let in_line = current_of(&plan);
         let mut moved = in_line.clone();
-        moved.endpoints = Some(Plan::of(&shared_volume("192.0.2.9:2049")).endpoints.endpoints);
+        moved.endpoints = Some(Plan::of(&shared_volume("192.0.2.9:2049"), true).endpoints.endpoints);
         let wait = Some(Duration::from_secs(2));
         let cases = [
             (&in_line, true, None, Drift::InLine),

@@ -166,7 +166,7 @@ async fn reconcile_claim(
         Followed::Ended(outcome) => return Ok(outcome),
     };
     let Found { pv, volume, shared, .. } = found;
-    let plan = Plan::of(&shared);
+    let plan = Plan::of(&shared, ctx.settings.write_endpoints);
     let drift = ctx.read_book(|book| {
         let converged_before = book.converged_before(&key, plan.fingerprint);
         plan.drift(&current, converged_before, book.repair_wait(&key, Instant::now()))
@@ -231,7 +231,8 @@ async fn follow_moves(
             stamp,
             expired: Instant::now() >= *until,
         });
-        match move_step(&found.sight(), &current.pointing(), objects_fresh, held) {
+        let pointing = current.pointing(ctx.settings.write_endpoints);
+        match move_step(&found.sight(), &pointing, objects_fresh, held) {
             MoveStep::Proceed => return Ok(Followed::Ready(Box::new((found, current)))),
             MoveStep::ReadPv => {
                 let name = found.pv.metadata.name.clone().unwrap_or_default();
@@ -436,8 +437,8 @@ async fn ensure_endpoints(
         &ctx.client,
         CONTROLLER_FIELD_MANAGER,
         &plan.endpoints,
-        current.endpoints.as_ref(),
-        current.slice.as_ref(),
+        (current.endpoints.as_ref(), current.slice.as_ref()),
+        plan.writes_endpoints,
     )
     .await?;
     if written {
@@ -469,7 +470,7 @@ mod tests {
 
     use super::super::context::ReconcileSettings;
 
-    fn context(client: Client) -> Context {
+    fn context(client: Client, write_endpoints: bool) -> Context {
         let settings = ReconcileSettings {
             filters: Filters::default(),
             create_poll_interval: Duration::from_millis(10),
@@ -478,6 +479,7 @@ mod tests {
             reconcile_timeout: Duration::from_secs(10),
             error_requeue: Duration::from_secs(1),
             max_error_requeue: Duration::from_secs(60),
+            write_endpoints,
         };
         let metrics = ControllerMetrics::register(&prometheus::Registry::new()).unwrap();
         let backend = Arc::new(PvAnnotations::new(client.clone()));
@@ -560,9 +562,14 @@ mod tests {
     /// Runs one reconcile of the claim against `script`, checks that it made exactly the
     /// scripted requests, and returns how it ended and what the stub saw.
     async fn reconcile_against(script: Vec<Exchange>) -> (Outcome, Seen) {
+        reconcile_against_writing(script, true).await
+    }
+
+    /// [`reconcile_against`] with `--write-endpoints` resolved to `write_endpoints`.
+    async fn reconcile_against_writing(script: Vec<Exchange>, write_endpoints: bool) -> (Outcome, Seen) {
         let expected = request_lines(&script);
         let (client, seen) = in_order(script);
-        let ctx = context(client);
+        let ctx = context(client, write_endpoints);
         let mut tells = Tells::default();
         let outcome = reconcile_claim(&claim(), &ctx, &mut tells).await.unwrap();
         tell(&ctx, &claim(), tells).await;
@@ -586,6 +593,33 @@ mod tests {
         let service = service_at(&shared_of(&pv), "10.96.0.10", CLAIM_UID);
         let script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
         let (outcome, _) = reconcile_against(script).await;
+        assert_eq!(outcome, served_at_published_address("192.0.2.1:2049"));
+    }
+
+    #[tokio::test]
+    async fn without_core_endpoints_ours_from_before_are_deleted_and_nothing_else_written() {
+        let pv = pv("192.0.2.1:2049", Some("10.96.0.10:2049"));
+        let service = service_at(&shared_of(&pv), "10.96.0.10", CLAIM_UID);
+        let mut script = reads_of(&pv, answer(&format!("GET {SERVICE}"), 200, service));
+        script.push(answer(&format!("DELETE {ENDPOINTS}"), 200, json!({})));
+        let (outcome, _) = reconcile_against_writing(script, false).await;
+        assert_eq!(outcome, served_at_published_address("192.0.2.1:2049"));
+    }
+
+    #[tokio::test]
+    async fn without_core_endpoints_someone_elses_are_left_alone() {
+        let pv = pv("192.0.2.1:2049", Some("10.96.0.10:2049"));
+        let shared = shared_of(&pv);
+        let service = service_at(&shared, "10.96.0.10", CLAIM_UID);
+        let (mut endpoints, slice) = converged_endpoints(&shared);
+        endpoints["metadata"]["ownerReferences"][0]["uid"] = json!("uid-someone-else");
+        let script = vec![
+            answer(&format!("GET {PV}"), 200, serde_json::to_value(&pv).unwrap()),
+            answer(&format!("GET {SERVICE}"), 200, service),
+            answer(&format!("GET {ENDPOINTS}"), 200, endpoints),
+            answer(&format!("GET {SLICE}"), 200, slice),
+        ];
+        let (outcome, _) = reconcile_against_writing(script, false).await;
         assert_eq!(outcome, served_at_published_address("192.0.2.1:2049"));
     }
 
@@ -671,7 +705,7 @@ mod tests {
         ];
         let expected = request_lines(&script);
         let (client, seen) = in_order(script);
-        let ctx = Arc::new(context(client));
+        let ctx = Arc::new(context(client, true));
         let err = reconcile(Arc::new(claim()), ctx.clone()).await.unwrap_err();
         let seen = std::mem::take(&mut *seen.lock().unwrap());
         assert_eq!(seen.requests, expected, "the requests made");
