@@ -22,26 +22,41 @@ fn cluster_ip(service: &Service) -> String {
     service.spec.as_ref().unwrap().cluster_ip.clone().unwrap()
 }
 
-/// The Endpoints' and the EndpointSlice's (address, port) once both point at `ip:port`.
-async fn endpoints_at(env: &TestEnv, name: &str, ip: &str, port: i32) -> (Endpoints, EndpointSlice) {
-    let what = format!("Endpoints and EndpointSlice {name} at {ip}:{port}");
+/// The EndpointSlice once it points at `ip:port`.
+async fn slice_at(env: &TestEnv, name: &str, ip: &str, port: i32) -> EndpointSlice {
+    let what = format!("EndpointSlice {name} at {ip}:{port}");
     eventually(&what, WAIT, || async {
-        let endpoints = env.api::<Endpoints>().get_opt(name).await.unwrap()?;
         let slice = env.api::<EndpointSlice>().get_opt(name).await.unwrap()?;
-        let subset = endpoints.subsets.as_ref()?.first()?;
-        let endpoints_ok = subset.addresses.as_ref()?.first()?.ip == ip && subset.ports.as_ref()?.first()?.port == port;
-        let slice_ok = slice.endpoints.first()?.addresses == vec![ip.to_string()]
+        let at = slice.endpoints.first()?.addresses == vec![ip.to_string()]
             && slice.ports.as_ref()?.first()?.port == Some(port);
-        (endpoints_ok && slice_ok).then_some((endpoints, slice))
+        at.then_some(slice)
     })
     .await
 }
+
+/// The core/v1 Endpoints and the EndpointSlice once both point at `ip:port` (a controller
+/// started with `--write-endpoints always`).
+async fn both_at(env: &TestEnv, name: &str, ip: &str, port: i32) -> (Endpoints, EndpointSlice) {
+    let slice = slice_at(env, name, ip, port).await;
+    let what = format!("Endpoints {name} at {ip}:{port}");
+    let endpoints = eventually(&what, WAIT, || async {
+        let endpoints = env.api::<Endpoints>().get_opt(name).await.unwrap()?;
+        let subset = endpoints.subsets.as_ref()?.first()?;
+        let at = subset.addresses.as_ref()?.first()?.ip == ip && subset.ports.as_ref()?.first()?.port == port;
+        at.then_some(endpoints)
+    })
+    .await;
+    (endpoints, slice)
+}
+
+/// What `--write-endpoints always` asks of both loops.
+const WITH_CORE_ENDPOINTS: [&str; 2] = ["--write-endpoints", "always"];
 
 #[tokio::test]
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn publishes_a_stable_address_and_follows_failover() {
     let env = common::setup("ctl-publish").await;
-    let controller = env.start_controller(&[]).await;
+    let controller = env.start_controller(&WITH_CORE_ENDPOINTS).await;
     let (claim, pv) = env.bound_rwx_claim("data", serving("192.0.2.10:2050")).await;
     let name = pv.metadata.name.clone().unwrap();
     let claim_uid = claim.metadata.uid.clone().unwrap();
@@ -51,7 +66,7 @@ async fn publishes_a_stable_address_and_follows_failover() {
     let ip = cluster_ip(&service);
     assert_eq!(mount, format!("{ip}:2049"));
     the_service_points_at_the_nfs_port_and_selects_nothing(&service, &name);
-    let (endpoints, slice) = endpoints_at(&env, &name, "192.0.2.10", 2050).await;
+    let (endpoints, slice) = both_at(&env, &name, "192.0.2.10", 2050).await;
     the_endpoints_are_ours_and_not_mirrored(&endpoints, &slice, &name);
     for owners in [
         &service.metadata.owner_references,
@@ -67,7 +82,7 @@ async fn publishes_a_stable_address_and_follows_failover() {
 
     // Failover: the NFS server moves; the endpoints follow, the address clients mount does not.
     env.annotate_pv(&name, SERVICE_ENDPOINT, Some("192.0.2.11:2051")).await;
-    endpoints_at(&env, &name, "192.0.2.11", 2051).await;
+    both_at(&env, &name, "192.0.2.11", 2051).await;
     let service = eventually("the Service's targetPort to follow", WAIT, || async {
         let service = env.api::<Service>().get(&name).await.unwrap();
         let target = service.spec.as_ref()?.ports.as_ref()?[0].target_port.clone();
@@ -91,7 +106,25 @@ async fn publishes_a_stable_address_and_follows_failover() {
             >= 2.0
     );
     controller.stop().await;
+    the_default_on_this_cluster_deletes_the_core_endpoints(&env, &name).await;
     env.cleanup().await;
+}
+
+/// Restarted with the default (`auto`, on a 1.33+ control plane), the controller deletes the
+/// Endpoints it wrote and keeps the slice where it was.
+async fn the_default_on_this_cluster_deletes_the_core_endpoints(env: &TestEnv, name: &str) {
+    let controller = env.start_controller(&[]).await;
+    eventually("the controller's old Endpoints deleted", WAIT, || async {
+        env.api::<Endpoints>()
+            .get_opt(name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    slice_at(env, name, "192.0.2.11", 2051).await;
+    controller.stop().await;
 }
 
 /// A ClusterIP Service without a selector, port `nfs` 2049 to the server's 2050, labelled with
@@ -153,7 +186,7 @@ async fn keeps_everything_when_the_service_endpoint_goes_away() {
     .await;
     let service = env.api::<Service>().get(&name).await.expect("the Service must stay");
     assert_eq!(cluster_ip(&service), ip);
-    endpoints_at(&env, &name, "192.0.2.20", 2049).await;
+    slice_at(&env, &name, "192.0.2.20", 2049).await;
     assert_eq!(env.pv_annotation(&name, MOUNT_ENDPOINT).await, Some(mount));
     controller.stop().await;
     env.cleanup().await;
@@ -185,7 +218,7 @@ async fn a_deleted_service_comes_back_at_the_address_clients_mount() {
         env.pv_annotation(&name, MOUNT_ENDPOINT).await.as_deref(),
         Some(first.as_str())
     );
-    endpoints_at(&env, &name, "192.0.2.30", 2049).await;
+    slice_at(&env, &name, "192.0.2.30", 2049).await;
     controller.stop().await;
     env.cleanup().await;
 }
@@ -283,9 +316,9 @@ async fn recreated(env: &TestEnv, name: &str, old: &Service) -> Service {
 #[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
 async fn repairs_hand_edited_objects() {
     let env = common::setup("ctl-drift").await;
-    let controller = env.start_controller(&[]).await;
+    let controller = env.start_controller(&WITH_CORE_ENDPOINTS).await;
     let (name, _) = env.shared_claim("data", "192.0.2.40:2050").await;
-    endpoints_at(&env, &name, "192.0.2.40", 2050).await;
+    both_at(&env, &name, "192.0.2.40", 2050).await;
 
     let edit = PatchParams::default();
     env.api::<Service>()
@@ -333,7 +366,7 @@ async fn repairs_hand_edited_objects() {
         .then_some(())
     })
     .await;
-    let (endpoints, _) = endpoints_at(&env, &name, "192.0.2.40", 2050).await;
+    let (endpoints, _) = both_at(&env, &name, "192.0.2.40", 2050).await;
     let subset = &endpoints.subsets.unwrap()[0];
     assert_eq!(subset.ports.as_ref().unwrap()[0].name.as_deref(), Some("nfs"));
     assert_eq!(subset.addresses.as_ref().unwrap().len(), 1);
@@ -352,7 +385,7 @@ async fn deleting_the_claim_collects_everything() {
     let env = common::setup("ctl-gc").await;
     let controller = env.start_controller(&[]).await;
     let (name, _) = env.shared_claim("data", "192.0.2.50:2049").await;
-    endpoints_at(&env, &name, "192.0.2.50", 2049).await;
+    slice_at(&env, &name, "192.0.2.50", 2049).await;
 
     env.api::<PersistentVolumeClaim>()
         .delete("data", &DeleteParams::default())
@@ -593,17 +626,17 @@ async fn each_service_takes_its_servers_family_and_a_family_change_replaces_the_
     let ip: std::net::IpAddr = spec.cluster_ip.unwrap().parse().unwrap();
     assert!(ip.is_ipv6(), "{ip}");
     assert_eq!(six_mount, format!("[{ip}]:2049"));
-    let (_, slice) = endpoints_at(&env, &six, "fd00:20::5", 2049).await;
+    let slice = slice_at(&env, &six, "fd00:20::5", 2049).await;
     assert_eq!(slice.address_type, "IPv6");
 
     // An IPv4 server whose primary moves to an IPv6 address: the EndpointSlice cannot change its
     // addressType, so it is replaced; the Service keeps its address (clients keep their mount)
     // and a Warning says it cannot reach the new family.
     let (four, four_mount) = env.shared_claim("four", "192.0.2.40:2049").await;
-    let (_, old_slice) = endpoints_at(&env, &four, "192.0.2.40", 2049).await;
+    let old_slice = slice_at(&env, &four, "192.0.2.40", 2049).await;
     env.annotate_pv(&four, SERVICE_ENDPOINT, Some("[fd00:20::6]:2049"))
         .await;
-    let (_, new_slice) = endpoints_at(&env, &four, "fd00:20::6", 2049).await;
+    let new_slice = slice_at(&env, &four, "fd00:20::6", 2049).await;
     assert_eq!(new_slice.address_type, "IPv6");
     assert_ne!(new_slice.metadata.uid, old_slice.metadata.uid, "replaced, not patched");
     let mismatch = env.wait_for_events("four", "ServiceFamilyMismatch").await;

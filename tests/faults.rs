@@ -327,11 +327,9 @@ async fn only_the_claim_a_volume_is_bound_to_is_served_and_nothing_is_orphaned()
         .await
         .unwrap()
         .items;
-    let endpoints = env.api::<Endpoints>().list(&ListParams::default()).await.unwrap().items;
     assert_eq!(slices.len(), 1, "no orphaned EndpointSlice");
-    assert_eq!(endpoints.len(), 1, "no orphaned Endpoints");
     assert_eq!(owner_uid(&slices[0].metadata), owner.metadata.uid);
-    assert_eq!(owner_uid(&endpoints[0].metadata), owner.metadata.uid);
+    no_core_endpoints(&env).await;
     assert_eq!(
         controller.metric(SHARED).await,
         1.0,
@@ -387,8 +385,8 @@ async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
     env.annotate_pv(&pvs[0], common::SERVICE_ENDPOINT, Some("192.0.2.122:2049"))
         .await;
     eventually("the endpoints to follow a move after both restarts", WAIT, || async {
-        let endpoints = env.api::<Endpoints>().get(&pvs[0]).await.ok()?;
-        let ip = endpoints.subsets?.first()?.addresses.as_ref()?.first()?.ip.clone();
+        let slice = env.api::<EndpointSlice>().get(&pvs[0]).await.ok()?;
+        let ip = slice.endpoints.first()?.addresses.first()?.clone();
         (ip == "192.0.2.122").then_some(())
     })
     .await;
@@ -669,7 +667,12 @@ async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved()
 async fn every_claim_converged(env: &TestEnv, pvs: &[String], servers: &BTreeMap<String, String>) {
     eventually("every claim converged", WAIT, || async {
         let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
-        let endpoints = env.api::<Endpoints>().list(&ListParams::default()).await.unwrap().items;
+        let slices = env
+            .api::<EndpointSlice>()
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items;
         let ips: BTreeMap<String, String> = services
             .iter()
             .map(|s| {
@@ -679,13 +682,12 @@ async fn every_claim_converged(env: &TestEnv, pvs: &[String], servers: &BTreeMap
                 )
             })
             .collect();
-        let at: BTreeMap<String, String> = endpoints
+        let at: BTreeMap<String, String> = slices
             .iter()
-            .filter_map(|e| {
-                let subset = e.subsets.as_ref()?.first()?;
-                let ip = &subset.addresses.as_ref()?.first()?.ip;
-                let port = subset.ports.as_ref()?.first()?.port;
-                Some((e.metadata.name.clone()?, format!("{ip}:{port}")))
+            .filter_map(|slice| {
+                let ip = slice.endpoints.first()?.addresses.first()?;
+                let port = slice.ports.as_ref()?.first()?.port?;
+                Some((slice.metadata.name.clone()?, format!("{ip}:{port}")))
             })
             .collect();
         for pv in pvs {
@@ -698,12 +700,12 @@ async fn every_claim_converged(env: &TestEnv, pvs: &[String], servers: &BTreeMap
     .await;
 }
 
-/// One Service, Endpoints and EndpointSlice per claim, named after its PV, each owned by its
-/// claim alone.
+/// One Service and EndpointSlice per claim, named after its PV, each owned by its claim alone;
+/// no core/v1 Endpoints.
 async fn one_of_each_owned_by_its_claim(env: &TestEnv, pvs: &[String]) {
     let claims = pvs.len();
+    no_core_endpoints(env).await;
     let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
-    let endpoints = env.api::<Endpoints>().list(&ListParams::default()).await.unwrap().items;
     let slices = env
         .api::<EndpointSlice>()
         .list(&ListParams::default())
@@ -717,16 +719,10 @@ async fn one_of_each_owned_by_its_claim(env: &TestEnv, pvs: &[String]) {
         named(services.iter().map(|s| s.metadata.name.clone()).collect()),
         expected
     );
-    assert_eq!(endpoints.len(), claims, "one Endpoints per claim");
-    assert_eq!(
-        named(endpoints.iter().map(|e| e.metadata.name.clone()).collect()),
-        expected
-    );
     assert_eq!(slices.len(), claims, "one EndpointSlice per claim");
     for owned in services
         .iter()
         .map(|s| &s.metadata)
-        .chain(endpoints.iter().map(|e| &e.metadata))
         .chain(slices.iter().map(|s| &s.metadata))
     {
         let owners = owned.owner_references.as_deref().unwrap_or_default();
@@ -736,4 +732,11 @@ async fn one_of_each_owned_by_its_claim(env: &TestEnv, pvs: &[String]) {
             owned.name
         );
     }
+}
+
+/// The test's namespace holds no core/v1 Endpoints: the default (`--write-endpoints auto`)
+/// writes none on a 1.33+ control plane.
+async fn no_core_endpoints(env: &TestEnv) {
+    let endpoints = env.names::<Endpoints>().await;
+    assert!(endpoints.is_empty(), "no core/v1 Endpoints from 1.33: {endpoints:?}");
 }

@@ -689,26 +689,22 @@ async fn lose_node(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, U
     true
 }
 
-/// A hand edit of one volume's Endpoints, or one of its objects deleted.
+/// A hand edit of one volume's EndpointSlice, or its Service or slice deleted.
 async fn tamper(soak: &Soak, rng: &mut Rng, fault: Fault) {
+    let v = rng.below(VOLUMES);
+    let name = &soak.pvs[v];
     if fault == Fault::EditObject {
-        let v = rng.below(VOLUMES);
-        let name = &soak.pvs[v];
-        let elsewhere =
-            json!({"subsets": [{"addresses": [{"ip": "192.0.2.250"}], "ports": [{"name": "nfs", "port": 2049}]}]});
+        let elsewhere = json!({"endpoints": [{"addresses": ["192.0.2.250"], "conditions": {"ready": true}}]});
         let _ = soak
             .env
-            .api::<Endpoints>()
+            .api::<EndpointSlice>()
             .patch(name, &PatchParams::default(), &Patch::Merge(elsewhere))
             .await;
         return;
     }
-    let v = rng.below(VOLUMES);
-    let name = &soak.pvs[v];
     let params = DeleteParams::default();
-    let _ = match rng.below(3) {
+    let _ = match rng.below(2) {
         0 => soak.env.api::<Service>().delete(name, &params).await.map(|_| ()),
-        1 => soak.env.api::<Endpoints>().delete(name, &params).await.map(|_| ()),
         _ => soak.env.api::<EndpointSlice>().delete(name, &params).await.map(|_| ()),
     };
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use common::process::Process;
 use common::storageos::{FakeStorageOs, PASSWORD, USERNAME};
 use common::{TestEnv, eventually};
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -162,11 +163,13 @@ async fn publishes_through_the_storageos_api_across_token_expiry_and_conflicts()
     api.expire_tokens();
     // Failover seen through polling: the endpoints follow, the mount endpoint stays.
     api.set_service_endpoint("vol-1", "192.0.2.11:2051");
-    eventually("Endpoints at the new NFS server", WAIT, || async {
-        let endpoints = env.api::<Endpoints>().get(&name).await.unwrap();
-        let subset = endpoints.subsets?.into_iter().next()?;
-        let at = (subset.addresses?.first()?.ip.clone(), subset.ports?.first()?.port);
-        (at == ("192.0.2.11".to_string(), 2051)).then_some(())
+    eventually("the EndpointSlice at the new NFS server", WAIT, || async {
+        let slice = env.api::<EndpointSlice>().get(&name).await.unwrap();
+        let at = (
+            slice.endpoints.first()?.addresses.first()?.clone(),
+            slice.ports?.first()?.port,
+        );
+        (at == ("192.0.2.11".to_string(), Some(2051))).then_some(())
     })
     .await;
     let stats = api.stats();
