@@ -846,7 +846,7 @@ fn mass_move_figures(n: usize, pairs: usize, product: &MassMove, floor: Duration
             )
         },
         line(
-            "API writes per moved volume (PV, EndpointSlice, Event, the claim's condition: no core/v1 Endpoints from Kubernetes 1.33; apiserver counter)".into(),
+            "API writes per moved volume (PV, EndpointSlice, the claim's condition, and Events: one per PV up to 10 a round, then one on the node; no core/v1 Endpoints from Kubernetes 1.33; apiserver counter)".into(),
             product.writes_per_volume,
             "writes",
             "≤ 4",

@@ -14,10 +14,11 @@ use kube::runtime::events::EventType;
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-use super::action::{Action, ActionKey, Cause, PodRef};
+use super::action::{Action, ActionKey, Cause, ENDPOINT_MOVED, PodRef, node_reference};
 use super::error::AgentError;
 use super::follow::{Followed, Move, publish_and_follow};
 use super::guard::{FailOverGuard, Reservation};
+use super::mass_move;
 use super::source::DrbdSource;
 use super::view::FailOverDone;
 use crate::deadline::within;
@@ -282,6 +283,7 @@ impl Executor {
             self.remember(key, remembered);
             tellings.push((about, told));
         }
+        let tellings = self.sum_up_mass_move(tellings);
         let this = &*self;
         futures::stream::iter(tellings)
             .for_each_concurrent(
@@ -289,6 +291,35 @@ impl Executor {
                 |(about, told)| async move { this.tell(&about, told).await },
             )
             .await;
+    }
+
+    /// A round's moves told one by one up to [`mass_move::TOLD_ONE_BY_ONE`]; the rest in one
+    /// Event on this node.
+    fn sum_up_mass_move(&self, tellings: Vec<(About, Option<Told>)>) -> Vec<(About, Option<Told>)> {
+        let is_move = |told: &Option<Told>| {
+            told.as_ref()
+                .is_some_and(|t| t.reason == ENDPOINT_MOVED && t.type_ == EventType::Normal)
+        };
+        let (moves, mut others): (Vec<_>, Vec<_>) = tellings.into_iter().partition(|(_, told)| is_move(told));
+        let mut moves: Vec<(String, (About, Option<Told>))> = moves
+            .into_iter()
+            .map(|(about, told)| (about.target.name.clone().unwrap_or_default(), (about, told)))
+            .collect();
+        moves.sort_by(|a, b| a.0.cmp(&b.0));
+        let names: Vec<String> = moves.iter().map(|(name, _)| name.clone()).collect();
+        let (each, summary) = mass_move::split(&names, &self.settings.node);
+        let told_each = each.len();
+        others.extend(moves.into_iter().take(told_each).map(|(_, telling)| telling));
+        if let Some(note) = summary {
+            let about = About {
+                kind: "publish",
+                target: node_reference(&self.settings.node),
+                description: format!("{} volumes moved here", names.len()),
+            };
+            let told = Told::new(EventType::Normal, "ServiceEndpointsMoved", "publish", note);
+            others.push((about, Some(told)));
+        }
+        others
     }
 
     /// Whether the action of `key` may be carried out now: not settled within its cooldown, not
@@ -811,6 +842,51 @@ mod tests {
             .await;
         let done = metrics.actions.with_label_values(&["publish", "ok"]).get();
         assert_eq!(done, 2);
+    }
+
+    #[tokio::test]
+    async fn a_mass_move_tells_ten_pvs_and_sums_up_the_rest_on_the_node() {
+        let events = Arc::new(Mutex::new(Vec::<Value>::new()));
+        let posted = events.clone();
+        let client = scripted_api::client(move |request| {
+            if request.path.contains("/events") {
+                posted.lock().unwrap().push(request.body.clone());
+                return (201, "{}".into());
+            }
+            (
+                200,
+                json!({"metadata": {"name": "x", "resourceVersion": "8"}}).to_string(),
+            )
+        });
+        let (executor, _) = stub_executor(MockDrbdSource::new(), false);
+        let mut executor = Executor {
+            client: client.clone(),
+            events: EventSink::new(client, "test", None),
+            ..executor
+        };
+        let publications: Vec<Action> = (0..12)
+            .map(|i| Action::PublishServiceEndpoint {
+                pv: format!("pv-{i:02}"),
+                claim: ClaimKey {
+                    namespace: "apps".into(),
+                    name: format!("data-{i:02}"),
+                },
+                endpoint: "10.0.0.2:2049".into(),
+                over_version: "7".into(),
+            })
+            .collect();
+        executor
+            .run(Scope::Publications, publications, Instant::now(), &no_nodes())
+            .await;
+        let events = events.lock().unwrap().clone();
+        let on = |kind: &str| events.iter().filter(|e| e["regarding"]["kind"] == kind).count();
+        assert_eq!((on("PersistentVolume"), on("Node"), events.len()), (10, 1, 11));
+        let summary = events.iter().find(|e| e["regarding"]["kind"] == "Node").unwrap();
+        assert_eq!(summary["reason"], "ServiceEndpointsMoved");
+        assert!(
+            summary["note"].as_str().unwrap().contains("The other 2: pv-10, pv-11"),
+            "{summary}"
+        );
     }
 
     #[tokio::test]

@@ -366,7 +366,7 @@ impl Action {
                 (EventType::Warning, "VolumeWithoutQuorum")
             }
             Self::ForceSecondary { .. } => (EventType::Warning, "SuspendedPrimaryDemoted"),
-            Self::PublishServiceEndpoint { .. } => (EventType::Normal, "ServiceEndpointMoved"),
+            Self::PublishServiceEndpoint { .. } => (EventType::Normal, ENDPOINT_MOVED),
             Self::HoldFailOver { .. } => (EventType::Normal, "FailOverHeld"),
             Self::HoldPublication { .. } => (EventType::Warning, "PublicationHeld"),
             Self::HoldEvacuation { .. } => (EventType::Warning, "EvacuationHeld"),
@@ -396,6 +396,14 @@ impl Action {
             Self::Refused { action, .. } => action.target(),
         }
     }
+}
+
+/// The reason of the Event on a PV whose endpoints this node took over.
+pub const ENDPOINT_MOVED: &str = "ServiceEndpointMoved";
+
+/// A reference to the Node `name`, for Events about it.
+pub fn node_reference(name: &str) -> ObjectReference {
+    reference::<Node>(None, name, None)
 }
 
 fn reference<K: k8s_openapi::Resource>(namespace: Option<&str>, name: &str, uid: Option<&str>) -> ObjectReference {

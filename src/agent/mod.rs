@@ -19,6 +19,7 @@ mod freshness;
 pub mod guard;
 pub mod heartbeat;
 pub mod locality;
+mod mass_move;
 pub mod observe;
 mod peers;
 pub mod promoter;
