@@ -420,6 +420,8 @@ fn controller_permissions<'a>(ns: &'a str, controller: &'a str) -> Vec<Permissio
         (controller, ns, "patch", "persistentvolumes", true),
         (controller, ELSEWHERE, "create", "services", true),
         (controller, ELSEWHERE, "patch", "endpoints", true),
+        // Its own old Endpoints where they are no longer written; an admission policy narrows it.
+        (controller, ELSEWHERE, "delete", "endpoints", true),
         (controller, ELSEWHERE, "create", "endpointslices.discovery.k8s.io", true),
         (controller, ELSEWHERE, "delete", "endpointslices.discovery.k8s.io", true),
         (controller, ELSEWHERE, "create", "events.events.k8s.io", true),
@@ -450,6 +452,7 @@ fn agent_permissions<'a>(ns: &'a str, agent: &'a str) -> Vec<Permission<'a>> {
         (agent, ns, "patch", "persistentvolumes", true),
         (agent, ELSEWHERE, "patch", "endpointslices.discovery.k8s.io", true),
         (agent, ELSEWHERE, "patch", "endpoints", true),
+        (agent, ELSEWHERE, "delete", "endpoints", false),
         (agent, ELSEWHERE, "create", "events.events.k8s.io", true),
         (agent, ns, "patch", "leases.coordination.k8s.io", true),
         (agent, ns, "update", "leases.coordination.k8s.io", false),

@@ -154,6 +154,10 @@ async fn either_account_tries(env: &TestEnv, who: &str, sa: &str, victims: &Vict
         &format!("{who} deletes an unrelated Service's EndpointSlice"),
         slices.delete("web-1", &DeleteParams::default()).await,
     ));
+    wrong.extend(refused(
+        &format!("{who} deletes an unrelated Service's Endpoints"),
+        endpoints.delete("web", &DeleteParams::default()).await.map(|_| ()),
+    ));
     let pvs: Api<PersistentVolume> = Api::all(client);
     let claim_ref = json!({"spec": {"claimRef": {"namespace": victims.namespace, "name": "stolen"}}});
     for (change, value) in [
