@@ -359,10 +359,15 @@ fn publish_figures(
 
 /// Peak RSS of a process, from /proc.
 fn peak_rss_mib(process: &Process) -> f64 {
+    status_mib(process, "VmHWM:")
+}
+
+/// A memory figure of `/proc/<pid>/status` (`VmHWM:`, `VmRSS:`), in MiB.
+fn status_mib(process: &Process, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", process.pid())).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map(|kib| kib / 1024.0)
         .unwrap_or(0.0)
@@ -380,6 +385,13 @@ async fn cold_start(sizes: &Sizes) -> Vec<Figure> {
     let first = controller(&env);
     let converged = published.all(&volumes).await - started;
     let rss = peak_rss_mib(&first);
+    // What it keeps, once the cold start's transient buffers are given back.
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    println!(
+        "P6 controller after the cold start: peak {rss:.1} MiB, resident now {:.1} MiB",
+        status_mib(&first, "VmRSS:")
+    );
     first.stop().await;
     // The bare client's volumes only now: the controller caches every PV in the cluster, and its
     // memory is measured at `sizes.cold` volumes, not twice as many.

@@ -163,7 +163,8 @@ pub fn paged(config: watcher::Config) -> watcher::Config {
 /// The managed fields, often the larger part of an object, are read by neither loop: caches drop
 /// them.
 pub fn drop_managed_fields<K: kube::ResourceExt>(object: &mut K) {
-    object.managed_fields_mut().clear();
+    // None, not an emptied list: a cleared Vec keeps its buffer.
+    object.meta_mut().managed_fields = None;
 }
 
 #[cfg(test)]

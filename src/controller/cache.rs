@@ -17,7 +17,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 
 use super::condition::fingerprint_besides_own_condition;
 use crate::kube_client::{drop_managed_fields, paged};
-use crate::sharedvolume::claim::trim_pv;
+use crate::sharedvolume::claim::{trim_claim, trim_pv};
 use serde::de::DeserializeOwned;
 
 /// The objects one shared volume is made of, as cached.
@@ -50,7 +50,7 @@ impl Caches {
         let (services, service_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
         let (endpoints, endpoint_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
         let (slices, slice_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
-        let (claim_store, claims) = cached(scoped(client, namespace), all(), drop_managed_fields, claim_changes());
+        let (claim_store, claims) = cached(scoped(client, namespace), all(), trim_claim, claim_changes());
         let caches = Self {
             pvs,
             services,

@@ -84,8 +84,8 @@ pub fn pv_backs_shared_claim(pv: &PersistentVolume, filters: &Filters) -> bool {
 /// storage class, CSI driver and handle, and the CSI attributes that say another server serves it. Both loops cache
 /// every PV in the cluster, so this is most of their memory.
 pub fn trim_pv(pv: &mut PersistentVolume) {
-    pv.managed_fields_mut().clear();
-    pv.labels_mut().clear();
+    pv.metadata.managed_fields = None;
+    pv.metadata.labels = None;
     pv.annotations_mut().retain(|k, _| {
         [
             SERVICE_ENDPOINT_ANNOTATION,
@@ -119,6 +119,34 @@ pub fn trim_pv(pv: &mut PersistentVolume) {
             csi,
             ..Default::default()
         });
+    }
+}
+
+/// Drops from a cached claim what the controller does not read: labels, annotations,
+/// finalizers, managed fields, requested and reported capacity, other conditions than its own.
+/// What remains decides whether and how it is served (its modes, class, volume, phase, deletion)
+/// and what its condition says; a change to anything dropped would change no outcome.
+pub fn trim_claim(claim: &mut PersistentVolumeClaim) {
+    let metadata = &mut claim.metadata;
+    metadata.managed_fields = None;
+    metadata.labels = None;
+    metadata.annotations = None;
+    metadata.finalizers = None;
+    if let Some(spec) = claim.spec.as_mut() {
+        spec.resources = None;
+        spec.selector = None;
+        spec.data_source = None;
+        spec.data_source_ref = None;
+    }
+    if let Some(status) = claim.status.as_mut() {
+        status.capacity = None;
+        status.allocated_resources = None;
+        status.allocated_resource_statuses = None;
+        status.current_volume_attributes_class_name = None;
+        status.modify_volume_status = None;
+        if let Some(conditions) = status.conditions.as_mut() {
+            conditions.retain(|c| c.type_ == CLAIM_CONDITION_TYPE);
+        }
     }
 }
 
@@ -272,5 +300,33 @@ mod tests {
             full.annotations().get(MOVE_STAMP_ANNOTATION)
         );
         assert_eq!(trimmed.annotations().len(), 3);
+    }
+
+    #[test]
+    fn a_trimmed_claim_keeps_what_decides_its_service_and_condition() {
+        let full: PersistentVolumeClaim = serde_json::from_value(json!({
+            "metadata": {"name": "data", "namespace": "apps", "uid": "u", "resourceVersion": "7",
+                         "labels": {"a": "b"}, "annotations": {"pv.kubernetes.io/bind-completed": "yes"},
+                         "finalizers": ["kubernetes.io/pvc-protection"]},
+            "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "replicated", "volumeName": "pv-1",
+                     "volumeMode": "Filesystem", "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Bound", "capacity": {"storage": "1Gi"}, "conditions": [
+                {"type": "Resizing", "status": "True"},
+                {"type": CLAIM_CONDITION_TYPE, "status": "True", "reason": "Served"}]},
+        }))
+        .unwrap();
+        let mut trimmed = full.clone();
+        trim_claim(&mut trimmed);
+        assert_eq!(trimmed.metadata.uid, full.metadata.uid);
+        assert_eq!(trimmed.metadata.resource_version, full.metadata.resource_version);
+        let (spec, full_spec) = (trimmed.spec.as_ref().unwrap(), full.spec.as_ref().unwrap());
+        assert_eq!(spec.access_modes, full_spec.access_modes);
+        assert_eq!(spec.storage_class_name, full_spec.storage_class_name);
+        assert_eq!(spec.volume_name, full_spec.volume_name);
+        assert_eq!(spec.volume_mode, full_spec.volume_mode);
+        assert_eq!(trimmed.status.as_ref().unwrap().phase.as_deref(), Some("Bound"));
+        assert_eq!(ready_condition(&trimmed), ready_condition(&full));
+        assert!(trimmed.labels().is_empty() && trimmed.annotations().is_empty() && trimmed.finalizers().is_empty());
+        assert_eq!(trimmed.status.unwrap().conditions.unwrap().len(), 1);
     }
 }
