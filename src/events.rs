@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::EventType;
+
+use crate::event_series::{Reporter, SeriesPoster, Told};
 
 use crate::deadline::within;
 
@@ -46,7 +48,7 @@ impl Default for EventSettings {
 type WarningKey = (String, &'static str);
 
 pub struct EventSink {
-    recorder: Recorder,
+    poster: SeriesPoster,
     /// The last warning note posted, and when, by object and reason.
     last_warning: Mutex<HashMap<WarningKey, (String, Instant)>>,
     timeout: Duration,
@@ -60,10 +62,10 @@ impl EventSink {
     pub fn new(client: Client, controller: &str, instance: Option<String>) -> Self {
         let reporter = Reporter {
             controller: controller.to_owned(),
-            instance,
+            instance: instance.unwrap_or_else(|| controller.to_owned()),
         };
         Self {
-            recorder: Recorder::new(client, reporter),
+            poster: SeriesPoster::new(client, reporter),
             last_warning: Mutex::default(),
             timeout: DEFAULT_POST_TIMEOUT,
             settings: EventSettings::default(),
@@ -130,14 +132,13 @@ impl EventSink {
     }
 
     async fn post(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
-        let event = Event {
+        let told = Told {
             type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: action.into(),
-            secondary: None,
+            reason,
+            action,
+            note,
         };
-        match within(self.timeout, self.recorder.publish(&event, regarding)).await {
+        match within(self.timeout, self.poster.publish(told, regarding)).await {
             Ok(Ok(())) => {}
             Ok(Err(err)) => tracing::warn!(object = describe(regarding), reason, error = %err, "cannot post event"),
             Err(timed_out) => tracing::warn!(object = describe(regarding), reason, "cannot post event: {timed_out}"),

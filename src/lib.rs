@@ -17,6 +17,7 @@ mod conntrack;
 mod controller;
 mod core_endpoints;
 mod deadline;
+mod event_series;
 mod events;
 mod kube_client;
 mod metrics;
