@@ -448,8 +448,8 @@ async fn cold_start(sizes: &Sizes) -> Vec<Figure> {
             product: rss,
             floor: None,
             unit: "MiB",
-            target: "≤ 64 MiB".into(),
-            met: rss <= 64.0,
+            target: "≤ 96 MiB (at 10,000)".into(),
+            met: rss <= 96.0,
         },
     ]
 }

@@ -313,7 +313,7 @@ async fn only_the_claim_a_volume_is_bound_to_is_served_and_nothing_is_orphaned()
         (!left).then_some(())
     })
     .await;
-    let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
+    let services = env.all::<Service>().await;
     let names: Vec<String> = services.iter().filter_map(|s| s.metadata.name.clone()).collect();
     assert_eq!(names, std::slice::from_ref(&served), "only the bound claim is served");
     assert_eq!(
@@ -321,12 +321,7 @@ async fn only_the_claim_a_volume_is_bound_to_is_served_and_nothing_is_orphaned()
         owner.metadata.uid,
         "still owned by the claim it is bound to"
     );
-    let slices = env
-        .api::<EndpointSlice>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
+    let slices = env.all::<EndpointSlice>().await;
     assert_eq!(slices.len(), 1, "no orphaned EndpointSlice");
     assert_eq!(owner_uid(&slices[0].metadata), owner.metadata.uid);
     no_core_endpoints(&env).await;
@@ -666,13 +661,8 @@ async fn killed_again_and_again_while_claims_converge_nothing_is_lost_or_moved()
 /// current server.
 async fn every_claim_converged(env: &TestEnv, pvs: &[String], servers: &BTreeMap<String, String>) {
     eventually("every claim converged", WAIT, || async {
-        let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
-        let slices = env
-            .api::<EndpointSlice>()
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items;
+        let services = env.all::<Service>().await;
+        let slices = env.all::<EndpointSlice>().await;
         let ips: BTreeMap<String, String> = services
             .iter()
             .map(|s| {
@@ -705,13 +695,8 @@ async fn every_claim_converged(env: &TestEnv, pvs: &[String], servers: &BTreeMap
 async fn one_of_each_owned_by_its_claim(env: &TestEnv, pvs: &[String]) {
     let claims = pvs.len();
     no_core_endpoints(env).await;
-    let services = env.api::<Service>().list(&ListParams::default()).await.unwrap().items;
-    let slices = env
-        .api::<EndpointSlice>()
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items;
+    let services = env.all::<Service>().await;
+    let slices = env.all::<EndpointSlice>().await;
     let named = |names: Vec<Option<String>>| names.into_iter().flatten().collect::<BTreeSet<String>>();
     let expected: BTreeSet<String> = pvs.iter().cloned().collect();
     assert_eq!(services.len(), claims, "one Service per claim");

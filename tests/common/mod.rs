@@ -474,11 +474,27 @@ impl TestEnv {
             + std::fmt::Debug,
         <K as kube::Resource>::DynamicType: Default,
     {
-        let list = self.api::<K>().list(&Default::default()).await.expect("list objects");
-        list.items
+        self.all::<K>()
+            .await
             .iter()
             .map(|o| o.meta().name.clone().unwrap_or_default())
             .collect()
+    }
+
+    /// Every object of kind `K` in this namespace.
+    pub async fn all<K>(&self) -> Vec<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+        <K as kube::Resource>::DynamicType: Default,
+    {
+        self.api::<K>()
+            .list(&Default::default())
+            .await
+            .expect("list objects")
+            .items
     }
 
     /// The events.k8s.io/v1 events about `name` in this namespace with `reason`.
