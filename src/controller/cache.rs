@@ -1,32 +1,34 @@
-//! What the controller watches, kept in reflector stores that reconciles read instead of the API:
-//! the PVs, and the Services, Endpoints and EndpointSlices it manages. The watches also trigger
-//! the reconciles. A fresh set is made for each term of leadership.
+//! What the controller watches, kept in stores that reconciles read instead of the API: the PVs,
+//! and the Services, Endpoints and EndpointSlices it manages, as JSON ([`CompactStore`]); the
+//! claims in the kube-runtime Controller's own reflector store. The watches also trigger the
+//! reconciles. A fresh set is made for each term of leadership.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::ExponentialBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 
+use super::compact_store::CompactStore;
 use super::condition::fingerprint_besides_own_condition;
 use crate::kube_client::{drop_managed_fields, paged};
 use crate::sharedvolume::claim::{trim_claim, trim_pv};
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 /// The objects one shared volume is made of, as cached.
 #[derive(Clone)]
 pub struct Caches {
-    pub pvs: Store<PersistentVolume>,
-    pub services: Store<Service>,
-    pub endpoints: Store<Endpoints>,
-    pub slices: Store<EndpointSlice>,
+    pub pvs: CompactStore<PersistentVolume>,
+    pub services: CompactStore<Service>,
+    pub endpoints: CompactStore<Endpoints>,
+    pub slices: CompactStore<EndpointSlice>,
 }
 
 /// The watch streams behind [`Caches`], to feed the kube-runtime Controller.
@@ -46,11 +48,11 @@ impl Caches {
         // Every kind here numbers as the claims do: each is listed in pages.
         let all = || paged(watcher::Config::default());
         let managed = || paged(managed.clone());
-        let (pvs, pv_stream) = cached(Api::all(client.clone()), all(), trim_pv, every);
-        let (services, service_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
-        let (endpoints, endpoint_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
-        let (slices, slice_stream) = cached(scoped(client, namespace), managed(), drop_managed_fields, every);
-        let (claim_store, claims) = cached(scoped(client, namespace), all(), trim_claim, claim_changes());
+        let (pvs, pv_stream) = compact(Api::all(client.clone()), all(), trim_pv);
+        let (services, service_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
+        let (endpoints, endpoint_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
+        let (slices, slice_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
+        let (claim_store, claims) = reflected(scoped(client, namespace), all(), trim_claim, claim_changes());
         let caches = Self {
             pvs,
             services,
@@ -71,42 +73,57 @@ impl Caches {
     /// Resolves once every store has listed its objects. Until then a reconcile reads the API:
     /// a store still listing would take what exists for missing.
     pub async fn synced(&self) {
-        let all_listed = until_ready(|| async {
-            let all = futures::future::join4(
-                self.pvs.wait_until_ready(),
-                self.services.wait_until_ready(),
-                self.endpoints.wait_until_ready(),
-                self.slices.wait_until_ready(),
-            );
-            matches!(all.await, (Ok(()), Ok(()), Ok(()), Ok(())))
-        })
+        futures::future::join4(
+            self.pvs.listed(),
+            self.services.listed(),
+            self.endpoints.listed(),
+            self.slices.listed(),
+        )
         .await;
-        if !all_listed {
-            std::future::pending().await
-        }
     }
 
-    pub fn pv(&self, name: &str) -> Option<Arc<PersistentVolume>> {
-        self.pvs.get(&ObjectRef::new(name))
+    pub fn pv(&self, name: &str) -> Option<PersistentVolume> {
+        self.pvs.get(None, name)
     }
 
-    pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
-        self.services.get(&ObjectRef::new(name).within(namespace))
+    pub fn service(&self, namespace: &str, name: &str) -> Option<Service> {
+        self.services.get(Some(namespace), name)
     }
 
-    pub fn endpoints(&self, namespace: &str, name: &str) -> Option<Arc<Endpoints>> {
-        self.endpoints.get(&ObjectRef::new(name).within(namespace))
+    pub fn endpoints(&self, namespace: &str, name: &str) -> Option<Endpoints> {
+        self.endpoints.get(Some(namespace), name)
     }
 
-    pub fn slice(&self, namespace: &str, name: &str) -> Option<Arc<EndpointSlice>> {
-        self.slices.get(&ObjectRef::new(name).within(namespace))
+    pub fn slice(&self, namespace: &str, name: &str) -> Option<EndpointSlice> {
+        self.slices.get(Some(namespace), name)
     }
 }
 
-/// A watch whose objects land in a store, after `trim`, before they trigger anything, so that a
-/// reconcile always reads at least what triggered it. Deletions trigger too; other changes when
-/// `triggers` says so.
-fn cached<K>(
+/// A watch whose objects land in a [`CompactStore`], after `trim`, before they trigger a
+/// reconcile, so that a reconcile always reads at least what triggered it. Every change triggers.
+fn compact<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+) -> (CompactStore<K>, BoxStream<'static, Result<K, watcher::Error>>)
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let store = CompactStore::default();
+    let stream = watcher(api, config)
+        .backoff(watch_backoff())
+        .modify(trim)
+        .inspect_ok({
+            let store = store.clone();
+            move |event| store.apply(event)
+        })
+        .touched_objects();
+    (store, stream.boxed())
+}
+
+/// A watch whose objects land in a reflector store, after `trim`, before they trigger anything.
+/// Deletions trigger too; other changes when `triggers` says so.
+fn reflected<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
@@ -124,11 +141,6 @@ where
         .filter(move |event| std::future::ready(event.as_ref().map_or(true, &mut triggers)))
         .touched_objects();
     (store, stream.boxed())
-}
-
-/// Every change triggers a reconcile.
-fn every<K>(_: &watcher::Event<K>) -> bool {
-    true
 }
 
 /// Which changes of a claim trigger a reconcile: all but one that changed nothing besides the

@@ -4,6 +4,7 @@
 
 mod book;
 pub mod cache;
+pub mod compact_store;
 mod condition;
 mod context;
 mod endpoints;

@@ -34,7 +34,7 @@ pub(super) async fn pv(ctx: &Context, name: &str, look: Look) -> Result<Read<Opt
         && let Some(pv) = ctx.caches().and_then(|caches| caches.pv(name))
     {
         return Ok(Read {
-            value: Some((*pv).clone()),
+            value: Some(pv),
             fresh: false,
         });
     }
@@ -50,9 +50,9 @@ pub(super) async fn objects(ctx: &Context, shared: &SharedVolume, look: Look) ->
         && let Some(caches) = ctx.caches()
     {
         let cached = Current {
-            service: caches.service(namespace, name).map(|s| (*s).clone()),
-            endpoints: caches.endpoints(namespace, name).map(|e| (*e).clone()),
-            slice: caches.slice(namespace, name).map(|s| (*s).clone()),
+            service: caches.service(namespace, name),
+            endpoints: caches.endpoints(namespace, name),
+            slice: caches.slice(namespace, name),
         };
         return Ok(Read {
             value: cached,
