@@ -8,6 +8,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "scale/tenant.rs"]
+mod tenant;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -96,8 +98,11 @@ async fn main() {
     if let Some(n) = std::env::var("SVC_BENCH_COLD").ok().and_then(|n| n.parse().ok()) {
         sizes.cold = n;
     }
+    if let Some(n) = std::env::var("SVC_BENCH_MASS").ok().and_then(|n| n.parse().ok()) {
+        sizes.mass = n;
+    }
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
-    // nfs, mass).
+    // nfs, mass, tenant).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -121,15 +126,14 @@ async fn main() {
         figures.extend(nfs_outage(&sizes, full).await);
     }
     if part("mass") {
-        let n = std::env::var("SVC_BENCH_MASS")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(sizes.mass);
         let pairs = std::env::var("SVC_BENCH_MASS_PAIRS")
             .ok()
             .and_then(|n| n.parse().ok())
             .unwrap_or(sizes.mass_pairs);
-        figures.extend(mass_move(n, pairs).await);
+        figures.extend(mass_move(sizes.mass, pairs).await);
+    }
+    if part("tenant") {
+        figures.extend(tenant::mass_move_beside_a_tenant(sizes.mass).await);
     }
     report(full, &figures).await;
 }
@@ -254,8 +258,12 @@ fn controller_as_in_a_cluster(env: &TestEnv) -> Process {
 /// The agents act as the admin (the tests act as the chart's accounts): the figures compare their
 /// writes with a bare client's, which passes no admission policy either.
 async fn agent_as_in_a_cluster(env: &TestEnv, node: &SimNode) -> Process {
-    let admin = common::accounts::admin_kubeconfig();
-    let vars = [CLUSTER_LOG_LEVEL, ("KUBECONFIG", admin.as_str())];
+    agent_as(env, node, &common::accounts::admin_kubeconfig()).await
+}
+
+/// An agent set as in a cluster, signed in with `kubeconfig`.
+async fn agent_as(env: &TestEnv, node: &SimNode, kubeconfig: &str) -> Process {
+    let vars = [CLUSTER_LOG_LEVEL, ("KUBECONFIG", kubeconfig)];
     env.start_agent_with_env(node, &["--drbd-status-interval", "5s"], &vars)
         .await
 }
@@ -747,22 +755,46 @@ struct MassMove {
 /// lost and DRBD promotes node b: how long until every slice is at b, and what it cost.
 async fn product_mass_move(n: usize) -> MassMove {
     let env = common::setup("bench-mass").await;
+    let moved = product_mass_move_on(&env, &Identities::admin(), n).await;
+    env.cleanup().await;
+    moved
+}
+
+/// Whom the processes of a mass move sign in as: a kubeconfig each.
+struct Identities {
+    controller: String,
+    agent: String,
+}
+
+impl Identities {
+    /// The admin (the tests act as the chart's accounts), as in the other moves.
+    fn admin() -> Self {
+        let admin = common::accounts::admin_kubeconfig();
+        Self {
+            controller: admin.clone(),
+            agent: admin,
+        }
+    }
+}
+
+/// [`product_mass_move`] in `env`, its processes signed in as `identities` say.
+async fn product_mass_move_on(env: &TestEnv, identities: &Identities, n: usize) -> MassMove {
     let nodes = env.sim_nodes(&["a", "b", "c"]).await;
     let (watch_published, published_task) = Published::watch(&env.client, format!("pvc-{}-mass-", env.id));
-    let pvs = claims(&env, "mass", n, Some(&nodes[0].endpoint())).await;
+    let pvs = claims(env, "mass", n, Some(&nodes[0].endpoint())).await;
     let resources: Vec<&str> = pvs.iter().map(String::as_str).collect();
     healthy(&nodes, &resources, 0);
-    let controller = controller_as_in_a_cluster(&env);
+    let controller = controller_with(env, &[CLUSTER_LOG_LEVEL, ("KUBECONFIG", &identities.controller)]);
     controller.wait_ready().await;
     watch_published.all(&pvs).await;
     published_task.abort();
     let history = SliceHistory::default();
-    let slices_task = history.record(&env);
+    let slices_task = history.record(env);
     let at_a = vec![nodes[0].ip.clone()];
     history.wait_until(&pvs, &at_a).await;
     let agents = vec![
-        agent_as_in_a_cluster(&env, &nodes[1]).await,
-        agent_as_in_a_cluster(&env, &nodes[2]).await,
+        agent_as(env, &nodes[1], &identities.agent).await,
+        agent_as(env, &nodes[2], &identities.agent).await,
     ];
     settle().await;
     let before = writes(&env.client).await;
@@ -795,7 +827,6 @@ async fn product_mass_move(n: usize) -> MassMove {
     for process in agents.into_iter().chain([controller]) {
         process.stop().await;
     }
-    env.cleanup().await;
     MassMove {
         took,
         writes_per_volume: wrote / n as f64,

@@ -15,6 +15,10 @@
 #   SVC_NODE_MONITOR_GRACE_PERIOD=8s SVC_NODE_MONITOR_PERIOD=1s hack/cluster.sh up DIR
 #                                a silent node is marked NotReady sooner than Kubernetes's defaults
 #                                (50s and 5s): `make test` does, the demo and `make bench` do not
+#   SVC_API_PRIORITY=true SVC_API_SEATS=40,20 hack/cluster.sh up DIR
+#                                API Priority and Fairness on (off by default: the tests act as the
+#                                admin, which it exempts), with the API server's seats (at most
+#                                40 requests in flight, 20 of them writes; Kubernetes: 400,200)
 #   hack/cluster.sh restart NAME [DIR]
 #                                stop one of etcd, kube-apiserver, kube-controller-manager and start
 #                                it again as it was (etcd keeps its data): for the fault tests
@@ -182,6 +186,10 @@ rules:
   - level: None
 POLICY
 
+  local seats=()
+  if [[ -n "${SVC_API_SEATS:-}" ]]; then
+    seats=(--max-requests-inflight "${SVC_API_SEATS%,*}" --max-mutating-requests-inflight "${SVC_API_SEATS#*,}")
+  fi
   log "starting kube-apiserver on 127.0.0.1:$api_port"
   # No endpoint reconciler: it would keep trying to write a loopback address into the `kubernetes`
   # Endpoints (refused with 422), which is noise in tests that count the apiserver's writes.
@@ -193,7 +201,8 @@ POLICY
     --service-cluster-ip-range "${SVC_SERVICE_CIDR:-10.96.0.0/16}" --allow-privileged \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
-    --enable-priority-and-fairness=false --profiling=false --event-ttl "${SVC_EVENT_TTL:-1h}" \
+    --enable-priority-and-fairness="${SVC_API_PRIORITY:-false}" "${seats[@]}" \
+    --profiling=false --event-ttl "${SVC_EVENT_TTL:-1h}" \
     --endpoint-reconciler-type none \
     --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
     --audit-log-format json --audit-log-maxbackup 1 --audit-log-maxsize 200

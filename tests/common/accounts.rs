@@ -41,9 +41,53 @@ impl TestEnv {
     /// or `agent`) chart ServiceAccount in this namespace. The chart's permissions, rendered with
     /// `sets`, are installed in that cluster first (again on every call: `kubectl apply`).
     pub fn chart_kubeconfig(&self, admin_kubeconfig: &str, component: &str, sets: &[&str]) -> String {
+        self.install_chart_templates(admin_kubeconfig, &PERMISSION_TEMPLATES, sets);
+        let account = format!("system:serviceaccount:{}:{}", self.ns, self.chart_account(component));
+        self.kubeconfig_as(admin_kubeconfig, component, json!({"as": account}))
+    }
+
+    /// Like [`TestEnv::chart_kubeconfig`], but signed in with a token of the ServiceAccount
+    /// instead of impersonating it: API Priority and Fairness classifies a request by who signed
+    /// in, not by whom it impersonates. `extra` templates are installed beside the permissions.
+    pub fn chart_token_kubeconfig(
+        &self,
+        admin_kubeconfig: &str,
+        component: &str,
+        sets: &[&str],
+        extra: &[&str],
+    ) -> String {
+        let templates: Vec<&str> = PERMISSION_TEMPLATES.iter().chain(extra).copied().collect();
+        self.install_chart_templates(admin_kubeconfig, &templates, sets);
+        let token = self.token_of(admin_kubeconfig, &self.chart_account(component));
+        self.kubeconfig_as(admin_kubeconfig, component, json!({"token": token}))
+    }
+
+    /// A token of ServiceAccount `account` in this namespace, for two hours.
+    pub fn token_of(&self, admin_kubeconfig: &str, account: &str) -> String {
+        let output = run(tool("kubectl").args([
+            "--kubeconfig",
+            admin_kubeconfig,
+            "-n",
+            &self.ns,
+            "create",
+            "token",
+            account,
+            "--duration",
+            "2h",
+        ]));
+        String::from_utf8(output.stdout).unwrap().trim().to_owned()
+    }
+
+    /// The chart's ServiceAccount of `component` for this test's release.
+    fn chart_account(&self, component: &str) -> String {
+        format!("{}-shared-volume-controller-{component}", self.release())
+    }
+
+    /// Renders `templates` of the chart for this test's release with `sets` and applies them.
+    fn install_chart_templates(&self, admin_kubeconfig: &str, templates: &[&str], sets: &[&str]) {
         let mut helm = tool("helm");
         helm.args(["template", &self.release(), CHART, "--namespace", &self.ns]);
-        for template in PERMISSION_TEMPLATES {
+        for template in templates {
             helm.args(["--show-only", template]);
         }
         for set in sets {
@@ -54,16 +98,22 @@ impl TestEnv {
         run(tool("kubectl")
             .args(["--kubeconfig", admin_kubeconfig, "apply", "-f"])
             .arg(self.permissions_file()));
-        let account = format!(
-            "system:serviceaccount:{}:{}-shared-volume-controller-{component}",
-            self.ns,
-            self.release()
-        );
+    }
+
+    /// `admin_kubeconfig` with `user` (credentials, or whom to act as) added to each user, as
+    /// `<name>.kubeconfig` in the temporary folder.
+    pub fn kubeconfig_as(&self, admin_kubeconfig: &str, name: &str, user: Value) -> String {
         let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(admin_kubeconfig).unwrap()).unwrap();
-        for user in config["users"].as_array_mut().unwrap() {
-            user["user"]["as"] = json!(account);
+        for entry in config["users"].as_array_mut().unwrap() {
+            if user.get("token").is_some() {
+                // A token instead of the admin's client certificate, not beside it.
+                entry["user"] = json!({});
+            }
+            for (key, value) in user.as_object().unwrap() {
+                entry["user"][key] = value.clone();
+            }
         }
-        let path = std::env::temp_dir().join(format!("svc-e2e-{}-{component}.kubeconfig", self.ns));
+        let path = std::env::temp_dir().join(format!("svc-e2e-{}-{name}.kubeconfig", self.ns));
         std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
         path.display().to_string()
     }
