@@ -8,6 +8,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "scale/proxy.rs"]
+mod proxy;
 #[path = "scale/tenant.rs"]
 mod tenant;
 
@@ -47,6 +49,10 @@ struct Sizes {
     mass: usize,
     /// P9's product and floor runs, alternating (`SVC_BENCH_MASS_PAIRS` overrides).
     mass_pairs: usize,
+    /// Services around kube-proxy in P10 (`SVC_BENCH_PROXY_SERVICES` overrides), and the moves
+    /// timed among them in each mode.
+    proxy_services: usize,
+    proxy_moves: usize,
 }
 
 const SMOKE: Sizes = Sizes {
@@ -60,6 +66,8 @@ const SMOKE: Sizes = Sizes {
     foreign_pvs: 100,
     mass: 20,
     mass_pairs: 1,
+    proxy_services: 30,
+    proxy_moves: 1,
 };
 const FULL: Sizes = Sizes {
     sequential: 200,
@@ -72,6 +80,8 @@ const FULL: Sizes = Sizes {
     foreign_pvs: 10000,
     mass: 1000,
     mass_pairs: 3,
+    proxy_services: 10000,
+    proxy_moves: 10,
 };
 
 /// One line of the table.
@@ -101,8 +111,14 @@ async fn main() {
     if let Some(n) = std::env::var("SVC_BENCH_MASS").ok().and_then(|n| n.parse().ok()) {
         sizes.mass = n;
     }
+    if let Some(n) = std::env::var("SVC_BENCH_PROXY_SERVICES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+    {
+        sizes.proxy_services = n;
+    }
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
-    // nfs, mass, tenant).
+    // nfs, mass, tenant, proxy).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -134,6 +150,9 @@ async fn main() {
     }
     if part("tenant") {
         figures.extend(tenant::mass_move_beside_a_tenant(sizes.mass).await);
+    }
+    if part("proxy") {
+        figures.extend(proxy::sync_at_scale(sizes.proxy_services, sizes.proxy_moves).await);
     }
     report(full, &figures).await;
 }

@@ -565,22 +565,17 @@ fn the_chart_says_where_it_comes_from_and_what_it_needs() {
 
 /// A copy of the test's kubeconfig whose user impersonates `service_account`.
 fn kubeconfig_as(env: &TestEnv, service_account: &str, name: &str) -> String {
-    let source = std::env::var("KUBECONFIG").expect("KUBECONFIG");
-    let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(source).unwrap()).unwrap();
-    for user in config["users"].as_array_mut().unwrap() {
-        user["user"]["as"] = json!(service_account);
-    }
-    let path = std::env::temp_dir().join(format!("svc-e2e-{}-{name}.kubeconfig", env.ns));
-    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let admin = std::env::var("KUBECONFIG").expect("KUBECONFIG");
+    let path = env.kubeconfig_as(&admin, name, json!({"as": service_account}));
     let secrets = tool("kubectl")
-        .args(["--kubeconfig", path.to_str().unwrap(), "get", "secrets", "-n", &env.ns])
+        .args(["--kubeconfig", &path, "get", "secrets", "-n", &env.ns])
         .output()
         .unwrap();
     assert!(
         String::from_utf8_lossy(&secrets.stderr).contains("forbidden"),
         "the kubeconfig must act as {service_account}"
     );
-    path.display().to_string()
+    path
 }
 
 /// The binary as each of the chart's ServiceAccounts: RBAC that is too tight shows up as a

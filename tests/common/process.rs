@@ -78,14 +78,7 @@ impl Process {
 
     /// GETs `path` from the admin server: `(status code, body)`, or `None` when not serving.
     pub async fn get(&self, path: &str) -> Option<(u16, String)> {
-        let mut stream = TcpStream::connect(self.admin).await.ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: {}\r\n\r\n", self.admin);
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.ok()?;
-        let (head, body) = response.split_once("\r\n\r\n")?;
-        let status = head.split_whitespace().nth(1)?.parse().ok()?;
-        Some((status, body.to_owned()))
+        http_get(self.admin, path).await
     }
 
     pub async fn wait_ready(&self) {
@@ -126,6 +119,18 @@ impl Process {
             .expect("wait for process");
         assert!(exit.success(), "process exited with {exit}; see {}", self.log.display());
     }
+}
+
+/// GETs `path` from a plain HTTP server at `at`: `(status code, body)`, or `None` when not serving.
+pub async fn http_get(at: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(at).await.ok()?;
+    let request = format!("GET {path} HTTP/1.0\r\nHost: {at}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, body.to_owned()))
 }
 
 /// Finds `sample` (name plus optional `{labels}`, as printed) in a Prometheus text exposition.
