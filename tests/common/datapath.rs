@@ -673,6 +673,11 @@ pub fn leftovers() -> Vec<String> {
 }
 
 impl DataPath {
+    /// How kube-proxy programs Services here.
+    pub fn mode(&self) -> ProxyMode {
+        self.mode
+    }
+
     /// Where kube-proxy serves its `/metrics`.
     pub fn proxy_metrics(&self) -> SocketAddr {
         self.proxy_metrics
