@@ -3,9 +3,11 @@
 //! FlowSchema. The controller and agents sign in as the chart's ServiceAccounts (APF classifies a
 //! request by who signed in), the tenant as a ServiceAccount of its own, as in a cluster.
 //!
-//! The API server's seats are cut to 40 (20 of them writes; Kubernetes defaults to 400 and 200):
-//! one tenant on a two-core machine cannot fill a default server's seats, thousands of clients
-//! fill a large one's; what is measured is what the FlowSchema changes once seats are scarce.
+//! The API server's seats are cut (`SVC_BENCH_API_SEATS`, reads and writes in flight: 40,20 by
+//! default; Kubernetes defaults to 400,200): one tenant on a two-core machine cannot fill a
+//! default server's seats, thousands of clients fill a large one's. Where the machine's CPU runs
+//! out before the seats do, no priority level can share it out: fewer seats show what the
+//! FlowSchema changes once seats are what is scarce.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,7 +31,8 @@ const TENANT_IN_FLIGHT: usize = 64;
 const API_PRIORITY_TEMPLATE: &str = "templates/api-priority.yaml";
 
 pub async fn mass_move_beside_a_tenant(n: usize) -> Vec<Figure> {
-    let cluster = PrivateCluster::up_with("bench-apf", &[("SVC_API_PRIORITY", "true"), ("SVC_API_SEATS", "40,20")]);
+    let seats = std::env::var("SVC_BENCH_API_SEATS").unwrap_or_else(|_| "40,20".into());
+    let cluster = PrivateCluster::up_with("bench-apf", &[("SVC_API_PRIORITY", "true"), ("SVC_API_SEATS", &seats)]);
     let config = cluster.config().await;
     let admin = cluster.kubeconfig();
     let mut runs = Vec::new();
@@ -57,7 +60,7 @@ pub async fn mass_move_beside_a_tenant(n: usize) -> Vec<Figure> {
         runs.push((what, moved.took, tenant_writes));
     }
     drop(cluster);
-    figures(n, &runs)
+    figures(n, &seats, &runs)
 }
 
 /// The chart's controller and agent accounts, signed in with tokens; the chart's API priority
@@ -71,7 +74,7 @@ fn chart_identities(env: &TestEnv, admin: &str, flow_schema: bool) -> Identities
 }
 
 /// P9's lines beside the tenant: each run against the quiet one.
-fn figures(n: usize, runs: &[(&str, Duration, Option<TenantWrites>)]) -> Vec<Figure> {
+fn figures(n: usize, seats: &str, runs: &[(&str, Duration, Option<TenantWrites>)]) -> Vec<Figure> {
     let quiet = runs[0].1.as_secs_f64();
     runs.iter()
         .map(|(what, took, tenant)| {
@@ -80,7 +83,7 @@ fn figures(n: usize, runs: &[(&str, Duration, Option<TenantWrites>)]) -> Vec<Fig
             Figure {
                 id: "P9t",
                 what: format!(
-                    "mass move {what} (APF on, 40 seats){}",
+                    "mass move {what} (APF on, seats {seats}){}",
                     tenant.as_ref().map_or(String::new(), |t| format!("; tenant {t}"))
                 ),
                 n,
