@@ -149,7 +149,7 @@ async fn main() {
         figures.extend(mass_move(sizes.mass, pairs).await);
     }
     if part("tenant") {
-        figures.extend(tenant::mass_move_beside_a_tenant(sizes.mass).await);
+        figures.extend(tenant::mass_move_beside_a_tenant(sizes.mass, full).await);
     }
     if part("proxy") {
         figures.extend(proxy::sync_at_scale(sizes.proxy_services, sizes.proxy_moves).await);

@@ -30,17 +30,20 @@ const TENANT_IN_FLIGHT: usize = 64;
 /// The chart's API priority template.
 const API_PRIORITY_TEMPLATE: &str = "templates/api-priority.yaml";
 
-pub async fn mass_move_beside_a_tenant(n: usize) -> Vec<Figure> {
+/// The three runs; the smoke size (`full` false) leaves out the one without the FlowSchema, to
+/// keep the test command short.
+pub async fn mass_move_beside_a_tenant(n: usize, full: bool) -> Vec<Figure> {
     let seats = std::env::var("SVC_BENCH_API_SEATS").unwrap_or_else(|_| "40,20".into());
     let cluster = PrivateCluster::up_with("bench-apf", &[("SVC_API_PRIORITY", "true"), ("SVC_API_SEATS", &seats)]);
     let config = cluster.config().await;
     let admin = cluster.kubeconfig();
     let mut runs = Vec::new();
-    for (what, tenant, flow_schema) in [
+    let scenarios = [
         ("quiet", false, true),
         ("beside the tenant, with the chart's FlowSchema", true, true),
         ("beside the tenant, without it", true, false),
-    ] {
+    ];
+    for (what, tenant, flow_schema) in scenarios.into_iter().take(if full { 3 } else { 2 }) {
         let env = common::setup_on(config.clone(), "bench-apf").await;
         let identities = chart_identities(&env, &admin, flow_schema);
         let noise = if tenant {
