@@ -61,33 +61,31 @@ impl<K> Default for CompactStore<K> {
 }
 
 impl<K: Resource + Serialize + DeserializeOwned> CompactStore<K> {
-    /// Takes one watch event in.
+    /// Takes one watch event in. Objects are encoded before the lock is taken.
     pub fn apply(&self, event: &watcher::Event<K>) {
-        let encoded = match event {
-            watcher::Event::Apply(object) | watcher::Event::InitApply(object) => self.encoded(object),
-            _ => None,
-        };
-        let mut objects = self.shared.objects.write().expect("store poisoned");
+        let objects = || self.shared.objects.write().expect("store poisoned");
         match event {
-            watcher::Event::Apply(_) => {
-                if let Some((key, packed)) = encoded {
-                    objects.live.insert(key, packed);
+            watcher::Event::Apply(object) => {
+                if let Some((key, packed)) = self.encoded(object) {
+                    objects().live.insert(key, packed);
+                }
+            }
+            watcher::Event::InitApply(object) => {
+                if let Some((key, packed)) = self.encoded(object) {
+                    objects().listing.get_or_insert_default().insert(key, packed);
                 }
             }
             watcher::Event::Delete(object) => {
-                objects.live.remove(key_of(object).as_str());
+                objects().live.remove(key_of(object).as_str());
             }
-            watcher::Event::Init => objects.listing = Some(HashMap::new()),
-            watcher::Event::InitApply(_) => {
-                if let Some((key, packed)) = encoded {
-                    objects.listing.get_or_insert_default().insert(key, packed);
-                }
-            }
+            watcher::Event::Init => objects().listing = Some(HashMap::new()),
             watcher::Event::InitDone => {
-                if let Some(listed) = objects.listing.take() {
-                    objects.live = listed;
+                {
+                    let mut objects = objects();
+                    if let Some(listed) = objects.listing.take() {
+                        objects.live = listed;
+                    }
                 }
-                drop(objects);
                 self.shared.listed.send_replace(true);
             }
         }
