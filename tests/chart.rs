@@ -6,6 +6,7 @@
 mod attacker;
 mod common;
 
+use common::accounts::SignIn;
 use common::controller::ControllerArgs;
 use common::drbd::{resource, slice_addresses};
 use common::helm::{CHART, alerts, find, objects, run, template};
@@ -566,7 +567,7 @@ fn the_chart_says_where_it_comes_from_and_what_it_needs() {
 /// A copy of the test's kubeconfig whose user impersonates `service_account`.
 fn kubeconfig_as(env: &TestEnv, service_account: &str, name: &str) -> String {
     let admin = std::env::var("KUBECONFIG").expect("KUBECONFIG");
-    let path = env.kubeconfig_as(&admin, name, json!({"as": service_account}));
+    let path = env.kubeconfig_as(&admin, name, SignIn::Impersonating(service_account.into()));
     let secrets = tool("kubectl")
         .args(["--kubeconfig", &path, "get", "secrets", "-n", &env.ns])
         .output()

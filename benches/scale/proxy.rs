@@ -10,7 +10,6 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -26,8 +25,8 @@ pub async fn sync_at_scale(services: usize, moves: usize) -> Vec<Figure> {
     let env = common::setup("bench-proxy").await;
     let names: Vec<String> = (0..services).map(|i| format!("nfs-{i}")).collect();
     let started = Instant::now();
-    stream::iter(&names)
-        .for_each_concurrent(CONCURRENCY, |name| shared_volume_objects(&env, name))
+    stream::iter(names.iter().enumerate())
+        .for_each_concurrent(CONCURRENCY, |(i, name)| shared_volume_objects(&env, name, at(i)))
         .await;
     println!(
         "P10 {services} Services and EndpointSlices created in {:.1} s",
@@ -110,9 +109,8 @@ fn at(i: usize) -> String {
 }
 
 /// One shared volume's Service and EndpointSlice, as the controller writes them.
-async fn shared_volume_objects(env: &TestEnv, name: &str) {
-    let i: usize = name.trim_start_matches("nfs-").parse().expect("nfs-<i>");
-    let services: Api<Service> = Api::namespaced(env.client.clone(), &env.ns);
+async fn shared_volume_objects(env: &TestEnv, name: &str, server: String) {
+    let services = env.api::<Service>();
     let service = json!({
         "metadata": {"name": name},
         "spec": {"type": "ClusterIP", "ports": [{"name": "nfs", "port": 2049, "protocol": "TCP", "targetPort": 2049}]},
@@ -121,14 +119,14 @@ async fn shared_volume_objects(env: &TestEnv, name: &str) {
         .create(&PostParams::default(), &serde_json::from_value(service).unwrap())
         .await
         .expect("create Service");
-    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.ns);
+    let slices = env.api::<EndpointSlice>();
     let slice = json!({
         "metadata": {"name": name, "labels": {
             "kubernetes.io/service-name": name,
             "endpointslice.kubernetes.io/managed-by": "shared-volume-controller.storageos.com",
         }},
         "addressType": "IPv4",
-        "endpoints": [{"addresses": [at(i)], "conditions": {"ready": true}}],
+        "endpoints": [{"addresses": [server], "conditions": {"ready": true}}],
         "ports": [{"name": "nfs", "port": 2049, "protocol": "TCP"}],
     });
     slices
@@ -139,7 +137,7 @@ async fn shared_volume_objects(env: &TestEnv, name: &str) {
 
 /// What an agent's move writes: the slice's endpoint, and when the move was triggered.
 async fn point_slice_at(env: &TestEnv, name: &str, ip: &str) {
-    let slices: Api<EndpointSlice> = Api::namespaced(env.client.clone(), &env.ns);
+    let slices = env.api::<EndpointSlice>();
     let triggered = k8s_openapi::jiff::Timestamp::now().to_string();
     let patch = json!({
         "metadata": {"annotations": {"endpoints.kubernetes.io/last-change-trigger-time": triggered}},

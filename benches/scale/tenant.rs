@@ -19,6 +19,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
+use super::common::accounts::SignIn;
 use super::common::cluster::PrivateCluster;
 use super::common::{self, TestEnv};
 use super::{Figure, Identities, product_mass_move_on};
@@ -150,7 +151,7 @@ impl Tenant {
         .unwrap();
         env.api::<RoleBinding>().create(&created, &binding).await.unwrap();
         let token = env.token_of(admin, account);
-        let kubeconfig = env.kubeconfig_as(admin, account, json!({"token": token}));
+        let kubeconfig = env.kubeconfig_as(admin, account, SignIn::Token(token));
         let config = kube::Config::from_custom_kubeconfig(
             kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
             &Default::default(),

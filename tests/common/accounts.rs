@@ -26,6 +26,14 @@ pub fn admin_kubeconfig() -> String {
     std::env::var("KUBECONFIG").expect("KUBECONFIG")
 }
 
+/// How a kubeconfig made from the admin's signs in.
+pub enum SignIn {
+    /// As the admin, acting as this user.
+    Impersonating(String),
+    /// With this bearer token instead of the admin's certificate.
+    Token(String),
+}
+
 impl TestEnv {
     /// The release whose accounts this test's processes act as.
     pub fn release(&self) -> String {
@@ -43,7 +51,7 @@ impl TestEnv {
     pub fn chart_kubeconfig(&self, admin_kubeconfig: &str, component: &str, sets: &[&str]) -> String {
         self.install_chart_templates(admin_kubeconfig, &PERMISSION_TEMPLATES, sets);
         let account = format!("system:serviceaccount:{}:{}", self.ns, self.chart_account(component));
-        self.kubeconfig_as(admin_kubeconfig, component, json!({"as": account}))
+        self.kubeconfig_as(admin_kubeconfig, component, SignIn::Impersonating(account))
     }
 
     /// Like [`TestEnv::chart_kubeconfig`], but signed in with a token of the ServiceAccount
@@ -59,7 +67,7 @@ impl TestEnv {
         let templates: Vec<&str> = PERMISSION_TEMPLATES.iter().chain(extra).copied().collect();
         self.install_chart_templates(admin_kubeconfig, &templates, sets);
         let token = self.token_of(admin_kubeconfig, &self.chart_account(component));
-        self.kubeconfig_as(admin_kubeconfig, component, json!({"token": token}))
+        self.kubeconfig_as(admin_kubeconfig, component, SignIn::Token(token))
     }
 
     /// A token of ServiceAccount `account` in this namespace, for two hours.
@@ -100,17 +108,13 @@ impl TestEnv {
             .arg(self.permissions_file()));
     }
 
-    /// `admin_kubeconfig` with `user` (credentials, or whom to act as) added to each user, as
-    /// `<name>.kubeconfig` in the temporary folder.
-    pub fn kubeconfig_as(&self, admin_kubeconfig: &str, name: &str, user: Value) -> String {
+    /// `admin_kubeconfig` signed in as `who` says, as `<name>.kubeconfig` in the temporary folder.
+    pub fn kubeconfig_as(&self, admin_kubeconfig: &str, name: &str, who: SignIn) -> String {
         let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(admin_kubeconfig).unwrap()).unwrap();
         for entry in config["users"].as_array_mut().unwrap() {
-            if user.get("token").is_some() {
-                // A token instead of the admin's client certificate, not beside it.
-                entry["user"] = json!({});
-            }
-            for (key, value) in user.as_object().unwrap() {
-                entry["user"][key] = value.clone();
+            match &who {
+                SignIn::Impersonating(account) => entry["user"]["as"] = json!(account),
+                SignIn::Token(token) => entry["user"] = json!({"token": token}),
             }
         }
         let path = std::env::temp_dir().join(format!("svc-e2e-{}-{name}.kubeconfig", self.ns));

@@ -35,6 +35,23 @@ use serde_json::json;
 /// The reason every end-to-end test carries in its `#[ignore]`.
 pub const NEEDS_CLUSTER: &str = "needs a control plane: run `make test`, or `hack/cluster.sh up`, export KUBECONFIG and run `cargo test -- --ignored`";
 
+/// A namespaced kind [`TestEnv`] can list.
+pub trait Listable:
+    kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType: Default>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+}
+
+impl<K> Listable for K where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType: Default>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+{
+}
+
 pub struct TestEnv {
     pub client: Client,
     /// What `client` was built from: for helpers that need a client of their own (the fake
@@ -466,14 +483,7 @@ impl TestEnv {
     }
 
     /// Names of the objects of kind `K` in this namespace.
-    pub async fn names<K>(&self) -> Vec<String>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-        <K as kube::Resource>::DynamicType: Default,
-    {
+    pub async fn names<K: Listable>(&self) -> Vec<String> {
         self.all::<K>()
             .await
             .iter()
@@ -482,14 +492,7 @@ impl TestEnv {
     }
 
     /// Every object of kind `K` in this namespace.
-    pub async fn all<K>(&self) -> Vec<K>
-    where
-        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-            + Clone
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-        <K as kube::Resource>::DynamicType: Default,
-    {
+    pub async fn all<K: Listable>(&self) -> Vec<K> {
         self.api::<K>()
             .list(&Default::default())
             .await
