@@ -52,7 +52,17 @@ pub async fn mass_move_beside_a_tenant(n: usize, full: bool) -> Vec<Figure> {
         } else {
             None
         };
+        let outside_before = outside_every_own_schema(&env.client).await;
         let moved = product_mass_move_on(&env, &identities, n).await;
+        if flow_schema && !tenant {
+            // Alone on the control plane, the chart's accounts are the only service accounts
+            // writing: whatever of theirs the FlowSchema misses lands in the catch-all schemas.
+            let missed = outside_every_own_schema(&env.client).await - outside_before;
+            assert_eq!(
+                missed, 0.0,
+                "{missed} requests of the chart's accounts went past its FlowSchema into the tenants' levels"
+            );
+        }
         let tenant_writes = noise.map(Tenant::stop);
         println!(
             "P9 {what}: {:.2} s; tenant {}",
@@ -75,6 +85,22 @@ fn chart_identities(env: &TestEnv, admin: &str, flow_schema: bool) -> Identities
         controller: env.chart_token_kubeconfig(admin, "controller", &[], extra),
         agent: env.chart_token_kubeconfig(admin, "agent", &[], extra),
     }
+}
+
+/// Requests the API server has dispatched by Kubernetes' schemas for accounts no other schema
+/// takes: service accounts outside kube-system, other signed-in users, anonymous ones.
+async fn outside_every_own_schema(client: &Client) -> f64 {
+    const CATCH_ALL_SCHEMAS: [&str; 3] = ["service-accounts", "global-default", "catch-all"];
+    common::apiserver_samples(client, "apiserver_flowcontrol_dispatched_requests_total")
+        .await
+        .into_iter()
+        .filter(|(labels, _)| {
+            CATCH_ALL_SCHEMAS
+                .iter()
+                .any(|schema| labels.contains(&format!("flow_schema=\"{schema}\"")))
+        })
+        .map(|(_, count)| count)
+        .sum()
 }
 
 /// P9's lines beside the tenant: each run against the quiet one.

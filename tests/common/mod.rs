@@ -577,16 +577,26 @@ pub async fn writes(client: &Client) -> BTreeMap<String, f64> {
 /// Requests with one of `verbs` the apiserver has served so far for the resources the
 /// controller touches, keyed by the sample's labels.
 pub async fn requests(client: &Client, verbs: &[&str]) -> BTreeMap<String, f64> {
-    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
-    let metrics = client.request_text(request).await.expect("read apiserver /metrics");
-    metrics
-        .lines()
-        .filter(|line| line.starts_with("apiserver_request_total{"))
-        .filter(|line| verbs.iter().any(|verb| line.contains(&format!("verb=\"{verb}\""))))
-        .filter(|line| WATCHED_RESOURCES.iter().any(|watched| about(line, watched)))
+    apiserver_samples(client, "apiserver_request_total")
+        .await
+        .into_iter()
+        .filter(|(labels, _)| verbs.iter().any(|verb| labels.contains(&format!("verb=\"{verb}\""))))
+        .filter(|(labels, _)| WATCHED_RESOURCES.iter().any(|watched| about(labels, watched)))
         // The product posts events.k8s.io/v1 Events; core/v1 ones are the control plane's own
         // (node-lifecycle's RegisteredNode, NodeNotReady, RemovingNode for the tests' nodes).
-        .filter(|line| !line.contains("group=\"\",resource=\"events\""))
+        .filter(|(labels, _)| !labels.contains("group=\"\",resource=\"events\""))
+        .collect()
+}
+
+/// The samples of the apiserver's `metric` (a counter or gauge with labels), keyed by the
+/// sample's labels.
+pub async fn apiserver_samples(client: &Client, metric: &str) -> BTreeMap<String, f64> {
+    let request = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let metrics = client.request_text(request).await.expect("read apiserver /metrics");
+    let prefix = format!("{metric}{{");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with(&prefix))
         .filter_map(|line| {
             let (labels, value) = line.rsplit_once(' ')?;
             Some((labels.to_owned(), value.parse().ok()?))
