@@ -35,6 +35,7 @@ const API_PRIORITY_TEMPLATE: &str = "templates/api-priority.yaml";
 /// keep the test command short.
 pub async fn mass_move_beside_a_tenant(n: usize, full: bool) -> Vec<Figure> {
     let seats = std::env::var("SVC_BENCH_API_SEATS").unwrap_or_else(|_| "40,20".into());
+    let chart_sets = std::env::var("SVC_BENCH_CHART_SETS").unwrap_or_default();
     let cluster = PrivateCluster::up_with("bench-apf", &[("SVC_API_PRIORITY", "true"), ("SVC_API_SEATS", &seats)]);
     let config = cluster.config().await;
     let admin = cluster.kubeconfig();
@@ -74,16 +75,23 @@ pub async fn mass_move_beside_a_tenant(n: usize, full: bool) -> Vec<Figure> {
         runs.push((what, moved.took, tenant_writes));
     }
     drop(cluster);
-    figures(n, &seats, &runs)
+    let setting = match chart_sets.as_str() {
+        "" => format!("seats {seats}"),
+        sets => format!("seats {seats}; {sets}"),
+    };
+    figures(n, &setting, &runs)
 }
 
 /// The chart's controller and agent accounts, signed in with tokens; the chart's API priority
-/// objects installed or not (as `apiPriority.enabled=false` leaves them out).
+/// objects installed or not (as `apiPriority.enabled=false` leaves them out), with the chart
+/// values `SVC_BENCH_CHART_SETS` gives (`apiPriority.lendablePercent=0,...`).
 fn chart_identities(env: &TestEnv, admin: &str, flow_schema: bool) -> Identities {
     let extra: &[&str] = if flow_schema { &[API_PRIORITY_TEMPLATE] } else { &[] };
+    let sets = std::env::var("SVC_BENCH_CHART_SETS").unwrap_or_default();
+    let sets: Vec<&str> = sets.split(',').filter(|set| !set.is_empty()).collect();
     Identities {
-        controller: env.chart_token_kubeconfig(admin, "controller", &[], extra),
-        agent: env.chart_token_kubeconfig(admin, "agent", &[], extra),
+        controller: env.chart_token_kubeconfig(admin, "controller", &sets, extra),
+        agent: env.chart_token_kubeconfig(admin, "agent", &sets, extra),
     }
 }
 
@@ -104,7 +112,7 @@ async fn outside_every_own_schema(client: &Client) -> f64 {
 }
 
 /// P9's lines beside the tenant: each run against the quiet one.
-fn figures(n: usize, seats: &str, runs: &[(&str, Duration, Option<TenantWrites>)]) -> Vec<Figure> {
+fn figures(n: usize, setting: &str, runs: &[(&str, Duration, Option<TenantWrites>)]) -> Vec<Figure> {
     let quiet = runs[0].1.as_secs_f64();
     runs.iter()
         .map(|(what, took, tenant)| {
@@ -113,7 +121,7 @@ fn figures(n: usize, seats: &str, runs: &[(&str, Duration, Option<TenantWrites>)
             Figure {
                 id: "P9t",
                 what: format!(
-                    "mass move {what} (APF on, seats {seats}){}",
+                    "mass move {what} (APF on, {setting}){}",
                     tenant.as_ref().map_or(String::new(), |t| format!("; tenant {t}"))
                 ),
                 n,
