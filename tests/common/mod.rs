@@ -80,17 +80,20 @@ pub async fn setup(test: &str) -> TestEnv {
 /// [`setup`] on the cluster `config` names.
 pub async fn setup_on(config: kube::Config, test: &str) -> TestEnv {
     let client = Client::try_from(config.clone()).expect("a client from the kubeconfig");
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .subsec_nanos();
-    // Tests of one binary run at once: a per-process counter keeps their ids apart.
+    // Ids name cluster-scoped objects (PVs) that can outlive their test while they terminate, so
+    // the test binaries sharing a cluster draw them from all 20 bits, from a start of their own;
+    // tests of one binary run at once and count up from it.
+    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let start = *START.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        std::process::id().wrapping_mul(0x9e37_79b1) ^ nanos
+    });
     let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let id = format!(
-        "{:05x}",
-        ((std::process::id() ^ nanos) & 0xfff00 | (serial & 0xff)) % 0xfffff
-    );
+    let id = format!("{:05x}", start.wrapping_add(serial) & 0xfffff);
     let ns = format!("{}-{id}", test.replace('_', "-"));
     let namespace = Namespace {
         metadata: ObjectMeta {
