@@ -6,7 +6,7 @@
 mod attacker;
 mod common;
 
-use common::accounts::SignIn;
+use common::accounts::{SignIn, config_from};
 use common::controller::ControllerArgs;
 use common::drbd::{resource, slice_addresses};
 use common::helm::{CHART, alerts, find, objects, run, template};
@@ -690,11 +690,7 @@ fn the_conntrack_repair_runs_everywhere_with_net_admin_alone(defaults: &[Value])
 
 /// A client acting as `service_account`.
 async fn client_as(env: &TestEnv, service_account: &str, name: &str) -> kube::Client {
-    let path = kubeconfig_as(env, service_account, name);
-    let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-        .await
-        .unwrap();
+    let config = config_from(&kubeconfig_as(env, service_account, name)).await;
     kube::Client::try_from(config).unwrap()
 }
 

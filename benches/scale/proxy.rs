@@ -42,11 +42,9 @@ pub async fn sync_at_scale(services: usize, moves: usize) -> Vec<Figure> {
         let path = DataPath::up(&node_env, &["a"], mode).await;
         let last = names.last().expect("at least one Service");
         let first_sync = until_programmed(&path, &env, last, &at(services - 1), Instant::now()).await;
-        let full = metric(&path, "kubeproxy_sync_full_proxy_rules_duration_seconds_sum").await
-            / metric(&path, "kubeproxy_sync_full_proxy_rules_duration_seconds_count")
-                .await
-                .max(1.0);
-        let (partial_before, partials_before) = partial_syncs(&path).await;
+        let (full_total, fulls) = syncs(&path, "full").await;
+        let full = full_total / fulls.max(1.0);
+        let (partial_before, partials_before) = syncs(&path, "partial").await;
         let mut moved = Vec::new();
         for k in 0..moves {
             let name = &names[k * services / moves];
@@ -57,7 +55,7 @@ pub async fn sync_at_scale(services: usize, moves: usize) -> Vec<Figure> {
         }
         // kube-proxy counts a sync once it has written its rules: give the last one a moment.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let (partial_after, partials_after) = partial_syncs(&path).await;
+        let (partial_after, partials_after) = syncs(&path, "partial").await;
         let partial = (partial_after - partial_before) / (partials_after - partials_before).max(1.0);
         println!(
             "P10 {}: all {services} programmed {:.1} s after kube-proxy started; full sync {:.2} s; moves {:?}",
@@ -189,18 +187,31 @@ fn sends_to(path: &DataPath, namespace: &str, name: &str, ip: &str) -> bool {
     }
 }
 
-/// The partial syncs' total time and count so far.
-async fn partial_syncs(path: &DataPath) -> (f64, f64) {
-    (
-        metric(path, "kubeproxy_sync_partial_proxy_rules_duration_seconds_sum").await,
-        metric(path, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count").await,
+/// The total time and count so far of kube-proxy's `kind` (full, partial) syncs, in one read.
+async fn syncs(path: &DataPath, kind: &str) -> (f64, f64) {
+    let [total, count] = metrics(
+        path,
+        [
+            &format!("kubeproxy_sync_{kind}_proxy_rules_duration_seconds_sum"),
+            &format!("kubeproxy_sync_{kind}_proxy_rules_duration_seconds_count"),
+        ],
     )
+    .await;
+    (total, count)
 }
 
 /// One IPv4 sample of kube-proxy's metrics; 0 while it does not serve them yet.
 async fn metric(path: &DataPath, name: &str) -> f64 {
-    let Some((_, body)) = http_get(path.proxy_metrics(), "/metrics").await else {
-        return 0.0;
-    };
-    sample_value(&body, &format!("{name}{{ip_family=\"IPv4\"}}")).unwrap_or(0.0)
+    let [value] = metrics(path, [name]).await;
+    value
+}
+
+/// IPv4 samples of kube-proxy's metrics from one read of `/metrics`; 0s while it does not
+/// serve them yet.
+async fn metrics<const N: usize>(path: &DataPath, names: [&str; N]) -> [f64; N] {
+    let body = http_get(path.proxy_metrics(), "/metrics")
+        .await
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    names.map(|name| sample_value(&body, &format!("{name}{{ip_family=\"IPv4\"}}")).unwrap_or(0.0))
 }

@@ -19,7 +19,7 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use super::common::accounts::SignIn;
+use super::common::accounts::{SignIn, config_from};
 use super::common::cluster::PrivateCluster;
 use super::common::{self, TestEnv};
 use super::{Figure, Identities, product_mass_move_on};
@@ -36,6 +36,7 @@ const API_PRIORITY_TEMPLATE: &str = "templates/api-priority.yaml";
 pub async fn mass_move_beside_a_tenant(n: usize, full: bool) -> Vec<Figure> {
     let seats = std::env::var("SVC_BENCH_API_SEATS").unwrap_or_else(|_| "40,20".into());
     let chart_sets = std::env::var("SVC_BENCH_CHART_SETS").unwrap_or_default();
+    let sets: Vec<&str> = chart_sets.split(',').filter(|set| !set.is_empty()).collect();
     let cluster = PrivateCluster::up_with("bench-apf", &[("SVC_API_PRIORITY", "true"), ("SVC_API_SEATS", &seats)]);
     let config = cluster.config().await;
     let admin = cluster.kubeconfig();
@@ -47,18 +48,22 @@ pub async fn mass_move_beside_a_tenant(n: usize, full: bool) -> Vec<Figure> {
     ];
     for (what, tenant, flow_schema) in scenarios.into_iter().take(if full { 3 } else { 2 }) {
         let env = common::setup_on(config.clone(), "bench-apf").await;
-        let identities = chart_identities(&env, &admin, flow_schema);
+        let identities = chart_identities(&env, &admin, &sets, flow_schema);
         let noise = if tenant {
             Some(Tenant::start(&env, &admin).await)
         } else {
             None
         };
-        let outside_before = outside_every_own_schema(&env.client).await;
+        // Alone on the control plane, the chart's accounts are the only service accounts
+        // writing: whatever of theirs the FlowSchema misses lands in the catch-all schemas.
+        let outside_before = if flow_schema && !tenant {
+            Some(outside_every_own_schema(&env.client).await)
+        } else {
+            None
+        };
         let moved = product_mass_move_on(&env, &identities, n).await;
-        if flow_schema && !tenant {
-            // Alone on the control plane, the chart's accounts are the only service accounts
-            // writing: whatever of theirs the FlowSchema misses lands in the catch-all schemas.
-            let missed = outside_every_own_schema(&env.client).await - outside_before;
+        if let Some(before) = outside_before {
+            let missed = outside_every_own_schema(&env.client).await - before;
             assert_eq!(
                 missed, 0.0,
                 "{missed} requests of the chart's accounts went past its FlowSchema into the tenants' levels"
@@ -84,14 +89,12 @@ pub async fn mass_move_beside_a_tenant(n: usize, full: bool) -> Vec<Figure> {
 
 /// The chart's controller and agent accounts, signed in with tokens; the chart's API priority
 /// objects installed or not (as `apiPriority.enabled=false` leaves them out), with the chart
-/// values `SVC_BENCH_CHART_SETS` gives (`apiPriority.lendablePercent=0,...`).
-fn chart_identities(env: &TestEnv, admin: &str, flow_schema: bool) -> Identities {
+/// values `sets` (from `SVC_BENCH_CHART_SETS`: `apiPriority.lendablePercent=0,...`).
+fn chart_identities(env: &TestEnv, admin: &str, sets: &[&str], flow_schema: bool) -> Identities {
     let extra: &[&str] = if flow_schema { &[API_PRIORITY_TEMPLATE] } else { &[] };
-    let sets = std::env::var("SVC_BENCH_CHART_SETS").unwrap_or_default();
-    let sets: Vec<&str> = sets.split(',').filter(|set| !set.is_empty()).collect();
     Identities {
-        controller: env.chart_token_kubeconfig(admin, "controller", &sets, extra),
-        agent: env.chart_token_kubeconfig(admin, "agent", &sets, extra),
+        controller: env.chart_token_kubeconfig(admin, "controller", sets, extra),
+        agent: env.chart_token_kubeconfig(admin, "agent", sets, extra),
     }
 }
 
@@ -186,13 +189,7 @@ impl Tenant {
         env.api::<RoleBinding>().create(&created, &binding).await.unwrap();
         let token = env.token_of(admin, account);
         let kubeconfig = env.kubeconfig_as(admin, account, SignIn::Token(token));
-        let config = kube::Config::from_custom_kubeconfig(
-            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
-            &Default::default(),
-        )
-        .await
-        .unwrap();
-        let client = Client::try_from(config).unwrap();
+        let client = Client::try_from(config_from(&kubeconfig).await).unwrap();
         let config_maps: Api<ConfigMap> = Api::namespaced(client, &env.ns);
         for i in 0..TENANT_IN_FLIGHT {
             let map = serde_json::from_value(json!({"metadata": {"name": format!("noise-{i}")}})).unwrap();

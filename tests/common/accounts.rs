@@ -26,6 +26,14 @@ pub fn admin_kubeconfig() -> String {
     std::env::var("KUBECONFIG").expect("KUBECONFIG")
 }
 
+/// A client configuration from the kubeconfig file at `path`.
+pub async fn config_from(path: &str) -> kube::Config {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).unwrap();
+    kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap()
+}
+
 /// How a kubeconfig made from the admin's signs in.
 pub enum SignIn {
     /// As the admin, acting as this user.

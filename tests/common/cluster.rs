@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use super::accounts::config_from;
 
 const CLUSTER_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster.sh");
 
@@ -30,10 +30,7 @@ impl PrivateCluster {
     }
 
     pub async fn config(&self) -> kube::Config {
-        let kubeconfig = Kubeconfig::read_from(self.kubeconfig()).unwrap();
-        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .unwrap()
+        config_from(&self.kubeconfig()).await
     }
 
     /// Stops `component` (etcd, kube-apiserver, kube-controller-manager) and starts it again.
