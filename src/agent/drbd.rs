@@ -102,6 +102,14 @@ impl Resource {
         }
     }
 
+    /// IO is suspended for a reason that only a demotion ends: quorum lost (and not back), or no
+    /// up-to-date data accessible (`on-no-data-accessible suspend-io`). A snapshot's (`user`) or
+    /// a fence handler's suspension ends by itself.
+    pub fn suspended_for_good(&self) -> bool {
+        let no_data = self.suspended && self.suspended_no_data == Some(true);
+        no_data || self.suspended_for_quorum() && !self.has_quorum()
+    }
+
     /// Every peer connection is `Connected`.
     pub fn fully_connected(&self) -> bool {
         self.connections.iter().all(Connection::is_connected)

@@ -1,6 +1,7 @@
-//! Demotion of a primary whose IO is suspended because it lost quorum: one that no local pod
-//! uses is forced to Secondary after the hold-off, when a peer can take over. IO suspended for
-//! any other reason (a snapshot suspends it on every replica) is left to end by itself.
+//! Demotion of a primary whose IO is suspended because it lost quorum or has no up-to-date data
+//! to reach: one that no local pod uses is forced to Secondary after the hold-off, when a peer can
+//! take over. IO suspended for any other reason (a snapshot suspends it on every replica, a fence
+//! handler until it answers) is left to end by itself.
 
 use std::time::Instant;
 
@@ -29,7 +30,7 @@ pub(super) fn demotions(
     actions
 }
 
-/// A primary suspended for quorum, without quorum, with no local consumer (any pod of the volume
+/// A primary suspended for good ([`Resource::suspended_for_good`]), with no local consumer (any pod of the volume
 /// here that has not finished and is not terminating, Pending included) and a peer that can take
 /// over is demoted after the hold-off. Any resource, with or without a PV. `Some` while the
 /// hold-off runs or is over.
@@ -41,7 +42,7 @@ fn demotion(
     volume: Option<&VolumeView>,
     now: Instant,
 ) -> Option<Option<Action>> {
-    if !(resource.suspended_for_quorum() && !resource.has_quorum() && resource.is_primary()) {
+    if !(resource.suspended_for_good() && resource.is_primary()) {
         return None;
     }
     if !peer_can_take_over(observed, resource) {
@@ -94,17 +95,24 @@ mod tests {
     }
 
     #[test]
-    fn only_a_quorum_suspension_without_quorum_and_with_a_successor_forces_a_primary_down() {
+    fn a_quorum_or_no_data_suspension_with_a_successor_forces_a_primary_down_and_a_snapshot_never() {
         let isolated = resource("Primary", false, &[("node-a", "Connecting", "Unknown")]);
         let with_quorum = resource("Primary", true, &[("node-a", "Connected", "Secondary")]);
         let successor = [("node-a", report(false, true, &["node-c"], &["node-b"], true))];
-        let suspended = |resource: &Resource, user: bool, quorum: bool| Resource {
+        let suspended_for = |resource: &Resource, reasons: &[&str]| Resource {
             suspended: true,
-            suspended_user: Some(user),
-            suspended_no_data: Some(false),
-            suspended_fencing: Some(false),
-            suspended_quorum: Some(quorum),
+            suspended_user: Some(reasons.contains(&"user")),
+            suspended_no_data: Some(reasons.contains(&"no-data")),
+            suspended_fencing: Some(reasons.contains(&"fencing")),
+            suspended_quorum: Some(reasons.contains(&"quorum")),
             ..resource.clone()
+        };
+        let suspended = |resource: &Resource, user: bool, quorum: bool| {
+            let reasons: Vec<&str> = [("user", user), ("quorum", quorum)]
+                .into_iter()
+                .filter_map(|(reason, on)| on.then_some(reason))
+                .collect();
+            suspended_for(resource, &reasons)
         };
         let cases = [
             (
@@ -122,6 +130,24 @@ mod tests {
             (
                 "snapshot (user) suspension, no quorum",
                 suspended(&isolated, true, false),
+                &successor[..],
+                false,
+            ),
+            (
+                "no-data suspension (on-no-data-accessible suspend-io), a peer with quorum",
+                suspended_for(&isolated, &["no-data"]),
+                &successor[..],
+                true,
+            ),
+            (
+                "snapshot and quorum suspensions, no quorum",
+                suspended_for(&isolated, &["user", "quorum"]),
+                &successor[..],
+                true,
+            ),
+            (
+                "fencing suspension, no quorum: left to the fence handler",
+                suspended_for(&isolated, &["fencing"]),
                 &successor[..],
                 false,
             ),

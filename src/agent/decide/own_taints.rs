@@ -33,12 +33,17 @@ pub(super) fn lost_quorum(
     let node = observed.node.clone();
     let own = observed.nodes.get(&node);
     let value = own.and_then(|n| n.taint_value(LOST_QUORUM_TAINT));
-    if lost.is_empty() {
-        timers.quorum_lost = None;
-    }
+    timers.quorum_lost.retain(|name, _| lost.contains(&name.as_str()));
     if !lost.is_empty() {
-        let since = *timers.quorum_lost.get_or_insert(now);
-        let long_enough = now.duration_since(since) >= settings.fail_over_timeout;
+        // One timer per resource: resources created one after another each lack quorum for a
+        // moment, and together would look like a node that lost it.
+        for name in &lost {
+            timers.quorum_lost.entry((*name).to_owned()).or_insert(now);
+        }
+        let long_enough = timers
+            .quorum_lost
+            .values()
+            .any(|since| now.duration_since(*since) >= settings.fail_over_timeout);
         return (value.is_none() && long_enough).then(|| Action::Taint {
             node,
             key: LOST_QUORUM_TAINT,
@@ -99,6 +104,7 @@ mod tests {
     use super::super::fixtures::*;
     use super::super::*;
     use super::*;
+    use crate::agent::drbd::Resource;
 
     #[test]
     fn own_taints_come_and_go() {
@@ -160,6 +166,56 @@ mod tests {
             ..settings()
         };
         assert!(decide(&healed, &quiet, &mut Timers::new(), Instant::now()).is_empty());
+    }
+
+    #[test]
+    fn resources_created_one_after_another_do_not_taint_the_node() {
+        // Each new resource lacks quorum for 3 s of the 5 s timeout while it connects; the
+        // next one starts lacking it before the last one has it.
+        // Resources as (name, has quorum).
+        let lacking = |resources: &[(&str, bool)]| {
+            let mut observed = primary_lost();
+            observed.volumes.clear();
+            let template = observed.drbd.resources[0].clone();
+            observed.drbd.resources = resources
+                .iter()
+                .map(|(name, quorum)| {
+                    let mut resource = Resource {
+                        name: (*name).to_owned(),
+                        ..template.clone()
+                    };
+                    resource.devices[0].quorum = *quorum;
+                    resource
+                })
+                .collect();
+            observed.drbd.quorum_enabled = resources.iter().map(|(name, _)| (*name).to_owned()).collect();
+            observed
+        };
+        let t0 = Instant::now();
+        let at = |seconds: u64| t0 + Duration::from_secs(seconds);
+        let mut timers = Timers::new();
+        let rounds = [
+            (0, lacking(&[("r1", false)])),
+            (2, lacking(&[("r1", false), ("r2", false)])),
+            (3, lacking(&[("r1", true), ("r2", false)])),
+            (4, lacking(&[("r1", true), ("r2", false), ("r3", false)])),
+            (5, lacking(&[("r1", true), ("r2", true), ("r3", false)])),
+            (6, lacking(&[("r1", true), ("r2", true), ("r3", false), ("r4", false)])),
+            (7, lacking(&[("r1", true), ("r2", true), ("r3", true), ("r4", false)])),
+        ];
+        for (second, observed) in &rounds {
+            let actions = kinds(&decide(observed, &settings(), &mut timers, at(*second)));
+            assert!(
+                !actions.iter().any(|a| a.starts_with("taint")),
+                "{second} s: no resource lacked quorum for the timeout: {actions:?}"
+            );
+        }
+        // One that stays without quorum for the timeout taints, whatever came and went around it.
+        let stuck = lacking(&[("r1", true), ("r2", true), ("r3", true), ("r4", false)]);
+        assert_eq!(
+            kinds(&decide(&stuck, &settings(), &mut timers, at(11))),
+            ["taint node-b drbd.linbit.com/lost-quorum"]
+        );
     }
 
     #[test]
