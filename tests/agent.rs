@@ -90,18 +90,15 @@ async fn node_a_is_lost_and_failed_over(
     agents: &mut Vec<Process>,
 ) -> FailOverSeen {
     // Node a dies: its agent and its kubelet with it; b and c see its DRBD links drop. The agents
-    // act on DRBD's evidence at once: taint, and evict the pod while Kubernetes still has the node
-    // Ready (with no kubelet it stays Terminating). Once Kubernetes marks the node NotReady, the
-    // pod is force-deleted and the attachment released.
+    // act on DRBD's evidence and a's silence while Kubernetes still has the node Ready: taint,
+    // force-delete the pod (it cannot write: b and c hold the quorum) and release the attachment,
+    // as the seeds' controller does, so that a replacement can attach before NotReady.
     agents.remove(0).stop().await;
     nodes[0].kubelet.stop();
     let failed_at = Instant::now();
     lost(nodes, &[pv], 0, None);
     wait_for_taint(env, &nodes[0].name, LOST_QUORUM, true).await;
     let tainted = failed_at.elapsed();
-    wait_for_eviction(env, "app").await;
-    env.wait_not_ready(&nodes[0].name).await;
-    let not_ready = failed_at.elapsed();
     eventually("the pod on node a force-deleted", WAIT, || async {
         pod_state(env, "app").await.is_none().then_some(())
     })
@@ -111,9 +108,12 @@ async fn node_a_is_lost_and_failed_over(
     })
     .await;
     let fail_over = failed_at.elapsed();
+    let ready_when_moved = env.node_ready(&nodes[0].name).await;
+    env.wait_not_ready(&nodes[0].name).await;
+    let not_ready = failed_at.elapsed();
     assert!(
-        tainted < not_ready,
-        "the agents act before Kubernetes decides: {tainted:?} vs {not_ready:?}"
+        ready_when_moved && fail_over < not_ready,
+        "the pod and attachment are gone before Kubernetes decides: {fail_over:?} vs NotReady at {not_ready:?}"
     );
     // The agent that failed node a over reports how long the volume's fail-over took.
     let (count, sum) = fail_over_durations(agents, 1).await;

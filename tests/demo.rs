@@ -209,32 +209,16 @@ async fn node_a_fails(story: &Story, env: &TestEnv, nodes: &[SimNode], agents: &
         "+{:.2}s node-a tainted drbd.linbit.com/lost-quorum:NoSchedule",
         failed.elapsed().as_secs_f64()
     ));
+    // Node-a's agent is silent and b and c hold the quorum: its pods cannot write. They are
+    // force-deleted and their attachments released while Kubernetes still shows node-a Ready.
     let pods: Api<Pod> = env.api();
-    eventually("the pods evicted", wait(), || async {
-        let items = pods.list(&Default::default()).await.unwrap().items;
-        items
-            .iter()
-            .all(|p| p.metadata.deletion_timestamp.is_some())
-            .then_some(())
-    })
-    .await;
-    story.say(format!(
-        "+{:.2}s the {} app pods on node-a evicted: Terminating, with no kubelet to finish them",
-        failed.elapsed().as_secs_f64(),
-        CLAIMS.len()
-    ));
-    env.wait_not_ready(&nodes[0].name).await;
-    story.say(format!(
-        "+{:.2}s Kubernetes marks node-a NotReady (its Lease went unrenewed)",
-        failed.elapsed().as_secs_f64()
-    ));
     eventually("the pods force-deleted", wait(), || async {
         let left = pods.list(&Default::default()).await.unwrap().items.len();
         (left == 0).then_some(())
     })
     .await;
     story.say(format!(
-        "+{:.2}s the {} app pods on node-a force-deleted (node NotReady: grace 0)",
+        "+{:.2}s the {} app pods on node-a force-deleted: node-a's agent is silent and node-b and node-c hold the quorum, so they cannot write",
         failed.elapsed().as_secs_f64(),
         CLAIMS.len()
     ));
@@ -247,10 +231,17 @@ async fn node_a_fails(story: &Story, env: &TestEnv, nodes: &[SimNode], agents: &
         Some(())
     })
     .await;
+    let ready = env.node_ready(&nodes[0].name).await;
     story.say(format!(
-        "+{:.2}s the {} VolumeAttachments to node-a deleted",
+        "+{:.2}s the {} VolumeAttachments to node-a deleted; Kubernetes shows node-a {}",
         failed.elapsed().as_secs_f64(),
-        claims.attachments.len()
+        claims.attachments.len(),
+        if ready { "Ready still" } else { "NotReady" }
+    ));
+    env.wait_not_ready(&nodes[0].name).await;
+    story.say(format!(
+        "+{:.2}s Kubernetes marks node-a NotReady (its Lease went unrenewed)",
+        failed.elapsed().as_secs_f64()
     ));
     cluster_events(env, &nodes[0].name, "NodeStorageQuorumLost").await;
     let (count, sum) = common::drbd::fail_over_durations(agents, CLAIMS.len()).await;

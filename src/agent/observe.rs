@@ -13,7 +13,7 @@ use kube::ResourceExt;
 
 use super::drbd::DrbdState;
 use super::report::Report;
-use super::view::{AttachmentView, NodeView, Observed, PeerReport, PodView, VolumeView};
+use super::view::{AttachmentView, Liveness, NodeView, Observed, PeerReport, PodView, VolumeView};
 use crate::names::{IGNORE_FAIL_OVER_ANNOTATION, NFS_PORT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
 use crate::sharedvolume::filters::Filters;
@@ -218,7 +218,13 @@ fn peer_reports(leases: &[Arc<Lease>]) -> (HashMap<String, PeerReport>, BTreeSet
         let Some(report) = Report::of_lease(lease) else {
             continue;
         };
-        reports.insert(holder, PeerReport { report, alive: false });
+        reports.insert(
+            holder,
+            PeerReport {
+                report,
+                liveness: Liveness::Unknown,
+            },
+        );
     }
     (reports, agent_nodes)
 }
@@ -432,7 +438,7 @@ mod tests {
         let observed = observe("node-b", None, drbd(), &snapshot(), &Filters::default());
         assert_eq!(observed.agent_nodes, ["node-a", "node-c"].map(String::from).into());
         let a = &observed.reports["node-a"];
-        assert!(!a.alive, "alive only once the heartbeat was read");
+        assert_eq!(a.liveness, Liveness::Unknown, "alive only once the heartbeat was read");
         assert!(a.report.resources["pvc-1"].primary);
         assert!(!observed.reports.contains_key("node-c"), "a Lease without a report");
     }

@@ -19,7 +19,7 @@ use super::cache::trim_pod;
 use super::drbd::DrbdState;
 use super::heartbeat::peer_now;
 use super::observe::{Snapshot, node_view, observe, suspected_peers};
-use super::view::Observed;
+use super::view::{Liveness, Observed};
 use crate::deadline::within;
 
 /// Where a round's fresh reads go, and how long each may take.
@@ -129,7 +129,7 @@ async fn confirm_alive(
         if let Some(stated) = stated {
             known.report = stated;
         }
-        known.alive = alive;
+        known.liveness = if alive { Liveness::Renewing } else { Liveness::Expired };
     }
 }
 

@@ -68,8 +68,21 @@ pub struct VolumeView {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PeerReport {
     pub report: Report,
-    /// The agent still renews its Lease: what it stated may still hold.
-    pub alive: bool,
+    /// Whether the agent still renews its heartbeat: while it does, what it stated may still hold.
+    pub liveness: Liveness,
+}
+
+/// Whether a peer's agent renews its heartbeat Lease, as read fresh in this round.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Liveness {
+    /// Not read in this round, or the read failed (refused, throttled, timed out): unknown, which
+    /// is never taken for silence.
+    #[default]
+    Unknown,
+    /// Renewed within its duration.
+    Renewing,
+    /// Not renewed within its duration: the agent is silent.
+    Expired,
 }
 
 /// Everything the decisions look at.
@@ -104,13 +117,15 @@ pub struct Timers {
     pub fail_over: HashMap<(String, String), Instant>,
     /// Per resource: when it was first seen as a suspended primary without local consumers.
     pub suspended: HashMap<String, Instant>,
-    /// Since when some local quorum-enabled resource has lacked quorum, without a break.
-    pub quorum_lost: Option<Instant>,
+    /// Per local quorum-enabled resource: since when it has lacked quorum, without a break.
+    pub quorum_lost: HashMap<String, Instant>,
     /// The resources this node served (as the primary of a shared volume) at the last decision;
     /// `None` before the first.
     pub serving: Option<BTreeSet<String>>,
     /// Per resource: this node's last publication, and the DRBD view it was decided over.
     pub published: HashMap<String, Publication>,
+    /// Per resource: this node's publication held back over another node's newer move.
+    pub held_publications: HashMap<String, HeldPublication>,
     /// Fail-overs finished since the shell last took them: a volume's fail-over from the first
     /// sign of loss to its last step seen done.
     pub fail_overs_done: Vec<FailOverDone>,
@@ -121,6 +136,14 @@ pub struct Timers {
 pub struct Publication {
     pub over_version: String,
     pub view: super::drbd::Resource,
+}
+
+/// A publication held back over another node's newer move: since when, and what the mover's
+/// agent stated about the resource when the hold began (a report that changes after that is news).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeldPublication {
+    pub since: Instant,
+    pub mover_said: Option<ResourceReport>,
 }
 
 /// One volume's fail-over, finished: nothing of it is left on the lost node.
@@ -144,7 +167,7 @@ impl Timers {
         self.fail_over
             .values()
             .chain(self.suspended.values())
-            .chain(self.quorum_lost.iter())
+            .chain(self.quorum_lost.values())
             .map(move |started| *started + timeout)
     }
 }
@@ -175,7 +198,7 @@ impl Observed {
 
     /// What `node`'s agent states about `resource`, while that agent renews its heartbeat.
     pub fn alive_report(&self, node: &str, resource: &str) -> Option<&ResourceReport> {
-        let report = self.reports.get(node).filter(|r| r.alive)?;
+        let report = self.reports.get(node).filter(|r| r.liveness == Liveness::Renewing)?;
         report.report.resources.get(resource)
     }
 

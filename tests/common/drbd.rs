@@ -578,11 +578,15 @@ pub async fn untouched(env: &TestEnv, pod: &str) -> bool {
         .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
 }
 
-/// Waits until the pod is being deleted (evicted: it has a deletionTimestamp).
+/// Waits until the pod is being deleted (evicted: it has a deletionTimestamp) or is gone
+/// (force-deleted, as a silent node's pods are).
 pub async fn wait_for_eviction(env: &TestEnv, name: &str) {
-    let what = format!("pod {name} evicted");
+    let what = format!("pod {name} evicted or deleted");
     eventually(&what, WAIT, || async {
-        pod_state(env, name).await?.metadata.deletion_timestamp.map(|_| ())
+        match pod_state(env, name).await {
+            None => Some(()),
+            Some(pod) => pod.metadata.deletion_timestamp.map(|_| ()),
+        }
     })
     .await;
 }

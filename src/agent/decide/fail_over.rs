@@ -10,7 +10,8 @@ use super::select::{is_movable, volumes_with_quorum};
 use super::settings::DecisionSettings;
 use crate::agent::action::{Action, Cause};
 use crate::agent::drbd::Resource;
-use crate::agent::view::{FailOverDone, NodeView, Observed, PodView, Timers, VolumeView};
+use crate::agent::report::ResourceReport;
+use crate::agent::view::{FailOverDone, Liveness, NodeView, Observed, PodView, Timers, VolumeView};
 use crate::names::{LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER};
 use crate::volume::NfsEndpoint;
 
@@ -19,6 +20,9 @@ use crate::volume::NfsEndpoint;
 enum Evidence {
     /// It lost the volume: fail it over. Why, in words.
     Lost(String),
+    /// It lost the volume and its agent is silent: a crashed node, whose pods cannot write (this
+    /// side has the quorum) and are force-deleted at once, without waiting for NotReady.
+    Crashed(String),
     /// It is alive and serving: hold. Why, in words.
     Alive(String),
 }
@@ -58,19 +62,21 @@ pub(super) fn fail_overs(
                 peer: &peer.name,
                 seen: started,
             };
-            match evidence(observed, settings, &suspicion, now) {
+            let verdict = evidence(observed, settings, &suspicion, now);
+            match &verdict {
                 Evidence::Alive(evidence) => holds.push(Action::HoldFailOver {
                     node: node.name.clone(),
                     resource: resource.name.clone(),
                     pv: volume.pv.clone(),
-                    evidence,
+                    evidence: evidence.clone(),
                 }),
-                Evidence::Lost(evidence) => {
+                Evidence::Lost(evidence) | Evidence::Crashed(evidence) => {
                     let note = format!(
                         "node {} lost DRBD resource {} ({evidence}; link down for over {:?})",
                         node.name, resource.name, settings.fail_over_timeout
                     );
-                    let steps = fail_over_steps(settings, volume, node, &note);
+                    let gone = !node.ready || matches!(verdict, Evidence::Crashed(_));
+                    let steps = fail_over_steps(settings, volume, node, gone, &note);
                     by_node.entry(node.name.clone()).or_default().extend(steps);
                 }
             }
@@ -157,7 +163,7 @@ fn evidence(observed: &Observed, settings: &DecisionSettings, suspicion: &Suspic
         Evidence::Lost(format!("node {} is not Ready", node.name))
     };
     match evidence {
-        Evidence::Lost(said) if !heard_long_enough => Evidence::Alive(format!(
+        Evidence::Lost(said) | Evidence::Crashed(said) if !heard_long_enough => Evidence::Alive(format!(
             "{said}, but the API server has not answered this agent for {:?} yet: after an outage the nodes and peers may not have spoken again",
             settings.peers_restate_within
         )),
@@ -204,19 +210,33 @@ fn what_the_agents_said(
             ));
         }
     }
+    if observed
+        .reports
+        .get(&node.name)
+        .is_some_and(|r| r.liveness == Liveness::Unknown)
+    {
+        return Evidence::Alive(
+            "its agent's heartbeat could not be read in this round (refused, throttled or timed out): unknown is not silent".into(),
+        );
+    }
     let mut third_peers: Vec<&String> = observed.reports.keys().collect();
     third_peers.sort();
     for other in third_peers {
         if *other == node.name || *other == observed.node {
             continue;
         }
-        if let Some(view) = alive_report(other)
-            && view.connected.iter().any(|p| observed.kube_node(p) == node.name)
-        {
+        let connected = |view: &ResourceReport| view.connected.iter().any(|p| observed.kube_node(p) == node.name);
+        if alive_report(other).is_some_and(connected) {
             return Evidence::Alive(format!("node {other} is still connected to it"));
         }
+        let unread = &observed.reports[other];
+        if unread.liveness == Liveness::Unknown && unread.report.resources.get(&resource.name).is_some_and(connected) {
+            return Evidence::Alive(format!(
+                "node {other} last stated it is connected to it, and its heartbeat could not be read in this round"
+            ));
+        }
     }
-    Evidence::Lost("its agent has stated nothing since the link dropped".into())
+    Evidence::Crashed("its agent has stated nothing since the link dropped".into())
 }
 
 /// Whether the volume's NFS server listens on `node` (its service endpoint is one of the node's
@@ -232,10 +252,18 @@ fn serves(volume: &VolumeView, node: &NodeView) -> bool {
     node.addresses.iter().any(|a| a.parse().ok() == Some(endpoint.ip))
 }
 
-/// The steps that move the volume off a lost peer's node, taint first.
-fn fail_over_steps(settings: &DecisionSettings, volume: &VolumeView, node: &NodeView, note: &str) -> Vec<Action> {
+/// The steps that move the volume off a lost peer's node, taint first. `gone`: the node is
+/// NotReady, or crashed as far as its silence says: no kubelet will finish an eviction, so its
+/// pods are force-deleted and the attachment released in the same round.
+fn fail_over_steps(
+    settings: &DecisionSettings,
+    volume: &VolumeView,
+    node: &NodeView,
+    gone: bool,
+    note: &str,
+) -> Vec<Action> {
     // Clients of a shared volume reach it over the ClusterIP, not DRBD: on a Ready node only
-    // the side that holds DRBD open, the NFS server, is failed over.
+    // the side that holds DRBD open, the NFS server, is failed over (silent agent or not).
     if volume.shared_claim.is_some() && node.ready && !serves(volume, node) {
         return Vec::new();
     }
@@ -256,7 +284,7 @@ fn fail_over_steps(settings: &DecisionSettings, volume: &VolumeView, node: &Node
         .collect();
     let (movable, left_alone): (Vec<&PodView>, Vec<&PodView>) =
         holders.into_iter().partition(|p| is_movable(p, settings));
-    if node.ready {
+    if !gone {
         for pod in movable.iter().filter(|p| !p.terminating) {
             steps.push(Action::Evict {
                 pod: (*pod).into(),
@@ -275,7 +303,7 @@ fn fail_over_steps(settings: &DecisionSettings, volume: &VolumeView, node: &Node
     }
     // The attachment goes only once nothing on the node holds the volume: no pod we left alone,
     // and on a Ready node no eviction still under way (or held back by a PodDisruptionBudget).
-    let still_held = !left_alone.is_empty() || (node.ready && !movable.is_empty());
+    let still_held = !left_alone.is_empty() || (!gone && !movable.is_empty());
     if !still_held {
         for attachment in volume.attachments.iter().filter(|a| a.node == node.name) {
             steps.push(Action::DeleteAttachment {
@@ -442,14 +470,22 @@ mod tests {
 
     #[test]
     fn one_dropped_link_is_not_evidence_enough() {
+        // An agent that still speaks keeps the careful path: its pods are evicted.
         let fail_over = vec![
             "taint node-a drbd.linbit.com/lost-quorum".to_string(),
             "evict app".to_string(),
         ];
+        // A silent one is taken for crashed: its pods cannot write (this side has the quorum)
+        // and are force-deleted, and the attachment released at once, as the seeds do.
+        let crashed = vec![
+            "taint node-a drbd.linbit.com/lost-quorum".to_string(),
+            "force-delete app".to_string(),
+            "delete-attachment csi-att-1".to_string(),
+        ];
         let hold = vec!["hold node-a".to_string()];
         type Case = (&'static str, Vec<(&'static str, PeerReport)>, Vec<String>);
         let cases: Vec<Case> = vec![
-            ("a's agent silent (no report)", vec![], fail_over.clone()),
+            ("a's agent silent (no report)", vec![], crashed.clone()),
             (
                 "a re-asserts Primary with quorum after losing b",
                 vec![("node-a", report(true, true, &["node-c"], &["node-b"], true))],
@@ -468,7 +504,7 @@ mod tests {
             (
                 "a's Lease expired: its report no longer counts",
                 vec![("node-a", report(true, true, &["node-c"], &["node-b"], false))],
-                fail_over.clone(),
+                crashed.clone(),
             ),
             (
                 "node c still sees a connected",
@@ -478,7 +514,7 @@ mod tests {
             (
                 "node c lost a too",
                 vec![("node-c", report(false, true, &["node-b"], &["node-a"], true))],
-                fail_over.clone(),
+                crashed.clone(),
             ),
         ];
         for (case, reports, expected) in cases {
@@ -516,8 +552,12 @@ mod tests {
         assert_eq!(at(&not_yet, 12.4), ["hold node-a"], "10.5 s + 2 s not over yet");
         assert_eq!(
             at(&not_yet, 12.5),
-            ["taint node-a drbd.linbit.com/lost-quorum", "evict app"],
-            "past the window: its silence counts"
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "force-delete app",
+                "delete-attachment csi-att-1"
+            ],
+            "past the window: its silence counts, and a silent node is taken for crashed"
         );
         // The window follows the connection's own net options, as `drbdsetup show` gives them.
         let mut slow = not_yet.clone();
@@ -528,8 +568,38 @@ mod tests {
         assert_eq!(at(&slow, 22.0)[0], "taint node-a drbd.linbit.com/lost-quorum");
         // A dead agent's last report does not hold anything.
         let mut dead = not_yet.clone();
-        dead.reports.get_mut("node-a").unwrap().alive = false;
+        dead.reports.get_mut("node-a").unwrap().liveness = Liveness::Expired;
         assert_eq!(at(&dead, 5.0)[0], "taint node-a drbd.linbit.com/lost-quorum");
+    }
+
+    #[test]
+    fn a_peer_whose_heartbeat_cannot_be_read_is_unknown_never_dead() {
+        // a's Lease reads were refused or throttled this round: nothing is known of its agent.
+        let mut unread = link_lost();
+        let mut said = report(true, true, &["node-b", "node-c"], &[], true);
+        said.liveness = Liveness::Unknown;
+        unread.reports = [("node-a".to_string(), said)].into();
+        assert_eq!(
+            decided_after(&unread, &settings(), Duration::from_secs(60)),
+            ["hold node-a"],
+            "however long the link stays down"
+        );
+        // Nor does an unread third peer that was connected to it count as gone.
+        let mut third = link_lost();
+        let mut c_said = report(false, true, &["node-a", "node-b"], &[], true);
+        c_said.liveness = Liveness::Unknown;
+        third.reports = [("node-c".to_string(), c_said)].into();
+        assert_eq!(
+            decided_after(&third, &settings(), Duration::from_secs(60)),
+            ["hold node-a"]
+        );
+        // Kubernetes's own word still counts: NotReady fails it over, reads refused or not.
+        let mut not_ready = unread.clone();
+        not_ready.nodes.get_mut("node-a").unwrap().ready = false;
+        assert_eq!(
+            after_timeout(&not_ready, &settings())[0],
+            "taint node-a drbd.linbit.com/lost-quorum"
+        );
     }
 
     #[test]
@@ -545,7 +615,11 @@ mod tests {
         assert_eq!(at(&silent, 5), ["hold node-a"], "answering for 5 s of 10");
         assert_eq!(
             at(&silent, 10),
-            ["taint node-a drbd.linbit.com/lost-quorum", "evict app"],
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "force-delete app",
+                "delete-attachment csi-att-1"
+            ],
             "answering for 10 s: the peer had time to speak"
         );
         silent.api_answering_since = None;
@@ -570,7 +644,7 @@ mod tests {
 
     #[test]
     fn ready_nodes_get_evictions_and_protected_pods_keep_the_attachment() {
-        let mut observed = link_lost();
+        let mut observed = link_lost_speaking();
         let pods = &mut observed.volumes.get_mut("pvc-1").unwrap().pods;
         pods.push(PodView {
             ignore_fail_over: true,
@@ -602,7 +676,7 @@ mod tests {
     #[test]
     fn the_attachment_goes_only_once_nothing_holds_the_volume() {
         // Ready node: evictions first; the attachment once the evicted pods are gone.
-        let mut evicting = link_lost();
+        let mut evicting = link_lost_speaking();
         assert!(
             !after_timeout(&evicting, &settings())
                 .iter()
@@ -616,7 +690,7 @@ mod tests {
         );
         evicting.volumes.get_mut("pvc-1").unwrap().pods.clear();
         assert_eq!(
-            continued(&link_lost(), &evicting, &settings()),
+            continued(&link_lost_speaking(), &evicting, &settings()),
             [
                 "taint node-a drbd.linbit.com/lost-quorum",
                 "delete-attachment csi-att-1"
@@ -715,7 +789,7 @@ mod tests {
             ]
         );
         // A volume that is not shared is held by its consumers: they are moved.
-        let mut rwo = link_lost();
+        let mut rwo = link_lost_speaking();
         let volume = rwo.volumes.get_mut("pvc-1").unwrap();
         volume.shared_claim = None;
         volume.service_endpoint = None;

@@ -7,7 +7,7 @@ use super::*;
 use crate::agent::action::Action;
 use crate::agent::drbd::{Connection, Device, DrbdState, PeerDevice, Resource};
 use crate::agent::report::{Report, ResourceReport};
-pub(crate) use crate::agent::view::{AttachmentView, NodeView, PeerReport, PodView, Timers, VolumeView};
+pub(crate) use crate::agent::view::{AttachmentView, Liveness, NodeView, PeerReport, PodView, Timers, VolumeView};
 use crate::names::TAINT_BY_OWN_AGENT;
 use crate::volume::ClaimKey;
 
@@ -133,6 +133,15 @@ pub(crate) fn link_lost() -> Observed {
     observed
 }
 
+/// [`link_lost`] with node a's agent alive and stating the resource without quorum: a node that
+/// speaks, whose pods are evicted (the careful path), not force-deleted.
+pub(crate) fn link_lost_speaking() -> Observed {
+    let mut observed = link_lost();
+    let said = report(true, false, &[], &["node-b", "node-c"], true);
+    observed.reports = [("node-a".to_string(), said)].into();
+    observed
+}
+
 pub(crate) fn report(
     primary: bool,
     quorum: bool,
@@ -152,7 +161,7 @@ pub(crate) fn report(
             at: String::new(),
             resources: [("pvc-1".to_string(), resource)].into(),
         },
-        alive,
+        liveness: if alive { Liveness::Renewing } else { Liveness::Expired },
     }
 }
 
