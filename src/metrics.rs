@@ -30,6 +30,7 @@ pub const AGENT_DRBD_READ_DURATION: &str = "storageos_drbd_agent_drbd_read_durat
 pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_total";
 pub const AGENT_EVENTS2_MISMATCHES: &str = "storageos_drbd_agent_events2_mismatches_total";
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
+pub const AGENT_PUBLICATIONS_HELD: &str = "storageos_drbd_agent_publications_held";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
 pub const AGENT_FAIL_OVER_DURATION: &str = "storageos_drbd_agent_fail_over_duration_seconds";
 pub const CONNTRACK_DELETED: &str = "storageos_shared_volume_conntrack_entries_deleted_total";
@@ -230,6 +231,9 @@ pub struct AgentMetrics {
     pub events2_mismatches: IntCounter,
     /// Fail-overs held because the evidence says the peer is alive and serving.
     pub held_fail_overs: IntCounter,
+    /// Publications of this node held back now over another node's newer move (each hold ends
+    /// within the detection window and the fail-over timeout).
+    pub publications_held: IntGauge,
     /// Objects the agent's watches delivered, by `watch` (pvs, pods, attachments, nodes,
     /// satellites, leases): what the cluster around it costs the agent.
     pub watch_events: IntCounterVec,
@@ -320,6 +324,11 @@ impl AgentMetrics {
                 registry,
                 AGENT_HELD_FAIL_OVERS,
                 "Fail-overs held because a peer whose link dropped is shown alive and serving.",
+            )?,
+            publications_held: int_gauge(
+                registry,
+                AGENT_PUBLICATIONS_HELD,
+                "Publications of this node as a volume's NFS server held back now over another node's newer move; each hold ends within the links' detection window and the fail-over timeout.",
             )?,
             piraeus_ha_controllers: int_gauge(
                 registry,

@@ -568,6 +568,7 @@ impl Executor {
                 claim,
                 endpoint,
                 over_version,
+                confirm_first,
             } => match publish_and_follow(
                 client,
                 Move {
@@ -575,6 +576,7 @@ impl Executor {
                     claim,
                     endpoint,
                     over_version,
+                    confirm_first: *confirm_first,
                     node: &self.settings.node,
                     retry_for: self.settings.operations_timeout / 2,
                     triggered_at: &wall_clock_of(drbd_read_at),
@@ -584,6 +586,9 @@ impl Executor {
             .await?
             {
                 Followed::Rewritten => Outcome::Done(None),
+                Followed::InPlace => Outcome::Skipped(format!(
+                    "PV {pv} and its EndpointSlice name {endpoint} already: nothing written"
+                )),
                 Followed::Superseded => Outcome::Skipped(format!(
                     "PV {pv} changed since version {over_version}, which this was decided over"
                 )),
@@ -826,6 +831,7 @@ mod tests {
             },
             endpoint: "10.0.0.2:2049".into(),
             over_version: over_version.into(),
+            confirm_first: false,
         };
         let now = Instant::now();
         executor
@@ -873,6 +879,7 @@ mod tests {
                 },
                 endpoint: "10.0.0.2:2049".into(),
                 over_version: "7".into(),
+                confirm_first: false,
             })
             .collect();
         executor

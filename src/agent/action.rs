@@ -64,6 +64,9 @@ pub enum Action {
         endpoint: String,
         /// The PV's resourceVersion as cached when this was decided.
         over_version: String,
+        /// The cached PV names this endpoint already (a resync, or a promotion over a cache that
+        /// may lag): the executor reads the PV and slice first and writes only what differs.
+        confirm_first: bool,
     },
     /// A fail-over the evidence does not support: the peer is alive and serving.
     HoldFailOver {
@@ -356,7 +359,7 @@ impl Action {
             Self::Untaint {
                 cause: Cause::ForceIoErrors,
                 ..
-            } => (EventType::Normal, "NodeStorageIoErrorsCleared"),
+            } => (EventType::Normal, "NoVolumeForcingIoErrors"),
             Self::Untaint { .. } => (EventType::Normal, "NodeStorageQuorumRegained"),
             Self::Evict {
                 cause: Cause::Evacuation,
@@ -365,7 +368,8 @@ impl Action {
             Self::Evict { .. } | Self::ForceDelete { .. } | Self::DeleteAttachment { .. } => {
                 (EventType::Warning, "VolumeWithoutQuorum")
             }
-            Self::ForceSecondary { .. } => (EventType::Warning, "SuspendedPrimaryDemoted"),
+            // The seeds' reason: a forced demotion is what a volume without quorum gets.
+            Self::ForceSecondary { .. } => (EventType::Warning, "VolumeWithoutQuorum"),
             Self::PublishServiceEndpoint { .. } => (EventType::Normal, ENDPOINT_MOVED),
             Self::HoldFailOver { .. } => (EventType::Normal, "FailOverHeld"),
             Self::HoldPublication { .. } => (EventType::Warning, "PublicationHeld"),
@@ -532,6 +536,7 @@ mod tests {
                 },
                 endpoint: "10.0.0.1:2049".into(),
                 over_version: "1".into(),
+                confirm_first: false,
             },
             Action::HoldFailOver {
                 node: node(),

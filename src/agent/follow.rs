@@ -5,8 +5,8 @@
 
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt};
 
 use std::time::Duration;
 
@@ -27,6 +27,8 @@ pub enum Followed {
     /// Nothing written: the PV changed since the move was decided (another node's move, most
     /// likely); the next round decides again over what it is now.
     Superseded,
+    /// Nothing written: the PV and the EndpointSlice, read fresh, name this endpoint already.
+    InPlace,
 }
 
 /// One move of a volume's endpoints to this node.
@@ -45,6 +47,8 @@ pub struct Move<'a> {
     pub triggered_at: &'a str,
     /// Rewrite the core/v1 Endpoints too (`--write-endpoints`), not only the EndpointSlice.
     pub write_endpoints: bool,
+    /// Read the PV and the EndpointSlice first, and write nothing if both name the endpoint.
+    pub confirm_first: bool,
 }
 
 /// Publishes the move's endpoint on the PV and points the claim's Endpoints and EndpointSlice at
@@ -68,6 +72,9 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
     let endpoints: Api<Endpoints> = Api::namespaced(client.clone(), &to.claim.namespace);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &to.claim.namespace);
     let name = service_name(to.pv);
+    if to.confirm_first && in_place(&pvs, &slices, to.pv, &name, server).await {
+        return Ok(Followed::InPlace);
+    }
     let (endpoints_patch, slice_patch) = moved_endpoints(server, &stamp, to.triggered_at);
     let (endpoints_patch, slice_patch) = (Patch::Merge(&endpoints_patch), Patch::Merge(&slice_patch));
     let params = PatchParams {
@@ -84,23 +91,28 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
     }
     published?;
     // Then both endpoints at once, each tried again on a failure that may pass: once the PV
-    // says this node, no publication is decided again to repair them.
+    // says this node, no publication is decided again to repair them. A retry first checks that
+    // the PV still names this move: a late one must not undo a newer move by another node.
+    let still_ours = || still_published(&pvs, to.pv, to.endpoint);
     let endpoints = async {
         if !to.write_endpoints {
-            return Ok(());
+            return Ok(Some(()));
         }
-        patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for)
+        patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for, still_ours)
             .await
-            .map(|_| ())
+            .map(|written| written.map(|_| ()))
     };
-    let (endpoints, slice) = tokio::join!(
-        endpoints,
-        patch_retrying(&slices, &name, &params, &slice_patch, to.retry_for),
-    );
+    let slice = async {
+        patch_retrying(&slices, &name, &params, &slice_patch, to.retry_for, still_ours)
+            .await
+            .map(|written| written.map(|_| ()))
+    };
+    let (endpoints, slice) = tokio::join!(endpoints, slice);
     let ClaimKey { namespace, .. } = to.claim;
-    for written in [endpoints, slice.map(|_| ())] {
+    for written in [endpoints, slice] {
         match written {
-            Ok(()) => {}
+            Ok(Some(())) => {}
+            Ok(None) => return Ok(Followed::Superseded),
             Err(err) if api_status(&err) == Some(404) => {
                 return Ok(Followed::Skipped(format!(
                     "the Endpoints or EndpointSlice {namespace}/{name} are not created by the controller yet"
@@ -119,16 +131,20 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
 }
 
 /// A merge patch, tried again with a growing pause while it fails for a reason that may pass
-/// (a conflict, a throttle, a server error, a broken connection), for at most `retry_for`.
-async fn patch_retrying<K>(
+/// (a conflict, a throttle, a server error, a broken connection), for at most `retry_for`, and
+/// only while `still_wanted` says so before each retry. `Ok(None)`: no longer wanted.
+async fn patch_retrying<K, W, Wanted>(
     api: &Api<K>,
     name: &str,
     params: &PatchParams,
     patch: &Patch<&serde_json::Value>,
     retry_for: Duration,
-) -> Result<K, kube::Error>
+    still_wanted: W,
+) -> Result<Option<K>, kube::Error>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    W: Fn() -> Wanted,
+    Wanted: std::future::Future<Output = bool>,
 {
     let give_up = tokio::time::Instant::now() + retry_for;
     let mut pause = Duration::from_millis(100);
@@ -138,10 +154,49 @@ where
                 tracing::debug!(object = %name, error = %err, "endpoint write failed; trying again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(2));
+                if !still_wanted().await {
+                    tracing::info!(object = %name, "the PV names another endpoint now: the endpoint write is not tried again");
+                    return Ok(None);
+                }
             }
-            written => return written,
+            written => return written.map(Some),
         }
     }
+}
+
+/// Whether the PV and the EndpointSlice, read fresh, both name `server` already (the slice's only
+/// address and its port). A read that fails says no: the move is written as usual.
+async fn in_place(
+    pvs: &Api<PersistentVolume>,
+    slices: &Api<EndpointSlice>,
+    pv: &str,
+    slice: &str,
+    server: NfsEndpoint,
+) -> bool {
+    let endpoint = server.to_string();
+    if !still_published(pvs, pv, &endpoint).await {
+        return false;
+    }
+    let Ok(Some(slice)) = slices.get_opt(slice).await else {
+        return false;
+    };
+    let ip = server.ip.to_string();
+    let addresses: Vec<&String> = slice.endpoints.iter().flat_map(|e| &e.addresses).collect();
+    let ports: Vec<Option<i32>> = slice.ports.iter().flatten().map(|p| p.port).collect();
+    addresses == [&ip] && ports == [Some(i32::from(server.port))]
+}
+
+/// Whether the PV still names `endpoint`, read fresh (a list by name: the agent may not get PVs).
+/// A read that fails leaves the retry to go on: it writes what it tried to write before.
+async fn still_published(pvs: &Api<PersistentVolume>, pv: &str, endpoint: &str) -> bool {
+    let by_name = ListParams::default().fields(&format!("metadata.name={pv}"));
+    let Ok(listed) = pvs.list(&by_name).await else {
+        return true;
+    };
+    listed
+        .items
+        .first()
+        .is_some_and(|pv| pv.annotations().get(SERVICE_ENDPOINT_ANNOTATION).map(String::as_str) == Some(endpoint))
 }
 
 /// Whether a failed write may succeed when tried again as it is.
@@ -187,6 +242,7 @@ mod tests {
             retry_for: Duration::from_secs(5),
             triggered_at: "2026-11-26T09:30:41Z",
             write_endpoints: true,
+            confirm_first: false,
         }
     }
 
@@ -229,6 +285,66 @@ mod tests {
             .filter(|p| p.contains("endpointslices"))
             .count();
         assert_eq!(slices, 3);
+    }
+
+    #[tokio::test]
+    async fn a_resync_over_objects_in_place_writes_nothing() {
+        const NAMES_B: &str = r#"{"kind":"PersistentVolumeList","apiVersion":"v1","metadata":{},"items":[{"metadata":{"name":"pvc-1","annotations":{"storageos.com/nfs-service-endpoint":"10.0.0.2:2049"}}}]}"#;
+        const SLICE_AT_B: &str = r#"{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"pvc-1"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.2"]}],"ports":[{"name":"nfs","port":2049,"protocol":"TCP"}]}"#;
+        const SLICE_AT_A: &str = r#"{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice","metadata":{"name":"pvc-1"},"addressType":"IPv4","endpoints":[{"addresses":["10.0.0.1"]}],"ports":[{"name":"nfs","port":2049,"protocol":"TCP"}]}"#;
+        let claim = claim();
+        let resync = Move {
+            confirm_first: true,
+            ..a_move(&claim)
+        };
+        let (client, seen) = scripted(|path, _| match path {
+            "/api/v1/persistentvolumes" => (200, NAMES_B),
+            p if p.contains("endpointslices") => (200, SLICE_AT_B),
+            _ => (200, "{}"),
+        });
+        assert_eq!(publish_and_follow(&client, resync).await.unwrap(), Followed::InPlace);
+        assert_eq!(seen.lock().unwrap().len(), 2, "two reads, no write");
+        // A slice someone pointed elsewhere is written again.
+        let (client, _) = scripted(|path, _| match path {
+            "/api/v1/persistentvolumes" => (200, NAMES_B),
+            p if p.contains("endpointslices") => (200, SLICE_AT_A),
+            _ => (200, "{}"),
+        });
+        let resync = Move {
+            confirm_first: true,
+            ..a_move(&claim)
+        };
+        assert_eq!(publish_and_follow(&client, resync).await.unwrap(), Followed::Rewritten);
+    }
+
+    #[tokio::test]
+    async fn a_retry_stops_once_the_pv_names_another_node() {
+        const MOVED_ON: &str = r#"{"kind":"PersistentVolumeList","apiVersion":"v1","metadata":{},"items":[{"metadata":{"name":"pvc-1","annotations":{"storageos.com/nfs-service-endpoint":"10.0.0.3:2049"}}}]}"#;
+        let (client, seen) = scripted(|path, _| {
+            if path.contains("endpointslices") {
+                (503, UNAVAILABLE)
+            } else if path == "/api/v1/persistentvolumes" {
+                (200, MOVED_ON)
+            } else {
+                (200, "{}")
+            }
+        });
+        let claim = claim();
+        let slices_only = Move {
+            write_endpoints: false,
+            ..a_move(&claim)
+        };
+        assert_eq!(
+            publish_and_follow(&client, slices_only).await.unwrap(),
+            Followed::Superseded
+        );
+        let slices = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.contains("endpointslices"))
+            .count();
+        assert_eq!(slices, 1, "node c's newer move is not undone by a retry");
     }
 
     #[tokio::test]

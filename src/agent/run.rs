@@ -288,10 +288,12 @@ impl Rounds {
         let piraeus_here = i64::try_from(cached.piraeus_ha_controllers.len()).unwrap_or(i64::MAX);
         self.metrics.piraeus_ha_controllers.set(piraeus_here);
         self.sync_promoter_snippets(&cached).await;
-        let mut publications = decide::publications(&cached, &self.settings, &mut self.timers);
         let now = Instant::now();
+        let mut publications = decide::publications(&cached, &self.settings, &mut self.timers, now);
+        let held = i64::try_from(self.timers.held_publications.len()).unwrap_or(i64::MAX);
+        self.metrics.publications_held.set(held);
         if now >= self.next_resync {
-            publications.extend(decide::republish(&cached, &self.settings, &self.timers));
+            publications.extend(decide::republish(&cached, &self.settings, &self.timers, now));
             self.next_resync = now + self.resync_interval;
         }
         if !publications.is_empty() {

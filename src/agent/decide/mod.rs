@@ -27,15 +27,20 @@ pub use settings::DecisionSettings;
 /// Decides what to do now: [`publications`], then the [`steps`]. `timers` is updated in place:
 /// started, kept or reset.
 pub fn decide(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers, now: Instant) -> Vec<Action> {
-    let mut actions = publications(observed, settings, timers);
+    let mut actions = publications(observed, settings, timers, now);
     actions.extend(steps(observed, settings, timers, now));
     actions
 }
 
 /// The publications this node owes: they depend only on its own DRBD state and cached PVs, so
 /// the loop decides and carries them out before it reads anything about suspected peers.
-pub fn publications(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers) -> Vec<Action> {
-    publication::publications(observed, settings, timers)
+pub fn publications(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    timers: &mut Timers,
+    now: Instant,
+) -> Vec<Action> {
+    publication::publications(observed, settings, timers, now)
 }
 
 /// Everything but the publications: force-IO evictions, demotions, evacuation, this node's

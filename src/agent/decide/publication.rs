@@ -3,22 +3,31 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use super::select::volumes_with_quorum;
 use super::settings::DecisionSettings;
 use crate::agent::action::Action;
-use crate::agent::drbd::Resource;
-use crate::agent::view::{Observed, Publication, Timers, VolumeView};
+use crate::agent::drbd::{NetOptions, Resource};
+use crate::agent::report::ResourceReport;
+use crate::agent::view::{HeldPublication, Observed, Publication, Timers, VolumeView};
 use crate::volume::NfsEndpoint;
 
 /// Publications this node owes now; `timers` remembers which volumes it serves, so that a node
 /// just promoted publishes even when its cache still shows its own endpoint from before, and what
 /// it last published over which DRBD view, so that it does not publish back over another node's
 /// newer move while its own view has not changed (the side of a partition whose DRBD has not
-/// noticed it yet).
-pub(super) fn publications(observed: &Observed, settings: &DecisionSettings, timers: &mut Timers) -> Vec<Action> {
+/// noticed it yet). Such a hold ends when the mover states it is no longer Primary with quorum,
+/// and in any case once [`hold_limit`] has passed.
+pub(super) fn publications(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    timers: &mut Timers,
+    now: Instant,
+) -> Vec<Action> {
     let mut actions = Vec::new();
     let mut serving = BTreeSet::new();
+    let mut held = BTreeSet::new();
     for (resource, volume) in volumes_with_quorum(observed) {
         let publish = match own_publication(observed, settings, resource, volume) {
             None => continue,
@@ -36,13 +45,23 @@ pub(super) fn publications(observed: &Observed, settings: &DecisionSettings, tim
         if !(promoted || differs) {
             continue;
         }
-        if !promoted && let Some(mover) = newer_move_by_another(observed, timers, resource, volume) {
+        if !promoted && let Some(hold_now) = held_by(observed, settings, timers, resource, volume, now) {
+            let (mover, said) = (hold_now.mover, hold_now.said.cloned());
+            timers
+                .held_publications
+                .entry(resource.name.clone())
+                .or_insert(HeldPublication {
+                    since: now,
+                    mover_said: said,
+                });
+            held.insert(resource.name.clone());
+            let limit = hold_limit(observed, settings, resource);
             actions.push(hold(
                 observed,
                 resource,
                 volume,
                 format!(
-                    "node {mover} moved the endpoint after this node's last publication, and this node's DRBD state has not changed since: it may not have noticed what node {mover} noticed"
+                    "node {mover} moved the endpoint after this node's last publication, and this node's DRBD state has not changed since: it may not have noticed what node {mover} noticed; held until node {mover} states it is no longer Primary with quorum, at most {limit:?}"
                 ),
             ));
             continue;
@@ -56,7 +75,60 @@ pub(super) fn publications(observed: &Observed, settings: &DecisionSettings, tim
     }
     timers.serving = Some(serving);
     timers.published.retain(|name, _| observed.volumes.contains_key(name));
+    timers.held_publications.retain(|name, _| held.contains(name));
     actions
+}
+
+/// A hold over another node's newer move: who moved, and what its agent states of the resource.
+struct Hold<'a> {
+    mover: &'a str,
+    said: Option<&'a ResourceReport>,
+}
+
+/// The hold of this node's publication of `resource`, if it still holds: another node moved the
+/// endpoint over this node's unchanged view ([`newer_move_by_another`]), and neither has the
+/// mover stated since that it lost quorum or is no longer Primary, nor has the hold lasted
+/// [`hold_limit`]. A report that already said "not Primary with quorum" when the hold began may
+/// be older than the move (the watches of PVs and Leases are not ordered), unless it says the
+/// mover is Primary without quorum: that it can only have become after the move.
+fn held_by<'a>(
+    observed: &'a Observed,
+    settings: &DecisionSettings,
+    timers: &Timers,
+    resource: &Resource,
+    volume: &'a VolumeView,
+    now: Instant,
+) -> Option<Hold<'a>> {
+    let mover = newer_move_by_another(observed, timers, resource, volume)?;
+    let said = observed
+        .reports
+        .get(mover)
+        .and_then(|r| r.report.resources.get(&resource.name));
+    let began = timers.held_publications.get(&resource.name);
+    if began.is_some_and(|h| now.saturating_duration_since(h.since) >= hold_limit(observed, settings, resource)) {
+        return None;
+    }
+    let serves = |s: &ResourceReport| s.primary && s.quorum;
+    let released = match said {
+        Some(s) if s.primary && !s.quorum => true,
+        Some(s) => !serves(s) && began.is_some_and(|h| h.mover_said.as_ref() != Some(s)),
+        None => false,
+    };
+    (!released).then_some(Hold { mover, said })
+}
+
+/// The longest a publication is held over another node's move: by then this node's DRBD has
+/// noticed any silent drop of its links (the longest detection window of the resource's links),
+/// and its agent has had a fail-over timeout to say so. A view unchanged after that is as good
+/// as the mover's.
+fn hold_limit(observed: &Observed, settings: &DecisionSettings, resource: &Resource) -> Duration {
+    let window = resource
+        .connections
+        .iter()
+        .map(|c| observed.drbd.detection_window(&resource.name, &c.name))
+        .max()
+        .unwrap_or_else(|| NetOptions::default().detection_window());
+    window + settings.fail_over_timeout
 }
 
 /// The node that moved the endpoint away after this node's last publication, if this node's
@@ -95,10 +167,12 @@ fn own_publication(
         );
         return Some(Err(hold(observed, resource, volume, why)));
     };
+    let endpoint = NfsEndpoint::new(ip, volume.nfs_port.unwrap_or(settings.nfs_port)).to_string();
     Some(Ok(Action::PublishServiceEndpoint {
         pv: volume.pv.clone(),
         claim,
-        endpoint: NfsEndpoint::new(ip, volume.nfs_port.unwrap_or(settings.nfs_port)).to_string(),
+        confirm_first: volume.service_endpoint.as_deref() == Some(endpoint.as_str()),
+        endpoint,
         over_version: volume.pv_version.clone(),
     }))
 }
@@ -140,10 +214,10 @@ fn hold(observed: &Observed, resource: &Resource, volume: &VolumeView, why: Stri
 
 /// Publications of every shared volume this node serves, whatever is published now: the
 /// periodic resync repairs what was changed behind our back, but not another node's newer move
-/// over this node's unchanged view (see [`publications`]).
-pub fn republish(observed: &Observed, settings: &DecisionSettings, timers: &Timers) -> Vec<Action> {
+/// over this node's unchanged view while that holds (see [`publications`]).
+pub fn republish(observed: &Observed, settings: &DecisionSettings, timers: &Timers, now: Instant) -> Vec<Action> {
     volumes_with_quorum(observed)
-        .filter(|(resource, volume)| newer_move_by_another(observed, timers, resource, volume).is_none())
+        .filter(|(resource, volume)| held_by(observed, settings, timers, resource, volume, now).is_none())
         .filter_map(|(resource, volume)| own_publication(observed, settings, resource, volume)?.ok())
         .collect()
 }
@@ -172,10 +246,10 @@ mod tests {
         published.volumes.get_mut("pvc-1").unwrap().service_endpoint = Some("10.0.0.2:2049".into());
         assert!(decide(&published, &settings(), &mut Timers::new(), Instant::now()).is_empty());
         assert_eq!(
-            kinds(&republish(&published, &settings(), &Timers::new())),
+            kinds(&republish(&published, &settings(), &Timers::new(), Instant::now())),
             ["publish pvc-1 10.0.0.2:2049"]
         );
-        assert!(republish(&isolated, &settings(), &Timers::new()).is_empty());
+        assert!(republish(&isolated, &settings(), &Timers::new(), Instant::now()).is_empty());
         // A volume published nowhere yet takes the node's address as it is.
         let mut ipv6 = primary;
         ipv6.node_ip = Some("fd00::2".into());
@@ -226,7 +300,7 @@ mod tests {
             ["hold publication pvc-1"]
         );
         assert!(
-            republish(&moved_away, &settings(), &timers).is_empty(),
+            republish(&moved_away, &settings(), &timers, now).is_empty(),
             "nor at the resync"
         );
         // Once b's own view changes, it publishes again.
@@ -243,6 +317,126 @@ mod tests {
         failed.volumes.get_mut("pvc-1").unwrap().moved_by = Some("node-a".into());
         assert_eq!(
             kinds(&decide(&failed, &settings(), &mut timers, now)),
+            ["publish pvc-1 10.0.0.2:2049"]
+        );
+    }
+
+    /// Node b published over version 1; node a then moved the endpoint to itself (version 7)
+    /// while b's DRBD view stayed as it was: b holds. Returns b's view of that, and its timers.
+    fn held_over_a_move_by_node_a(now: Instant) -> (Observed, Timers) {
+        let mut mine = served_from_here("Primary");
+        let volume = mine.volumes.get_mut("pvc-1").unwrap();
+        volume.pods.clear();
+        volume.service_endpoint = Some("10.0.0.1:2049".into());
+        let mut timers = Timers::new();
+        assert_eq!(
+            kinds(&decide(&mine, &settings(), &mut timers, now)),
+            ["publish pvc-1 10.0.0.2:2049"]
+        );
+        let volume = mine.volumes.get_mut("pvc-1").unwrap();
+        volume.moved_by = Some("node-a".into());
+        volume.pv_version = "7".into();
+        (mine, timers)
+    }
+
+    fn with_report_of_a(observed: &Observed, primary: bool, quorum: bool) -> Observed {
+        let mut observed = observed.clone();
+        let said = report(primary, quorum, &["node-c"], &["node-b"], true);
+        observed.reports.insert("node-a".into(), said);
+        observed
+    }
+
+    #[test]
+    fn a_held_publication_ends_when_the_mover_states_it_lost_quorum() {
+        let now = Instant::now();
+        let (moved_away, mut timers) = held_over_a_move_by_node_a(now);
+        let serving = with_report_of_a(&moved_away, true, true);
+        assert_eq!(
+            kinds(&decide(&serving, &settings(), &mut timers, now)),
+            ["hold publication pvc-1"]
+        );
+        assert_eq!(timers.held_publications.len(), 1, "the hold is counted");
+        let later = now + Duration::from_secs(1);
+        assert_eq!(
+            kinds(&decide(&serving, &settings(), &mut timers, later)),
+            ["hold publication pvc-1"],
+            "a mover that states it serves keeps the hold"
+        );
+        let without_quorum = with_report_of_a(&moved_away, true, false);
+        assert_eq!(
+            kinds(&decide(&without_quorum, &settings(), &mut timers, later)),
+            ["publish pvc-1 10.0.0.2:2049"],
+            "a Primary without quorum cannot serve"
+        );
+        assert!(timers.held_publications.is_empty(), "no hold left");
+    }
+
+    #[test]
+    fn a_held_publication_ends_when_the_movers_report_changes_to_not_serving() {
+        let now = Instant::now();
+        let (moved_away, mut timers) = held_over_a_move_by_node_a(now);
+        // The report seen when the hold began may be older than the move: it does not end it.
+        let stale = with_report_of_a(&moved_away, false, true);
+        assert_eq!(
+            kinds(&decide(&stale, &settings(), &mut timers, now)),
+            ["hold publication pvc-1"]
+        );
+        let later = now + Duration::from_secs(1);
+        assert_eq!(
+            kinds(&decide(&stale, &settings(), &mut timers, later)),
+            ["hold publication pvc-1"]
+        );
+        let serving = with_report_of_a(&moved_away, true, true);
+        assert_eq!(
+            kinds(&decide(&serving, &settings(), &mut timers, later)),
+            ["hold publication pvc-1"]
+        );
+        let mut demoted = with_report_of_a(&moved_away, false, true);
+        demoted
+            .reports
+            .get_mut("node-a")
+            .unwrap()
+            .report
+            .resources
+            .get_mut("pvc-1")
+            .unwrap()
+            .connected
+            .clear();
+        assert_eq!(
+            kinds(&decide(&demoted, &settings(), &mut timers, later)),
+            ["publish pvc-1 10.0.0.2:2049"],
+            "stated after the hold began: node a no longer serves"
+        );
+    }
+
+    #[test]
+    fn a_held_publication_ends_within_the_detection_window_and_the_timeout_whatever_is_said() {
+        let now = Instant::now();
+        let (moved_away, mut timers) = held_over_a_move_by_node_a(now);
+        let serving = with_report_of_a(&moved_away, true, true);
+        decide(&serving, &settings(), &mut timers, now);
+        // No net options read: DRBD's defaults, a 10.5 s window; the tests' timeout is 5 s.
+        let limit = Duration::from_millis(15_500);
+        let before = now + limit - Duration::from_millis(1);
+        assert_eq!(
+            kinds(&decide(&serving, &settings(), &mut timers, before)),
+            ["hold publication pvc-1"]
+        );
+        assert_eq!(
+            kinds(&republish(&serving, &settings(), &timers, before)),
+            Vec::<String>::new(),
+            "nor at the resync while it holds"
+        );
+        assert_eq!(
+            kinds(&decide(&serving, &settings(), &mut timers, now + limit)),
+            ["publish pvc-1 10.0.0.2:2049"],
+            "the bound: this node's DRBD has noticed whatever it was going to"
+        );
+        // Silence is no reason to hold for ever either: no report at all.
+        let (silent, mut timers) = held_over_a_move_by_node_a(now);
+        decide(&silent, &settings(), &mut timers, now);
+        assert_eq!(
+            kinds(&decide(&silent, &settings(), &mut timers, now + limit)),
             ["publish pvc-1 10.0.0.2:2049"]
         );
     }
