@@ -9,14 +9,13 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
-    resource, slice_addresses, suspended, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint,
-    with_diskless_peer,
+    resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint, with_diskless_peer,
 };
 use common::kubelet::Kubelet;
+use common::partition::staggered_partition;
 use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::rbac::v1::Role;
 use kube::api::{DeleteParams, PostParams, WatchEvent, WatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -556,104 +555,25 @@ async fn a_satellite_look_alike_elsewhere_cannot_redirect_a_fail_over() {
     teardown(env, agents).await;
 }
 
-/// A partition whose sides notice it at different times (DRBD's default net options: up to 10.5 s
-/// apart). Node a, the primary, is cut off from b and c. b and c notice at once, b is promoted
-/// with c's vote and publishes itself. a notices the a–b drop 4 s later, still Primary with quorum
-/// through c as far as it knows, and publishes itself back; 4 s after that it notices the a–c drop
-/// and loses quorum. b, whose own view never changed, must not hold for ever: once a states it
-/// has lost quorum, the endpoint names b, the one primary with quorum, well within b's bound on
-/// a hold (the detection window and the fail-over timeout: 11.5 s here), and stays there.
+/// A partition whose sides notice it at different times (`common::partition`): b, whose own view
+/// never changed, must not hold for ever. Once a states it has lost quorum, the endpoint names b,
+/// the one primary with quorum, well within b's bound on a hold (the detection window and the
+/// fail-over timeout: 11.5 s here), and stays there.
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn a_partition_noticed_at_different_times_ends_on_the_primary_with_quorum() {
-    let (env, nodes, pv) = three_nodes("liveness-staggered").await;
-    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
-    for node in &nodes {
-        node.set_net_options(json!({}));
-    }
-    healthy(&nodes, &[&pv], 0);
-    let mut processes = vec![env.start_namespace_controller().await];
-    for node in &nodes {
-        processes.push(env.start_agent(node, &[]).await);
-    }
-    let served_by = |node: &SimNode| {
-        let (env, pv, ip, endpoint) = (&env, &pv, node.ip.clone(), node.endpoint());
-        async move {
-            slice_addresses(env, pv).await == [ip] && env.pv_annotation(pv, SERVICE_ENDPOINT).await == Some(endpoint)
-        }
-    };
-    eventually("the endpoint at node a", WAIT, || async {
-        served_by(a).await.then_some(())
-    })
-    .await;
-
-    // b and c notice at once; b is promoted with c's vote.
-    lost(&nodes, &[&pv], 0, Some(1));
-    eventually("the endpoint at node b", WAIT, || async {
-        served_by(b).await.then_some(())
-    })
-    .await;
-    // a notices the a–b drop: Primary with quorum through c, as it believes.
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    a.set(&[resource(
-        &pv,
-        "Primary",
-        true,
-        &[peer(b, "Connecting", "Unknown"), peer(c, "Connected", "Secondary")],
-    )]);
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    let published_back = served_by(a).await;
-    // a notices the a–c drop and loses quorum: its IO is suspended.
-    a.set(&[suspended(
-        resource(
-            &pv,
-            "Primary",
-            false,
-            &[peer(b, "Connecting", "Unknown"), peer(c, "Connecting", "Unknown")],
-        ),
-        "quorum",
-    )]);
-    let last_change = Instant::now();
-    eventually("the endpoint at node b, the primary with quorum", WAIT, || async {
-        served_by(b).await.then_some(())
-    })
-    .await;
-    let took = last_change.elapsed();
+    let seen = staggered_partition("liveness-staggered").await;
     eprintln!(
-        "staggered partition: a published back: {published_back}; endpoint at b {took:?} after a's last DRBD change"
+        "staggered partition: a published back: {}; endpoint at b {:?} after a's last DRBD change",
+        seen.published_back, seen.settled
     );
     assert!(
-        took < Duration::from_secs(10),
-        "the hold ended on a's own report, not on the bound: {took:?}"
+        seen.settled < Duration::from_secs(10),
+        "the hold ended on a's own report, not on the bound: {:?}",
+        seen.settled
     );
-    let steady = Instant::now();
-    while steady.elapsed() < Duration::from_secs(5) {
-        assert!(served_by(b).await, "the endpoint stays at b");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    assert_eq!(
-        processes[2].metric("storageos_drbd_agent_publications_held").await,
-        0.0,
-        "nothing held once b serves"
-    );
-    teardown(env, processes).await;
-}
-
-/// Takes `get` on Leases from the chart's agents in this test's release (they still list and watch
-/// them, and read the guard's): every fresh read of a peer's heartbeat is refused (403), as an
-/// RBAC mistake or a throttling API server answers.
-async fn refuse_peer_lease_reads(env: &TestEnv) {
-    let roles: Api<Role> = env.api();
-    let name = format!("{}-shared-volume-controller-agent", env.release());
-    let mut role = roles.get(&name).await.unwrap();
-    for rule in role.rules.iter_mut().flatten() {
-        if rule.resource_names.is_none() {
-            rule.verbs.retain(|verb| verb != "get");
-        } else {
-            rule.verbs.push("get".into());
-        }
-    }
-    roles.replace(&name, &PostParams::default(), &role).await.unwrap();
+    assert!(seen.stayed, "the endpoint stays at b");
+    assert_eq!(seen.held_at_end, 0.0, "nothing held once b serves");
 }
 
 /// A peer whose heartbeat cannot be read is unknown, never dead. Node a, a healthy primary with
@@ -669,7 +589,7 @@ async fn a_peer_whose_heartbeat_cannot_be_read_is_unknown_not_dead() {
     for node in &nodes {
         agents.push(env.start_agent(node, &[]).await);
     }
-    refuse_peer_lease_reads(&env).await;
+    env.agents_may_read_leases(false).await;
     let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
     a.set(&[resource(
         &pv,

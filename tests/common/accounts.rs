@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use k8s_openapi::api::rbac::v1::Role;
 use serde_json::{Value, json};
 
 use super::cluster::PrivateCluster;
@@ -94,9 +95,31 @@ impl TestEnv {
         String::from_utf8(output.stdout).unwrap().trim().to_owned()
     }
 
+    /// Takes `get` on Leases from the chart's agents of this test's release, or gives it back:
+    /// they still list and watch Leases and read the guard's, but every fresh read of a peer's
+    /// heartbeat is refused (403), as an RBAC mistake or an overloaded API server answers.
+    pub async fn agents_may_read_leases(&self, allowed: bool) {
+        let roles: kube::Api<Role> = self.api();
+        let name = format!("{}-agent", self.release_prefix());
+        let mut role = roles.get(&name).await.unwrap();
+        for rule in role.rules.iter_mut().flatten() {
+            let general = rule.resource_names.is_none();
+            rule.verbs.retain(|verb| verb != "get");
+            if allowed || !general {
+                rule.verbs.push("get".into());
+            }
+        }
+        roles.replace(&name, &Default::default(), &role).await.unwrap();
+    }
+
+    /// What the chart's objects of this test's release are named after.
+    fn release_prefix(&self) -> String {
+        format!("{}-shared-volume-controller", self.release())
+    }
+
     /// The chart's ServiceAccount of `component` for this test's release.
     fn chart_account(&self, component: &str) -> String {
-        format!("{}-shared-volume-controller-{component}", self.release())
+        format!("{}-{component}", self.release_prefix())
     }
 
     /// Renders `templates` of the chart for this test's release with `sets` and applies them.

@@ -14,6 +14,7 @@ pub mod helm;
 pub mod kubelet;
 pub mod node_loss;
 pub mod outage;
+pub mod partition;
 pub mod process;
 pub mod prometheus;
 pub mod storageos;
