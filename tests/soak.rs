@@ -4,8 +4,12 @@
 //! quorum, drbd-reactor's promotion, force-secondary on reconnect), the scheduler, the kubelets and
 //! the attacher, and injects faults in an order drawn from `SOAK_SEED`: controller and agent
 //! `kill -9`, kube-apiserver and etcd restarts, broken links, isolated nodes, switch-overs, node
-//! losses and returns, hand edits and deletions of the managed objects, a hanging `drbdsetup`.
-//! Watchers check the promises all the time; the last line says what happened:
+//! losses and returns, hand edits and deletions of the managed objects, a hanging `drbdsetup`, a
+//! partition whose sides notice it at different times, refused Lease reads, a stalled agent.
+//! Watchers check both kinds of promise all the time, what must never happen (a healthy primary
+//! tainted, evicted, detached or demoted; a ClusterIP that changes) and what must happen by when
+//! while a fault lasts (a slice at the healthy primary within 20 s of its agent running, a lost node's consumers gone
+//! within 12 s); the last line says what happened:
 //! `soak: <faults> faults (<by kind>), <violations> violations, converged in <s> s, seed <seed>`.
 //! Without `SOAK_SECONDS` the test does nothing but say so.
 
@@ -33,8 +37,11 @@ const NODES: [&str; 3] = ["a", "b", "c"];
 const VOLUMES: usize = 6;
 /// A primary with quorum this long is healthy: nothing of it may be tainted, evicted or detached.
 const HEALTHY_AFTER: Duration = Duration::from_secs(3);
-/// How long a slice may point away from a healthy primary.
+/// How long a slice may point away from a healthy primary: the promise that every hold lets go.
 const SLICE_BOUND: Duration = Duration::from_secs(20);
+/// How long a consumer may stay on a node that is down: DRBD's detection window (3.5 s here), a
+/// report interval (2 s), the fail-over timeout (1 s) and a round, with a margin.
+const POD_MOVE_BOUND: Duration = Duration::from_secs(12);
 /// How long after the last fault everything must be in line.
 const CONVERGE_BOUND: Duration = Duration::from_secs(90);
 const LEASE: &str = "svc-leader";
@@ -82,9 +89,17 @@ enum Fault {
     /// A volume's IO is suspended on every replica (a LINSTOR snapshot), quorum kept, for longer
     /// than the fail-over timeout.
     SuspendIo,
+    /// A primary's node cut off from both others, which notice at once and promote another; its
+    /// own DRBD notices one link, then the other, each up to `ping-int` later: until the second it
+    /// is still Primary with quorum as far as it knows. Lasts 8-15 s.
+    StaggeredPartition,
+    /// Every agent's fresh reads of the agents' Leases refused (403) for 5-15 s.
+    RefusedReads,
+    /// An agent stopped (SIGSTOP) for 5-30 s: its rounds, reports and heartbeat stall.
+    StallAgent,
 }
 
-const FAULTS: [Fault; 13] = [
+const FAULTS: [Fault; 16] = [
     Fault::KillController,
     Fault::KillAgent,
     Fault::RestartApiserver,
@@ -98,6 +113,9 @@ const FAULTS: [Fault; 13] = [
     Fault::SlowDrbd,
     Fault::LateDetection,
     Fault::SuspendIo,
+    Fault::StaggeredPartition,
+    Fault::RefusedReads,
+    Fault::StallAgent,
 ];
 
 /// The soak's DRBD net options: a silent drop is noticed within `ping-int` 3 s + `ping-timeout`
@@ -116,6 +134,11 @@ struct World {
     unnoticed: HashMap<(usize, usize), Instant>,
     /// Volumes whose IO is suspended by request (`user`) on every replica.
     suspended: Vec<bool>,
+    /// Per volume: a former primary cut off from the others that has not noticed all of it yet.
+    /// It stays Primary in its own view (with quorum while it sees a peer, suspended without),
+    /// until its links come back and it steps down (`on-suspended-primary-outdated
+    /// force-secondary`), or its node goes.
+    lingering: Vec<Option<usize>>,
 }
 
 impl World {
@@ -126,6 +149,7 @@ impl World {
             primary: (0..VOLUMES).map(|v| Some(v % 3)).collect(),
             unnoticed: HashMap::new(),
             suspended: vec![false; VOLUMES],
+            lingering: vec![None; VOLUMES],
         }
     }
 
@@ -153,8 +177,15 @@ impl World {
     /// on a node with quorum.
     fn react(&mut self) {
         for v in 0..VOLUMES {
-            if self.primary[v].is_some_and(|p| !self.quorum(p)) {
+            if let Some(p) = self.primary[v].filter(|&p| !self.quorum(p)) {
+                // The others no longer count it; it counts itself Primary until it notices.
+                let unaware = self.up[p] && (0..3).any(|j| self.unnoticed.contains_key(&(p, j)));
+                self.lingering[v] = unaware.then_some(p);
                 self.primary[v] = None;
+            }
+            // Back in touch with a peer (or gone): a lingering primary steps down.
+            if self.lingering[v].is_some_and(|p| !self.up[p] || self.quorum(p)) {
+                self.lingering[v] = None;
             }
             if self.primary[v].is_none() {
                 self.primary[v] = (0..3).map(|k| (v + k) % 3).find(|&i| self.quorum(i));
@@ -184,7 +215,9 @@ impl World {
                 let peers: Vec<(&str, &str, &str)> = (0..3)
                     .filter(|&j| j != i)
                     .map(|j| {
-                        let (state, role) = match (self.seen_connected(i, j), self.primary[v] == Some(j)) {
+                        // A link i has not noticed is down: i sees the peer as it last was.
+                        let primary_there = self.primary[v] == Some(j) && self.connected(i, j);
+                        let (state, role) = match (self.seen_connected(i, j), primary_there) {
                             (true, true) => ("Connected", "Primary"),
                             (true, false) => ("Connected", "Secondary"),
                             (false, _) => ("Connecting", "Unknown"),
@@ -192,7 +225,8 @@ impl World {
                         (nodes[j].name.as_str(), state, role)
                     })
                     .collect();
-                let role = if self.primary[v] == Some(i) {
+                let lingers = self.lingering[v] == Some(i);
+                let role = if self.primary[v] == Some(i) || lingers {
                     "Primary"
                 } else {
                     "Secondary"
@@ -200,6 +234,8 @@ impl World {
                 let state = resource(&pvs[v], role, self.seen_quorum(i), &peers);
                 if self.suspended[v] {
                     suspended(state, "user")
+                } else if lingers && !self.seen_quorum(i) {
+                    suspended(state, "quorum")
                 } else {
                     state
                 }
@@ -212,11 +248,22 @@ impl World {
 #[derive(Default)]
 struct Truth {
     healthy: Vec<Option<(usize, Instant)>>,
+    /// Per node: since when it has been down, without a break.
+    down_since: [Option<Instant>; 3],
+    /// Per node: since when its agent has run without a stop (killed and stalled agents do not).
+    agent_since: [Option<Instant>; 3],
     violations: Vec<String>,
 }
 
 impl Truth {
     fn update(&mut self, world: &World) {
+        for (i, up) in world.up.iter().enumerate() {
+            match (up, self.down_since[i]) {
+                (true, _) => self.down_since[i] = None,
+                (false, None) => self.down_since[i] = Some(Instant::now()),
+                (false, Some(_)) => {}
+            }
+        }
         self.healthy.resize(VOLUMES, None);
         for v in 0..VOLUMES {
             let now = world.healthy_primary(v);
@@ -233,6 +280,26 @@ impl Truth {
             .copied()
             .flatten()
             .is_some_and(|(p, since)| p == node && since.elapsed() >= HEALTHY_AFTER)
+    }
+
+    /// The healthy primary of `v`, and since when a slice at it has been owed: it has been the
+    /// healthy primary and its agent has run (a stopped agent publishes nothing).
+    fn slice_owed_since(&self, v: usize) -> Option<(usize, Instant)> {
+        let (primary, healthy) = self.healthy.get(v).copied().flatten()?;
+        Some((primary, healthy.max(self.agent_since[primary]?)))
+    }
+
+    /// Since when the promise that node `i`'s consumer of volume `v` is gone has been owed: `i`
+    /// down, `v` with a healthy primary elsewhere, and an agent running on another node that is
+    /// up. `None` while it is not owed (no quorum anywhere, or every agent that could act stopped).
+    fn consumer_move_owed_since(&self, i: usize, v: usize) -> Option<Instant> {
+        let down = self.down_since[i]?;
+        let (primary, healthy) = self.healthy.get(v).copied().flatten()?;
+        let agent = (0..3)
+            .filter(|&j| j != i && self.down_since[j].is_none())
+            .filter_map(|j| self.agent_since[j])
+            .min()?;
+        (primary != i).then(|| down.max(healthy).max(agent))
     }
 
     fn violation(&mut self, what: String) {
@@ -279,6 +346,12 @@ impl Soak {
         let kubeconfig = [("KUBECONFIG", self.agent_kubeconfig.as_str())];
         let agent = self.env.spawn_agent_with_env(&self.nodes[i], &[], &kubeconfig);
         self.agents[i] = Some(agent);
+        self.agent_runs(i, true);
+    }
+
+    /// Tells the watchers whether node `i`'s agent runs from now on.
+    fn agent_runs(&self, i: usize, runs: bool) {
+        self.truth.lock().unwrap().agent_since[i] = runs.then(Instant::now);
     }
 
     /// The scheduler, the kubelets and the attacher: each volume has a Running consumer and an
@@ -458,6 +531,10 @@ enum Undo {
     Notice(usize, usize),
     /// A volume's suspended IO resumes.
     Resume(usize),
+    /// The agents may read Leases again.
+    AllowReads,
+    /// A stopped agent goes on (SIGCONT).
+    Continue(usize),
 }
 
 impl Undo {
@@ -471,6 +548,8 @@ impl Undo {
             Self::Unhang(i) => format!("unhang drbdsetup on {}", NODES[*i]),
             Self::Notice(i, j) => format!("{} notices its link to {} is down", NODES[*i], NODES[*j]),
             Self::Resume(v) => format!("resume IO of volume {v}"),
+            Self::AllowReads => "let the agents read Leases again".into(),
+            Self::Continue(i) => format!("continue agent {}", NODES[*i]),
         }
     }
 }
@@ -529,6 +608,7 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
     let now = Instant::now();
     let (due, later): (Vec<_>, Vec<_>) = pending.drain(..).partition(|(at, _)| all || *at <= now);
     *pending = later;
+    let mut retry = Vec::new();
     for (_, undo) in due {
         println!("soak {}: undo {}", wall_clock(), undo.describe());
         match undo {
@@ -563,8 +643,24 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
                 soak.world.suspended[v] = false;
                 soak.write_world();
             }
+            Undo::AllowReads => {
+                let allowed = harness(
+                    "giving the agents their reads back",
+                    soak.env.agents_may_read_leases(true),
+                );
+                if allowed.await.is_none() {
+                    retry.push((Instant::now() + Duration::from_secs(1), Undo::AllowReads));
+                }
+            }
+            Undo::Continue(i) => {
+                if let Some(agent) = &soak.agents[i] {
+                    agent.signal("CONT");
+                    soak.agent_runs(i, true);
+                }
+            }
         }
     }
+    pending.extend(retry);
 }
 
 /// Injects one fault if it applies now; whether it did.
@@ -591,6 +687,7 @@ async fn inject(
                 return false;
             };
             process.kill().await;
+            soak.agent_runs(i, false);
             pending.push((rng.later(500, 3_000), Undo::StartAgent(i)));
         }
         Fault::RestartApiserver | Fault::RestartEtcd => {
@@ -625,7 +722,55 @@ async fn inject(
         }
         Fault::LateDetection => return drop_link_noticed_late(soak, rng, pending),
         Fault::SuspendIo => return suspend_io(soak, rng, pending),
+        Fault::StaggeredPartition => return staggered_partition(soak, rng, pending),
+        Fault::RefusedReads => {
+            if pending.iter().any(|(_, undo)| matches!(undo, Undo::AllowReads)) {
+                return false;
+            }
+            let refused = harness("refusing the agents' reads", soak.env.agents_may_read_leases(false));
+            if refused.await.is_none() {
+                return false;
+            }
+            pending.push((rng.later(5_000, 15_000), Undo::AllowReads));
+        }
+        Fault::StallAgent => {
+            let i = rng.below(3);
+            let stalled = pending
+                .iter()
+                .any(|(_, undo)| matches!(undo, Undo::Continue(j) if *j == i));
+            let Some(agent) = soak.agents[i].as_ref().filter(|_| !stalled) else {
+                return false;
+            };
+            agent.signal("STOP");
+            soak.agent_runs(i, false);
+            pending.push((rng.later(5_000, 30_000), Undo::Continue(i)));
+        }
     }
+    true
+}
+
+/// Cuts a primary's node off from both others, which notice at once; the node itself notices
+/// one link up to `ping-int` later and the other later still, Primary meanwhile in its own view.
+fn staggered_partition(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let whole = soak.world.up.iter().all(|u| *u) && soak.world.link.iter().flatten().all(|l| *l);
+    let Some(i) = soak.world.primary[rng.below(VOLUMES)].filter(|_| whole) else {
+        return false;
+    };
+    let ping = PING_INT.as_millis() as u64;
+    let first = Instant::now() + rng.millis(300, ping);
+    let second = first + rng.millis(300, ping);
+    let (j, k) = ((i + 1) % 3, (i + 2) % 3);
+    let (j, k) = if rng.below(2) == 0 { (j, k) } else { (k, j) };
+    for (peer, notices) in [(j, first), (k, second)] {
+        soak.world.unnoticed.insert((i, peer), notices);
+        pending.push((notices, Undo::Notice(i, peer)));
+    }
+    for j in 0..3 {
+        soak.world.link[i][j] = false;
+        soak.world.link[j][i] = false;
+    }
+    soak.write_world();
+    pending.push((rng.later(8_000, 15_000), Undo::Reconnect(i)));
     true
 }
 
@@ -681,11 +826,12 @@ async fn lose_node(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, U
     if let Some(process) = soak.agents[i].take() {
         process.kill().await;
     }
+    soak.agent_runs(i, false);
     pending.retain(|(_, undo)| !matches!(undo, Undo::StartAgent(j) if *j == i));
     soak.world.up[i] = false;
     soak.nodes[i].kubelet.stop();
     soak.write_world();
-    pending.push((rng.later(5_000, 12_000), Undo::Return(i)));
+    pending.push((rng.later(5_000, 20_000), Undo::Return(i)));
     true
 }
 
@@ -796,7 +942,44 @@ fn watch(soak: &Soak) -> Vec<tokio::task::JoinHandle<()>> {
         watch_forced_demotions(soak),
         watch_cluster_ips(soak),
         watch_slices(soak),
+        watch_consumers_of_lost_nodes(soak),
     ]
+}
+
+/// A consumer still on a node that has been down for longer than [`POD_MOVE_BOUND`]: a lost
+/// node's pods must go (and come back elsewhere) while the loss lasts.
+fn watch_consumers_of_lost_nodes(soak: &Soak) -> tokio::task::JoinHandle<()> {
+    let names: Vec<String> = soak.nodes.iter().map(|n| n.name.clone()).collect();
+    let truth = soak.truth.clone();
+    let pods: Api<Pod> = soak.env.api();
+    tokio::spawn(async move {
+        let mut reported: HashMap<String, Instant> = HashMap::new();
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let down = truth.lock().unwrap().down_since;
+            for i in (0..3).filter(|&i| down[i].is_some()) {
+                let on_node = ListParams::default().fields(&format!("spec.nodeName={}", names[i]));
+                let Ok(list) = pods.list(&on_node).await else { continue };
+                for pod in list.items {
+                    let name = pod.name_any();
+                    let Some(v) = volume_of(&name, "app-") else { continue };
+                    let owed = truth.lock().unwrap().consumer_move_owed_since(i, v);
+                    let Some(since) = owed.filter(|since| since.elapsed() >= POD_MOVE_BOUND) else {
+                        continue;
+                    };
+                    if reported.get(&name) == Some(&since) {
+                        continue;
+                    }
+                    reported.insert(name.clone(), since);
+                    let what = format!(
+                        "pod {name} still on node {}, {POD_MOVE_BOUND:?} after it was down, volume {v} had a healthy primary elsewhere and an agent there ran",
+                        NODES[i]
+                    );
+                    truth.lock().unwrap().violation(what);
+                }
+            }
+        }
+    })
 }
 
 /// The volume a name of the soak's (`<prefix><v>`) is of.
@@ -944,8 +1127,8 @@ fn watch_slices(soak: &Soak) -> tokio::task::JoinHandle<()> {
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             for (v, pv) in pvs.iter().enumerate() {
-                let healthy = truth.lock().unwrap().healthy.get(v).copied().flatten();
-                let Some((p, since)) = healthy.filter(|(_, since)| since.elapsed() >= SLICE_BOUND) else {
+                let owed = truth.lock().unwrap().slice_owed_since(v);
+                let Some((p, since)) = owed.filter(|(_, since)| since.elapsed() >= SLICE_BOUND) else {
                     continue;
                 };
                 let Ok(Some(slice)) = env.api::<EndpointSlice>().get_opt(pv).await else {
@@ -955,7 +1138,7 @@ fn watch_slices(soak: &Soak) -> tokio::task::JoinHandle<()> {
                 if at != [ips[p].clone()] && reported.get(&v) != Some(&since) {
                     reported.insert(v, since);
                     let what = format!(
-                        "volume {v}'s slice at {at:?}, not at its healthy primary {} for over {SLICE_BOUND:?}",
+                        "volume {v}'s slice at {at:?}, not at its healthy primary {} for over {SLICE_BOUND:?} while its agent ran",
                         ips[p]
                     );
                     truth.lock().unwrap().violation(what);
