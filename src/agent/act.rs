@@ -161,7 +161,9 @@ pub enum Scope {
 impl Scope {
     fn of(key: &ActionKey) -> Self {
         match key {
-            ActionKey::Publish { .. } => Self::Publications,
+            // A held publication is decided with the publications: the steps' run must not take
+            // it for undecided and forget it, or it is told again every round.
+            ActionKey::Publish { .. } | ActionKey::HoldPublication { .. } => Self::Publications,
             _ => Self::Steps,
         }
     }
@@ -1022,6 +1024,36 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_fail_over_under_way_keeps_its_reservation() {
+        // Node a's fail-over reserved it in an earlier round; nodes c and d were reserved (or
+        // tainted themselves) since. Counting again would refuse a's attachment step and leave
+        // the replacement pod to the attach-detach controller's six minutes.
+        let (client, deletions) = guard_api(&["node-a", "node-c", "node-d"]);
+        let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
+        let guard = FailOverGuard::new(&client, "default", "", 0.5, Duration::from_secs(5));
+        let settings = stub_executor(MockDrbdSource::new(), false).0.settings;
+        let events = EventSink::new(client.clone(), "test", None);
+        let mut executor = Executor::new(
+            client,
+            Arc::new(MockDrbdSource::new()),
+            events,
+            metrics.clone(),
+            settings,
+            Some(guard),
+        );
+        let force_delete = fail_over_of("node-a").remove(1);
+        let storage: BTreeSet<String> = ["node-a", "node-b", "node-c", "node-d"].map(String::from).into();
+        executor
+            .run(Scope::Steps, vec![force_delete], Instant::now(), &storage)
+            .await;
+        let refused = metrics
+            .refused_actions
+            .with_label_values(&["force_delete", "guard"])
+            .get();
+        assert_eq!((refused, deletions.load(std::sync::atomic::Ordering::SeqCst)), (0, 1));
+    }
+
+    #[tokio::test]
     async fn a_refused_fail_over_does_nothing_else_to_that_node() {
         let mut drbd = MockDrbdSource::new();
         drbd.expect_force_secondary().times(1).returning(|_| Ok(()));
@@ -1086,6 +1118,33 @@ mod tests {
             .run(Scope::Steps, vec![hold("connected to c")], Instant::now(), &no_nodes())
             .await;
         assert_eq!(metrics.held_fail_overs.get(), 2, "new evidence is reported again");
+    }
+
+    #[tokio::test]
+    async fn a_held_publication_is_told_once_across_the_rounds_steps() {
+        let (mut executor, _) = stub_executor(MockDrbdSource::new(), false);
+        let hold = Action::HoldPublication {
+            node: "node-b".into(),
+            resource: "pvc-1".into(),
+            pv: "pv-1".into(),
+            why: "node node-a moved the endpoint".into(),
+        };
+        let told_at = |executor: &Executor| executor.recent.get(&hold.key()).map(|(at, _)| *at);
+        executor
+            .run(Scope::Publications, vec![hold.clone()], Instant::now(), &no_nodes())
+            .await;
+        let first = told_at(&executor).expect("told and remembered");
+        // The same round's steps, then the next round: still decided, not told again.
+        executor.run(Scope::Steps, vec![], Instant::now(), &no_nodes()).await;
+        executor
+            .run(Scope::Publications, vec![hold.clone()], Instant::now(), &no_nodes())
+            .await;
+        assert_eq!(told_at(&executor), Some(first));
+        // No longer decided: forgotten, told again when it comes back.
+        executor
+            .run(Scope::Publications, vec![], Instant::now(), &no_nodes())
+            .await;
+        assert_eq!(told_at(&executor), None);
     }
 
     fn api_error(code: u16) -> kube::Error {

@@ -18,7 +18,9 @@ use super::error::AgentError;
 use super::observe::node_view;
 use crate::deadline::within;
 use crate::kube_client::api_status;
-use crate::names::{AGENT_LEASE_LABEL, FAIL_OVER_GUARD_LEASE, FAIL_OVER_RESERVATIONS_ANNOTATION, LOST_QUORUM_TAINT};
+use crate::names::{
+    AGENT_LEASE_LABEL, FAIL_OVER_GUARD_LEASE, FAIL_OVER_RESERVATIONS_ANNOTATION, LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER,
+};
 
 /// What the guard said to a fail-over.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -92,6 +94,14 @@ impl FailOverGuard {
             let now = Timestamp::now();
             let mut reservations = current.as_ref().map(reservations).unwrap_or_default();
             reservations.retain(|_, expiry| *expiry > now);
+            // A fail-over under way keeps the reservation it was given: counted again, other
+            // nodes' taints since would refuse its later steps (the attachment) half done.
+            let failing_over = nodes.items.iter().any(|n| {
+                n.name_any() == node && node_view(n).taint_value(LOST_QUORUM_TAINT) == Some(TAINT_BY_FAIL_OVER)
+            });
+            if reservations.contains_key(node) || failing_over {
+                return Ok(Reservation::Reserved);
+            }
             counted.extend(reservations.keys().cloned());
             if let Err(over) = guard_allows(&counted, node, storage.len(), self.max_fraction) {
                 return Ok(Reservation::Refused(over.to_string()));
