@@ -6,6 +6,8 @@
 
 use clap::ValueEnum;
 
+use crate::shutdown::Shutdown;
+
 /// `--write-endpoints`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum WriteEndpoints {
@@ -37,21 +39,39 @@ impl WriteEndpoints {
         if writes { Self::Always } else { Self::Never }
     }
 
-    /// [`Self::resolve`] against the API server `client` talks to; its answer is logged.
-    pub async fn resolve_for(self, client: &kube::Client) -> bool {
+    /// [`Self::resolve`] against the API server `client` talks to; its answer is logged. `auto`
+    /// waits for the version (a failed read is tried again, 1 s doubling to 30 s): the controller
+    /// and every agent ask the same server, so they all reach the one answer, never one "write"
+    /// for a read that failed beside another's "do not". `None` on `shutdown` first.
+    pub async fn resolve_for(self, client: &kube::Client, shutdown: &Shutdown) -> Option<bool> {
         let version = match self {
-            Self::Auto => match client.apiserver_version().await {
-                Ok(info) => parse_version(&info.major, &info.minor),
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot read the API server's version; writing Endpoints as before 1.33");
-                    None
-                }
-            },
+            Self::Auto => Some(api_server_version(client, shutdown).await?),
             _ => None,
         };
-        let writes = self.resolve(version);
+        let writes = self.resolve(version.flatten());
         tracing::info!(mode = ?self, ?version, writes_endpoints = writes, "core/v1 Endpoints");
-        writes
+        Some(writes)
+    }
+}
+
+/// The API server's `major.minor` (`Some(None)`: it answered with a version that does not
+/// parse), read until it answers; `None` on `shutdown` first.
+async fn api_server_version(client: &kube::Client, shutdown: &Shutdown) -> Option<Option<(u32, u32)>> {
+    let mut pause = std::time::Duration::from_secs(1);
+    loop {
+        match client.apiserver_version().await {
+            Ok(info) => return Some(parse_version(&info.major, &info.minor)),
+            Err(err) => tracing::warn!(
+                error = %err,
+                retry_in = ?pause,
+                "cannot read the API server's version, which decides whether core/v1 Endpoints are written (--write-endpoints auto); trying again"
+            ),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(std::time::Duration::from_secs(30));
     }
 }
 
@@ -74,6 +94,31 @@ mod tests {
         assert!(auto.resolve(None));
         assert!(WriteEndpoints::Always.resolve(Some((1, 36))));
         assert!(!WriteEndpoints::Never.resolve(Some((1, 30))));
+    }
+
+    #[tokio::test]
+    async fn auto_waits_for_the_version_instead_of_guessing() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let asked = std::sync::Arc::new(AtomicUsize::new(0));
+        let counted = asked.clone();
+        let client = crate::scripted_api::client(move |_| match counted.fetch_add(1, Ordering::SeqCst) {
+            0 => (
+                503,
+                r#"{"kind":"Status","apiVersion":"v1","status":"Failure","code":503}"#.into(),
+            ),
+            _ => (200, r#"{"major":"1","minor":"36","gitVersion":"v1.36.3"}"#.into()),
+        });
+        let shutdown = Shutdown::new();
+        let writes = WriteEndpoints::Auto.resolve_for(&client, &shutdown).await;
+        assert_eq!(
+            writes,
+            Some(false),
+            "the answer of 1.36, not a guess after the failed read"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 2);
+        shutdown.cancel();
+        let never = crate::scripted_api::client(|_| (503, "{}".into()));
+        assert_eq!(WriteEndpoints::Auto.resolve_for(&never, &shutdown).await, None);
     }
 
     #[test]

@@ -79,7 +79,9 @@ pub async fn run(
         .filter(|namespace| !namespace.is_empty())
         .unwrap_or(&args.lease_namespace);
     log_start(&args, satellite_namespace);
-    let writes_endpoints = args.write_endpoints.resolve_for(&client).await;
+    let Some(writes_endpoints) = args.write_endpoints.resolve_for(&client, &shutdown).await else {
+        return Ok(());
+    };
     args.write_endpoints = WriteEndpoints::settled(writes_endpoints);
 
     let locality = Locality::default();

@@ -72,7 +72,9 @@ pub async fn run(
     let election_client = Client::try_from(config.clone()).context("cannot build a Kubernetes client")?;
     let client = fenced_client(config, fence.clone(), &args.identity)?;
     let backend = volume::backend(backend_settings(&args), &client)?;
-    let write_endpoints = args.write_endpoints.resolve_for(&election_client).await;
+    let Some(write_endpoints) = args.write_endpoints.resolve_for(&election_client, &shutdown).await else {
+        return Ok(());
+    };
     let settings = ReconcileSettings {
         filters: Filters {
             storage_classes: args.storage_class.clone(),
