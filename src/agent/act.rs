@@ -994,11 +994,11 @@ mod tests {
         (client, deletions)
     }
 
-    #[tokio::test]
-    async fn a_fail_over_without_a_taint_still_asks_the_guard() {
-        // --disable-node-taints: the fail-over's first step is a force-delete. Nodes c and d are
-        // reserved by other agents; a would make 3 of 4 storage nodes, over 0.5.
-        let (client, deletions) = guard_api(&["node-c", "node-d"]);
+    /// Node a's force-delete (its fail-over's first step with `--disable-node-taints`) carried out
+    /// by an executor with a guard over 4 storage nodes whose Lease holds `reserved`: (steps the
+    /// guard refused, pods deleted).
+    async fn force_delete_under_the_guard(reserved: &'static [&'static str]) -> (u64, usize) {
+        let (client, deletions) = guard_api(reserved);
         let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
         let guard = FailOverGuard::new(&client, "default", "", 0.5, Duration::from_secs(5));
         let settings = stub_executor(MockDrbdSource::new(), false).0.settings;
@@ -1020,7 +1020,14 @@ mod tests {
             .refused_actions
             .with_label_values(&["force_delete", "guard"])
             .get();
-        assert_eq!((refused, deletions.load(std::sync::atomic::Ordering::SeqCst)), (1, 0));
+        (refused, deletions.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    #[tokio::test]
+    async fn a_fail_over_without_a_taint_still_asks_the_guard() {
+        // --disable-node-taints: the fail-over's first step is a force-delete. Nodes c and d are
+        // reserved by other agents; a would make 3 of 4 storage nodes, over 0.5.
+        assert_eq!(force_delete_under_the_guard(&["node-c", "node-d"]).await, (1, 0));
     }
 
     #[tokio::test]
@@ -1028,29 +1035,10 @@ mod tests {
         // Node a's fail-over reserved it in an earlier round; nodes c and d were reserved (or
         // tainted themselves) since. Counting again would refuse a's attachment step and leave
         // the replacement pod to the attach-detach controller's six minutes.
-        let (client, deletions) = guard_api(&["node-a", "node-c", "node-d"]);
-        let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
-        let guard = FailOverGuard::new(&client, "default", "", 0.5, Duration::from_secs(5));
-        let settings = stub_executor(MockDrbdSource::new(), false).0.settings;
-        let events = EventSink::new(client.clone(), "test", None);
-        let mut executor = Executor::new(
-            client,
-            Arc::new(MockDrbdSource::new()),
-            events,
-            metrics.clone(),
-            settings,
-            Some(guard),
+        assert_eq!(
+            force_delete_under_the_guard(&["node-a", "node-c", "node-d"]).await,
+            (0, 1)
         );
-        let force_delete = fail_over_of("node-a").remove(1);
-        let storage: BTreeSet<String> = ["node-a", "node-b", "node-c", "node-d"].map(String::from).into();
-        executor
-            .run(Scope::Steps, vec![force_delete], Instant::now(), &storage)
-            .await;
-        let refused = metrics
-            .refused_actions
-            .with_label_values(&["force_delete", "guard"])
-            .get();
-        assert_eq!((refused, deletions.load(std::sync::atomic::Ordering::SeqCst)), (0, 1));
     }
 
     #[tokio::test]

@@ -232,6 +232,23 @@ mod tests {
         (client, seen)
     }
 
+    /// [`a_move`] on a cluster where core/v1 Endpoints are not written.
+    fn slices_only(claim: &ClaimKey) -> Move<'_> {
+        Move {
+            write_endpoints: false,
+            ..a_move(claim)
+        }
+    }
+
+    /// How many of the requests `seen` went to EndpointSlices.
+    fn slice_requests(seen: &Mutex<Vec<String>>) -> usize {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|p| p.contains("endpointslices"))
+            .count()
+    }
+
     fn a_move(claim: &ClaimKey) -> Move<'_> {
         Move {
             pv: "pvc-1",
@@ -278,12 +295,7 @@ mod tests {
             publish_and_follow(&client, a_move(&claim)).await.unwrap(),
             Followed::Rewritten
         );
-        let slices = seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|p| p.contains("endpointslices"))
-            .count();
+        let slices = slice_requests(&seen);
         assert_eq!(slices, 3);
     }
 
@@ -330,20 +342,11 @@ mod tests {
             }
         });
         let claim = claim();
-        let slices_only = Move {
-            write_endpoints: false,
-            ..a_move(&claim)
-        };
         assert_eq!(
-            publish_and_follow(&client, slices_only).await.unwrap(),
+            publish_and_follow(&client, slices_only(&claim)).await.unwrap(),
             Followed::Superseded
         );
-        let slices = seen
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|p| p.contains("endpointslices"))
-            .count();
+        let slices = slice_requests(&seen);
         assert_eq!(slices, 1, "node c's newer move is not undone by a retry");
     }
 
@@ -351,12 +354,8 @@ mod tests {
     async fn without_core_endpoints_a_move_writes_the_pv_and_the_slice_only() {
         let (client, seen) = scripted(|_, _| (200, "{}"));
         let claim = claim();
-        let slices_only = Move {
-            write_endpoints: false,
-            ..a_move(&claim)
-        };
         assert_eq!(
-            publish_and_follow(&client, slices_only).await.unwrap(),
+            publish_and_follow(&client, slices_only(&claim)).await.unwrap(),
             Followed::Rewritten
         );
         let seen = seen.lock().unwrap().clone();

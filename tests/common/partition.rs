@@ -18,7 +18,7 @@ pub struct Staggered {
     pub published_back: bool,
     /// From a's last DRBD change (its quorum lost) to the PV and the EndpointSlice naming b.
     pub settled: Duration,
-    /// Whether the endpoint then stayed at b for 5 s.
+    /// Whether the endpoint then stayed at b for 3 s.
     pub stayed: bool,
     /// b's held publications at the end (its gauge).
     pub held_at_end: f64,
@@ -73,7 +73,7 @@ pub async fn staggered_partition(test: &str) -> Staggered {
     let settled = last_change.elapsed();
     let steady = Instant::now();
     let mut stayed = true;
-    while steady.elapsed() < Duration::from_secs(5) {
+    while steady.elapsed() < Duration::from_secs(3) {
         stayed &= served_by(&env, &pv, b).await;
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
