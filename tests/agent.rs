@@ -619,3 +619,59 @@ async fn the_agent_warns_when_piraeus_ha_controller_runs_on_its_node() {
     assert_eq!(drbd_taints(&env, &b.name).await, None, "a warning, nothing else");
     teardown(env, vec![agent]).await;
 }
+
+/// A round that stalls does not keep the node's report from its peers. Node b's round hangs for
+/// 30 s on `drbdsetup secondary --force` (b, a suspended primary of the volume without quorum or
+/// consumers, is demoted: node a states quorum); meanwhile b's DRBD notices the link to c of
+/// another resource drop. Its report must say so in seconds: a peer that reads an unchanged report
+/// past its hold takes b for silent.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_stalled_round_still_reports_a_drbd_change_at_once() {
+    let (env, nodes, pv) = three_nodes("agent-stalled-round").await;
+    let (a, b, c) = (&nodes[0], &nodes[1], &nodes[2]);
+    fn up<'a>(node: &'a SimNode, role: &'a str) -> (&'a str, &'a str, &'a str) {
+        (node.name.as_str(), "Connected", role)
+    }
+    fn down(node: &SimNode) -> (&str, &str, &str) {
+        (node.name.as_str(), "Connecting", "Unknown")
+    }
+    let stuck = || suspended(resource(&pv, "Primary", false, &[down(a), down(c)]), "quorum");
+    a.set(&[resource(&pv, "Secondary", true, &[down(b), up(c, "Secondary")])]);
+    b.set(&[
+        stuck(),
+        resource("r2", "Secondary", true, &[up(a, "Secondary"), up(c, "Secondary")]),
+    ]);
+    std::fs::write(b.dir.join("hang-secondary"), "").unwrap();
+    let mut agents = vec![
+        env.start_agent(a, &[]).await,
+        env.start_agent(b, &["--operations-timeout", "30s"]).await,
+    ];
+    let forced = format!("secondary --force {pv}");
+    eventually("b's round stalled on the demotion", WAIT, || async {
+        b.calls().contains(&forced).then_some(())
+    })
+    .await;
+    b.set(&[
+        stuck(),
+        resource("r2", "Secondary", true, &[up(a, "Secondary"), down(c)]),
+    ]);
+    let changed = Instant::now();
+    let leases: Api<Lease> = env.api();
+    let report_of_b = format!("shared-volume-agent-report-{}", b.name);
+    eventually("b's report of the dropped link", Duration::from_secs(5), || async {
+        let lease = leases.get_opt(&report_of_b).await.unwrap()?;
+        let text = lease.metadata.annotations?.get("storageos.com/drbd-report")?.clone();
+        let report: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let disconnected = report["resources"]["r2"]["disconnected"].as_array()?.clone();
+        disconnected.contains(&json!(c.name)).then_some(())
+    })
+    .await;
+    eprintln!(
+        "stalled round: b's report stated the drop {:?} after it",
+        changed.elapsed()
+    );
+    // b's round still waits on the demotion for the rest of its 30 s: no clean stop within 20 s.
+    agents.remove(1).kill().await;
+    teardown(env, agents).await;
+}

@@ -78,6 +78,11 @@ impl DrbdBook {
             .filter(|(_, read_at)| read_at.elapsed() <= usable_for)
     }
 
+    /// When the state kept now was taken; `None` after a failed read.
+    pub fn taken_at(&self) -> Option<Instant> {
+        self.state.as_ref().map(|(_, at)| *at)
+    }
+
     /// The DRBD source, for the steps that run `drbdsetup`.
     pub fn source(&self) -> Arc<dyn DrbdSource> {
         self.source.clone()

@@ -24,6 +24,7 @@ pub mod observe;
 mod peers;
 pub mod promoter;
 pub mod report;
+mod reporter;
 pub mod run;
 pub mod source;
 pub mod view;

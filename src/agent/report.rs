@@ -38,8 +38,12 @@ pub struct ResourceReport {
 impl Report {
     /// The report of a DRBD reading, without a time.
     pub fn of(state: &DrbdState) -> Self {
-        let resources = state
-            .resources
+        Self::of_resources(&state.resources)
+    }
+
+    /// The report of the node's DRBD resources, without a time.
+    pub fn of_resources(resources: &[super::drbd::Resource]) -> Self {
+        let resources = resources
             .iter()
             .map(|r| {
                 let (connected, disconnected) = r.connections.iter().partition::<Vec<_>, _>(|c| c.is_connected());

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use prometheus::Registry;
 
@@ -27,7 +26,7 @@ use super::locality::Locality;
 use super::observe::{Snapshot, observe};
 use super::peers::PeerReads;
 use super::promoter::{PromoterSettings, PromoterSnippets};
-use super::report::Report;
+use super::reporter::Reporter;
 use super::source::{DrbdChange, DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
 use crate::admin::Probes;
@@ -154,8 +153,8 @@ struct Rounds {
     timers: Timers,
     /// What is known of the node's DRBD state, and when it is read next.
     drbd: DrbdBook,
-    /// What this node last stated on its report Lease.
-    reported: Option<Report>,
+    /// States this node's DRBD view on its report Lease, from a task of its own.
+    reporter: Reporter,
     next_resync: Instant,
     promoter: Option<PromoterSnippets>,
 }
@@ -190,7 +189,6 @@ impl Rounds {
             node: args.node_name.clone(),
             node_ip: args.node_ip,
             client,
-            heartbeat,
             executor,
             metrics,
             probes,
@@ -205,7 +203,8 @@ impl Rounds {
             timeout,
             timers: Timers::new(),
             drbd,
-            reported: None,
+            reporter: Reporter::spawn(heartbeat.clone()),
+            heartbeat,
             next_resync: Instant::now() + *args.resync_interval,
             promoter: args.promoter_snippets_dir.clone().map(|dir| {
                 PromoterSnippets::new(PromoterSettings {
@@ -226,7 +225,9 @@ impl Rounds {
     ) {
         loop {
             self.drbd.bring_up_to_date().await;
-            self.round(cache).await;
+            for change in self.round_reporting(cache, &mut drbd_changes).await {
+                self.drbd.heard(change);
+            }
             let wake = next_wake(
                 self.drbd.next_read(),
                 &self.timers,
@@ -249,6 +250,36 @@ impl Rounds {
                 self.drbd.heard(change);
             }
             while let Some(Some(())) = kube_changes.next().now_or_never() {}
+        }
+    }
+
+    /// One round, while every DRBD change events2 describes meanwhile is stated at once (a round
+    /// that waits on the API server must not keep this node's report from its peers); the changes
+    /// are returned for the book to take in after the round. Only a change read whole after the
+    /// state the round starts from is stated: one from before it is older than that state.
+    async fn round_reporting(
+        &mut self,
+        cache: &Cache,
+        drbd_changes: &mut BoxStream<'static, DrbdChange>,
+    ) -> Vec<DrbdChange> {
+        let reporter = self.reporter.clone();
+        let taken_at = self.drbd.taken_at();
+        let mut heard = Vec::new();
+        let round = self.round(cache);
+        tokio::pin!(round);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut round => return heard,
+                Some(change) = drbd_changes.next() => {
+                    if let DrbdChange::State { resources, at, .. } = &change
+                        && taken_at.is_none_or(|taken| *at > taken)
+                    {
+                        reporter.state(resources);
+                    }
+                    heard.push(change);
+                }
+            }
         }
     }
 
@@ -276,6 +307,10 @@ impl Rounds {
         let fresh = self.drbd.fresh(usable_for);
         self.probes.set_ready(fresh.is_some());
         let Some((state, read_at)) = fresh else { return };
+        // The report (evidence for the peers) goes out at once, from the reporter's task: a write
+        // the API server does not take tells the rounds, like a failed read, that the peers
+        // cannot be heard (the heartbeat's API health).
+        self.reporter.state(&state.resources);
         let state = &state;
         if !self.drbd.volumes_listed() {
             // A resource new here may have its PV and attachments still on their way: deciding
@@ -308,14 +343,10 @@ impl Rounds {
             api: &self.heartbeat.api,
         };
         let no_nodes = BTreeSet::new();
-        // The report (evidence for the peers) goes out beside the reads: a write the API server
-        // does not take tells this round, like a failed read, that the peers cannot be heard.
-        let (mut observed, (), stated) = tokio::join!(
+        let (mut observed, ()) = tokio::join!(
             reads.observe(&self.node, self.node_ip, state, snapshot, &self.publishable),
             self.executor.run(Scope::Publications, publications, read_at, &no_nodes),
-            report(&self.heartbeat, state, self.reported.take()),
         );
-        self.reported = stated;
         observed.api_answering_since = self.heartbeat.api.answering_since();
         let (observed, actions) = self.fresh_steps(observed).await;
         self.executor
@@ -354,23 +385,6 @@ impl Rounds {
                 self.metrics.promoter_snippet_failures.inc();
                 tracing::warn!(%error, "could not bring drbd-reactor's promoter snippets up to date; tried again next round (is the snippets directory mounted and writable?)");
             }
-        }
-    }
-}
-
-/// States this node's DRBD view on its heartbeat Lease when it changed; returns what is stated
-/// now (a failed write is tried again next round).
-async fn report(heartbeat: &Heartbeat, state: &DrbdState, reported: Option<Report>) -> Option<Report> {
-    let mut report = Report::of(state);
-    if reported.as_ref().is_some_and(|r| r.same_view(&report)) {
-        return reported;
-    }
-    report.at = Timestamp::now().to_string();
-    match heartbeat.publish(&report).await {
-        Ok(()) => Some(report),
-        Err(err) => {
-            tracing::warn!(error = %err, "cannot state this node's DRBD view on its heartbeat Lease");
-            reported
         }
     }
 }
