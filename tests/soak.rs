@@ -736,29 +736,37 @@ async fn inject(
         Fault::LateDetection => return drop_link_noticed_late(soak, rng, pending),
         Fault::SuspendIo => return suspend_io(soak, rng, pending),
         Fault::StaggeredPartition => return staggered_partition(soak, rng, pending),
-        Fault::RefusedReads => {
-            if pending.iter().any(|(_, undo)| matches!(undo, Undo::AllowReads)) {
-                return false;
-            }
-            let refused = harness("refusing the agents' reads", soak.env.agents_may_read_leases(false));
-            if refused.await.is_none() {
-                return false;
-            }
-            pending.push((rng.later(5_000, 15_000), Undo::AllowReads));
-        }
-        Fault::StallAgent => {
-            let i = rng.below(3);
-            let stalled = pending
-                .iter()
-                .any(|(_, undo)| matches!(undo, Undo::Continue(j) if *j == i));
-            let Some(agent) = soak.agents[i].as_ref().filter(|_| !stalled) else {
-                return false;
-            };
-            agent.signal("STOP");
-            soak.agent_runs(i, false);
-            pending.push((rng.later(5_000, 30_000), Undo::Continue(i)));
-        }
+        Fault::RefusedReads => return refuse_lease_reads(soak, rng, pending).await,
+        Fault::StallAgent => return stall_agent(soak, rng, pending),
     }
+    true
+}
+
+/// Refuses every agent's reads of the agents' Leases for 5-15 s, unless they are refused already.
+async fn refuse_lease_reads(soak: &Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    if pending.iter().any(|(_, undo)| matches!(undo, Undo::AllowReads)) {
+        return false;
+    }
+    let refused = harness("refusing the agents' reads", soak.env.agents_may_read_leases(false));
+    if refused.await.is_none() {
+        return false;
+    }
+    pending.push((rng.later(5_000, 15_000), Undo::AllowReads));
+    true
+}
+
+/// Stops (SIGSTOP) one running agent for 5-30 s.
+fn stall_agent(soak: &Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let i = rng.below(3);
+    let stalled = pending
+        .iter()
+        .any(|(_, undo)| matches!(undo, Undo::Continue(j) if *j == i));
+    let Some(agent) = soak.agents[i].as_ref().filter(|_| !stalled) else {
+        return false;
+    };
+    agent.signal("STOP");
+    soak.agent_runs(i, false);
+    pending.push((rng.later(5_000, 30_000), Undo::Continue(i)));
     true
 }
 

@@ -96,23 +96,17 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
     let still_ours = || still_published(&pvs, to.pv, to.endpoint);
     let endpoints = async {
         if !to.write_endpoints {
-            return Ok(Some(()));
+            return Ok(true);
         }
-        patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for, still_ours)
-            .await
-            .map(|written| written.map(|_| ()))
+        patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for, still_ours).await
     };
-    let slice = async {
-        patch_retrying(&slices, &name, &params, &slice_patch, to.retry_for, still_ours)
-            .await
-            .map(|written| written.map(|_| ()))
-    };
+    let slice = patch_retrying(&slices, &name, &params, &slice_patch, to.retry_for, still_ours);
     let (endpoints, slice) = tokio::join!(endpoints, slice);
     let ClaimKey { namespace, .. } = to.claim;
     for written in [endpoints, slice] {
         match written {
-            Ok(Some(())) => {}
-            Ok(None) => return Ok(Followed::Superseded),
+            Ok(true) => {}
+            Ok(false) => return Ok(Followed::Superseded),
             Err(err) if api_status(&err) == Some(404) => {
                 return Ok(Followed::Skipped(format!(
                     "the Endpoints or EndpointSlice {namespace}/{name} are not created by the controller yet"
@@ -132,7 +126,7 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
 
 /// A merge patch, tried again with a growing pause while it fails for a reason that may pass
 /// (a conflict, a throttle, a server error, a broken connection), for at most `retry_for`, and
-/// only while `still_wanted` says so before each retry. `Ok(None)`: no longer wanted.
+/// only while `still_wanted` says so before each retry. `Ok(false)`: no longer wanted, not written.
 async fn patch_retrying<K, W, Wanted>(
     api: &Api<K>,
     name: &str,
@@ -140,7 +134,7 @@ async fn patch_retrying<K, W, Wanted>(
     patch: &Patch<&serde_json::Value>,
     retry_for: Duration,
     still_wanted: W,
-) -> Result<Option<K>, kube::Error>
+) -> Result<bool, kube::Error>
 where
     K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     W: Fn() -> Wanted,
@@ -156,10 +150,10 @@ where
                 pause = (pause * 2).min(Duration::from_secs(2));
                 if !still_wanted().await {
                     tracing::info!(object = %name, "the PV names another endpoint now: the endpoint write is not tried again");
-                    return Ok(None);
+                    return Ok(false);
                 }
             }
-            written => return written.map(Some),
+            written => return written.map(|_| true),
         }
     }
 }

@@ -46,13 +46,13 @@ pub(super) fn publications(
             continue;
         }
         if !promoted && let Some(hold_now) = held_by(observed, settings, timers, resource, volume, now) {
-            let (mover, said) = (hold_now.mover, hold_now.said.cloned());
+            let mover = hold_now.mover;
             timers
                 .held_publications
                 .entry(resource.name.clone())
-                .or_insert(HeldPublication {
+                .or_insert_with(|| HeldPublication {
                     since: now,
-                    mover_said: said,
+                    mover_said: hold_now.said.cloned(),
                 });
             held.insert(resource.name.clone());
             let limit = hold_limit(observed, settings, resource);
@@ -108,10 +108,9 @@ fn held_by<'a>(
     if began.is_some_and(|h| now.saturating_duration_since(h.since) >= hold_limit(observed, settings, resource)) {
         return None;
     }
-    let serves = |s: &ResourceReport| s.primary && s.quorum;
     let released = match said {
         Some(s) if s.primary && !s.quorum => true,
-        Some(s) => !serves(s) && began.is_some_and(|h| h.mover_said.as_ref() != Some(s)),
+        Some(s) => !s.primary && began.is_some_and(|h| h.mover_said.as_ref() != Some(s)),
         None => false,
     };
     (!released).then_some(Hold { mover, said })
