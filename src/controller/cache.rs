@@ -3,14 +3,14 @@
 //! claims in the kube-runtime Controller's own reflector store. The watches also trigger the
 //! reconciles. A fresh set is made for each term of leadership.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolume, PersistentVolumeClaim, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::ExponentialBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -52,7 +52,10 @@ impl Caches {
         let (services, service_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
         let (endpoints, endpoint_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
         let (slices, slice_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
-        let (claim_store, claims) = reflected(scoped(client, namespace), all(), trim_claim, claim_changes());
+        let (claim_store, claims) = reflected(scoped(client, namespace), all(), trim_claim, {
+            let mut triggers = ClaimTriggers::default();
+            move |event| triggers.on(event)
+        });
         let caches = Self {
             pvs,
             services,
@@ -110,24 +113,31 @@ where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let store = CompactStore::default();
-    let stream = watcher(api, config)
-        .backoff(watch_backoff())
-        .modify(trim)
-        .inspect_ok({
-            let store = store.clone();
-            move |event| store.apply(event)
-        })
-        .touched_objects();
+    let events = watcher(api, config).backoff(watch_backoff()).modify(trim);
+    let stream = stored_then_triggered(store.clone(), events);
     (store, stream.boxed())
 }
 
-/// A watch whose objects land in a reflector store, after `trim`, before they trigger anything.
-/// Deletions trigger too; other changes when `triggers` says so.
+/// Each event lands in `store`, then the objects it changed there trigger.
+fn stored_then_triggered<K>(
+    store: CompactStore<K>,
+    events: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    events
+        .map_ok(move |event| futures::stream::iter(store.apply(event).into_iter().map(Ok)))
+        .try_flatten()
+}
+
+/// A watch whose objects land in a reflector store, after `trim`, before they trigger anything;
+/// `triggers` says which do.
 fn reflected<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
-    mut triggers: impl FnMut(&watcher::Event<K>) -> bool + Send + 'static,
+    mut triggers: impl FnMut(watcher::Event<K>) -> Vec<K> + Send + 'static,
 ) -> (Store<K>, BoxStream<'static, Result<K, watcher::Error>>)
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -138,32 +148,81 @@ where
         .backoff(watch_backoff())
         .modify(trim)
         .reflect(writer)
-        .filter(move |event| std::future::ready(event.as_ref().map_or(true, &mut triggers)))
-        .touched_objects();
+        .map_ok(move |event| futures::stream::iter(triggers(event).into_iter().map(Ok)))
+        .try_flatten();
     (store, stream.boxed())
 }
 
-/// Which changes of a claim trigger a reconcile: all but one that changed nothing besides the
-/// controller's own condition, so that the condition a reconcile writes does not start another.
-fn claim_changes() -> impl FnMut(&watcher::Event<PersistentVolumeClaim>) -> bool + Send + 'static {
-    let mut seen: HashMap<String, u64> = HashMap::new();
-    move |event| match event {
-        watcher::Event::Apply(claim) => {
-            let fingerprint = fingerprint_besides_own_condition(claim);
-            seen.insert(claim.uid().unwrap_or_default(), fingerprint) != Some(fingerprint)
+/// Which claims trigger a reconcile, and when: a claim whose change is more than the controller's
+/// own condition (so that the condition a reconcile writes does not start another), a deleted one,
+/// and after a list only once it is complete (the reflector holds the listed claims back until
+/// then, so a reconcile started earlier would read the claim as it was, or not find it): every
+/// claim the list brought new or changed, and, as bare names, those it no longer has.
+#[derive(Default)]
+struct ClaimTriggers {
+    /// Fingerprint and name of every claim held, by uid.
+    seen: HashMap<String, (u64, ObjectRef<PersistentVolumeClaim>)>,
+    /// A list under way: the claims it changed, and the uids it has.
+    listing: Option<(Vec<PersistentVolumeClaim>, HashSet<String>)>,
+}
+
+impl ClaimTriggers {
+    fn on(&mut self, event: watcher::Event<PersistentVolumeClaim>) -> Vec<PersistentVolumeClaim> {
+        match event {
+            watcher::Event::Apply(claim) => self.remember(&claim).then_some(claim).into_iter().collect(),
+            watcher::Event::Delete(claim) => {
+                self.seen.remove(&claim.uid().unwrap_or_default());
+                vec![claim]
+            }
+            watcher::Event::Init => {
+                self.listing = Some(Default::default());
+                Vec::new()
+            }
+            watcher::Event::InitApply(claim) => {
+                let changed = self.remember(&claim);
+                let (listed, uids) = self.listing.get_or_insert_default();
+                uids.insert(claim.uid().unwrap_or_default());
+                if changed {
+                    listed.push(claim);
+                }
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let Some((mut triggered, uids)) = self.listing.take() else {
+                    return Vec::new();
+                };
+                self.seen.retain(|uid, (_, claim)| {
+                    let kept = uids.contains(uid);
+                    if !kept {
+                        triggered.push(bare_claim(claim));
+                    }
+                    kept
+                });
+                triggered
+            }
         }
-        watcher::Event::InitApply(claim) => {
-            seen.insert(
-                claim.uid().unwrap_or_default(),
-                fingerprint_besides_own_condition(claim),
-            );
-            true
-        }
-        watcher::Event::Delete(claim) => {
-            seen.remove(&claim.uid().unwrap_or_default());
-            true
-        }
-        watcher::Event::Init | watcher::Event::InitDone => true,
+    }
+
+    /// Whether the claim is new or changed besides the controller's own condition.
+    fn remember(&mut self, claim: &PersistentVolumeClaim) -> bool {
+        let fingerprint = fingerprint_besides_own_condition(claim);
+        let before = self.seen.insert(
+            claim.uid().unwrap_or_default(),
+            (fingerprint, ObjectRef::from_obj(claim)),
+        );
+        before.map(|(fingerprint, _)| fingerprint) != Some(fingerprint)
+    }
+}
+
+/// A claim known by name alone: enough to trigger its reconcile.
+fn bare_claim(claim: &ObjectRef<PersistentVolumeClaim>) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: kube::api::ObjectMeta {
+            name: Some(claim.name.clone()),
+            namespace: claim.namespace.clone(),
+            ..Default::default()
+        },
+        ..Default::default()
     }
 }
 
@@ -229,5 +288,118 @@ mod tests {
         backoff.reset();
         let first = backoff.next().unwrap().as_millis() as u64;
         assert!((500..1000).contains(&first), "{first} ms after a reset");
+    }
+
+    use k8s_openapi::api::discovery::v1::Endpoint;
+    use kube::api::ObjectMeta;
+
+    fn slice(version: &str, address: &str) -> EndpointSlice {
+        EndpointSlice {
+            metadata: ObjectMeta {
+                name: Some("pvc-1".into()),
+                namespace: Some("apps".into()),
+                resource_version: Some(version.into()),
+                ..Default::default()
+            },
+            address_type: "IPv4".into(),
+            endpoints: vec![Endpoint {
+                addresses: vec![address.into()],
+                ..Default::default()
+            }],
+            ports: None,
+        }
+    }
+
+    /// Every object that triggers a reconcile is already what the store gives that reconcile,
+    /// including an object changed while the watch was down and listed again: the soak's slice
+    /// edited by hand during an API server restart was otherwise reconciled against the old copy
+    /// and left as edited.
+    #[tokio::test]
+    async fn a_trigger_finds_the_store_holding_what_triggered_it_also_after_a_relist() {
+        let store = CompactStore::<EndpointSlice>::default();
+        let events = futures::stream::iter([
+            watcher::Event::Init,
+            watcher::Event::InitApply(slice("1", "10.0.0.1")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(slice("2", "10.0.0.2")),
+            // The watch broke; an edit by a third party happened meanwhile.
+            watcher::Event::Init,
+            watcher::Event::InitApply(slice("3", "192.0.2.250")),
+            watcher::Event::InitDone,
+        ])
+        .map(Ok::<_, watcher::Error>);
+        let mut triggers = Box::pin(stored_then_triggered(store.clone(), events));
+        let mut seen = Vec::new();
+        while let Some(Ok(triggered)) = triggers.next().await {
+            let held = store
+                .get(Some("apps"), "pvc-1")
+                .and_then(|slice| slice.metadata.resource_version);
+            assert_eq!(
+                held, triggered.metadata.resource_version,
+                "a reconcile would read another copy"
+            );
+            seen.push(triggered.metadata.resource_version.unwrap());
+        }
+        assert_eq!(
+            seen.last().map(String::as_str),
+            Some("3"),
+            "the relisted edit triggers: {seen:?}"
+        );
+    }
+
+    fn claim(uid: &str, storage: &str) -> PersistentVolumeClaim {
+        PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some(format!("claim-{uid}")),
+                namespace: Some("apps".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PersistentVolumeClaimSpec {
+                storage_class_name: Some(storage.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn names(claims: Vec<PersistentVolumeClaim>) -> Vec<String> {
+        let mut names: Vec<String> = claims.into_iter().map(|claim| claim.name_any()).collect();
+        names.sort();
+        names
+    }
+
+    /// The claims' reflector holds listed claims back until the list is complete; so does the
+    /// trigger, or a claim created while the watch was down is reconciled before the store has it,
+    /// found missing, and left unserved.
+    #[test]
+    fn listed_claims_trigger_once_the_list_is_complete_and_a_relist_only_what_it_changed() {
+        let mut triggers = ClaimTriggers::default();
+        assert!(triggers.on(watcher::Event::Init).is_empty());
+        for uid in ["a", "b", "gone"] {
+            assert!(triggers.on(watcher::Event::InitApply(claim(uid, "rwx"))).is_empty());
+        }
+        assert_eq!(
+            names(triggers.on(watcher::Event::InitDone)),
+            ["claim-a", "claim-b", "claim-gone"]
+        );
+        assert!(
+            triggers.on(watcher::Event::Apply(claim("a", "rwx"))).is_empty(),
+            "nothing changed"
+        );
+        assert_eq!(
+            names(triggers.on(watcher::Event::Apply(claim("a", "other")))),
+            ["claim-a"]
+        );
+
+        // The watch broke: b changed, c was created and "gone" deleted meanwhile.
+        triggers.on(watcher::Event::Init);
+        for (uid, class) in [("a", "other"), ("b", "changed"), ("c", "rwx")] {
+            assert!(triggers.on(watcher::Event::InitApply(claim(uid, class))).is_empty());
+        }
+        assert_eq!(
+            names(triggers.on(watcher::Event::InitDone)),
+            ["claim-b", "claim-c", "claim-gone"]
+        );
     }
 }

@@ -61,34 +61,63 @@ impl<K> Default for CompactStore<K> {
 }
 
 impl<K: Resource + Serialize + DeserializeOwned> CompactStore<K> {
-    /// Takes one watch event in. Objects are encoded before the lock is taken.
-    pub fn apply(&self, event: &watcher::Event<K>) {
+    /// Takes one watch event in and returns the objects it changed in the store: the object of an
+    /// `Apply` or `Delete`, nothing while a list is under way, and once it is complete every object
+    /// it added, changed or dropped (dropped ones as they were), so that whatever a trigger
+    /// reconciles is already what the store holds. Objects are encoded before the lock is taken.
+    pub fn apply(&self, event: watcher::Event<K>) -> Vec<K> {
         let objects = || self.shared.objects.write().expect("store poisoned");
         match event {
             watcher::Event::Apply(object) => {
-                if let Some((key, packed)) = self.encoded(object) {
+                if let Some((key, packed)) = self.encoded(&object) {
                     objects().live.insert(key, packed);
                 }
+                vec![object]
             }
             watcher::Event::InitApply(object) => {
-                if let Some((key, packed)) = self.encoded(object) {
+                if let Some((key, packed)) = self.encoded(&object) {
                     objects().listing.get_or_insert_default().insert(key, packed);
                 }
+                Vec::new()
             }
             watcher::Event::Delete(object) => {
-                objects().live.remove(key_of(object).as_str());
+                objects().live.remove(key_of(&object).as_str());
+                vec![object]
             }
-            watcher::Event::Init => objects().listing = Some(HashMap::new()),
+            watcher::Event::Init => {
+                objects().listing = Some(HashMap::new());
+                Vec::new()
+            }
             watcher::Event::InitDone => {
-                {
+                let replaced = {
                     let mut objects = objects();
-                    if let Some(listed) = objects.listing.take() {
-                        objects.live = listed;
-                    }
-                }
+                    objects
+                        .listing
+                        .take()
+                        .map(|listed| std::mem::replace(&mut objects.live, listed))
+                };
                 self.shared.listed.send_replace(true);
+                replaced.map(|before| self.changed_by_list(before)).unwrap_or_default()
             }
         }
+    }
+
+    /// What a complete list changed against the objects held `before` it.
+    fn changed_by_list(&self, before: HashMap<Box<str>, Box<[u8]>>) -> Vec<K> {
+        let changed: Vec<Box<[u8]>> = {
+            let objects = self.shared.objects.read().expect("store poisoned");
+            let added_or_changed = objects
+                .live
+                .iter()
+                .filter(|(key, packed)| before.get(*key) != Some(*packed))
+                .map(|(_, packed)| packed.clone());
+            let dropped = before
+                .iter()
+                .filter(|(key, _)| !objects.live.contains_key(*key))
+                .map(|(_, packed)| packed.clone());
+            added_or_changed.chain(dropped).collect()
+        };
+        changed.iter().filter_map(|packed| self.parsed(packed)).collect()
     }
 
     /// The object, parsed anew.
@@ -97,15 +126,17 @@ impl<K: Resource + Serialize + DeserializeOwned> CompactStore<K> {
             let objects = self.shared.objects.read().expect("store poisoned");
             objects.live.get(key(namespace, name).as_str())?.clone()
         };
+        self.parsed(&packed)
+    }
+
+    fn parsed(&self, packed: &[u8]) -> Option<K> {
         let codec = self.shared.codec.get()?;
-        let object = codec
-            .unpack(&packed)
-            .and_then(|json| Ok(serde_json::from_slice(&json)?));
+        let object = codec.unpack(packed).and_then(|json| Ok(serde_json::from_slice(&json)?));
         match object {
             Ok(object) => Some(object),
             Err(err) => {
                 // Our own encoding of a valid object: cannot happen short of a bug in zstd or serde.
-                tracing::error!(error = %err, kind = std::any::type_name::<K>(), name, "cached object unreadable");
+                tracing::error!(error = %err, kind = std::any::type_name::<K>(), "cached object unreadable");
                 None
             }
         }
@@ -200,10 +231,10 @@ mod tests {
     fn objects_come_back_as_they_went_in_and_go_when_deleted() {
         let store = CompactStore::<Service>::default();
         let one = service("one", "10.96.0.1");
-        store.apply(&watcher::Event::Apply(one.clone()));
+        store.apply(watcher::Event::Apply(one.clone()));
         assert_eq!(store.get(Some("apps"), "one"), Some(one.clone()));
         assert_eq!(store.get(Some("other"), "one"), None);
-        store.apply(&watcher::Event::Delete(one));
+        store.apply(watcher::Event::Delete(one));
         assert_eq!(store.get(Some("apps"), "one"), None);
     }
 
@@ -225,7 +256,7 @@ mod tests {
             service
         };
         for i in 0..100 {
-            store.apply(&watcher::Event::Apply(named(i)));
+            store.apply(watcher::Event::Apply(named(i)));
         }
         let json = serde_json::to_vec(&named(42)).unwrap().len();
         let packed = store.shared.objects.read().unwrap().live["apps/pvc-00000042-0f3c-4b7c-8e9f-0a1b2c3d4e5f"].len();
@@ -237,16 +268,16 @@ mod tests {
 
         let mut unlike = service("odd", "fd00::1");
         unlike.metadata.annotations = Some([("note".to_owned(), "x".repeat(3000))].into());
-        store.apply(&watcher::Event::Apply(unlike.clone()));
+        store.apply(watcher::Event::Apply(unlike.clone()));
         assert_eq!(store.get(Some("apps"), "odd"), Some(unlike));
     }
 
     #[tokio::test]
     async fn a_relist_replaces_the_objects_only_once_complete() {
         let store = CompactStore::<Service>::default();
-        store.apply(&watcher::Event::Apply(service("gone", "10.96.0.1")));
-        store.apply(&watcher::Event::Init);
-        store.apply(&watcher::Event::InitApply(service("kept", "10.96.0.2")));
+        store.apply(watcher::Event::Apply(service("gone", "10.96.0.1")));
+        store.apply(watcher::Event::Init);
+        store.apply(watcher::Event::InitApply(service("kept", "10.96.0.2")));
         assert!(
             store.get(Some("apps"), "gone").is_some(),
             "the old objects until the list is in"
@@ -254,9 +285,34 @@ mod tests {
         assert!(store.get(Some("apps"), "kept").is_none());
         let listed = tokio::time::timeout(std::time::Duration::from_millis(50), store.listed()).await;
         assert!(listed.is_err(), "not ready before the first list is in");
-        store.apply(&watcher::Event::InitDone);
+        store.apply(watcher::Event::InitDone);
         store.listed().await;
         assert!(store.get(Some("apps"), "gone").is_none());
         assert!(store.get(Some("apps"), "kept").is_some());
+    }
+
+    #[test]
+    fn a_complete_list_reports_what_it_added_changed_and_dropped_and_nothing_else() {
+        let store = CompactStore::<Service>::default();
+        for name in ["same", "edited", "dropped"] {
+            store.apply(watcher::Event::Apply(service(name, "10.96.0.1")));
+        }
+        store.apply(watcher::Event::Init);
+        for (name, ip) in [("same", "10.96.0.1"), ("edited", "10.96.0.9"), ("new", "10.96.0.2")] {
+            assert!(store.apply(watcher::Event::InitApply(service(name, ip))).is_empty());
+        }
+        let mut changed: Vec<_> = store
+            .apply(watcher::Event::InitDone)
+            .into_iter()
+            .map(|service| {
+                (
+                    service.metadata.name.unwrap(),
+                    service.spec.unwrap().cluster_ip.unwrap(),
+                )
+            })
+            .collect();
+        changed.sort();
+        let expected = [("dropped", "10.96.0.1"), ("edited", "10.96.0.9"), ("new", "10.96.0.2")];
+        assert_eq!(changed, expected.map(|(name, ip)| (name.to_owned(), ip.to_owned())));
     }
 }
