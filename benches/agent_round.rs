@@ -95,6 +95,7 @@ fn round_time(snapshot: &Snapshot) -> Duration {
         evacuate_taint: None,
         peers_restate_within: Duration::ZERO,
         report_interval: Duration::from_secs(5),
+        not_ready_counts_after: Duration::ZERO,
     };
     let rounds = 20;
     let started = Instant::now();

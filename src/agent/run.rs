@@ -398,6 +398,10 @@ fn drbd_read_timeout(status_interval: Duration, operations_timeout: Duration) ->
         .min(operations_timeout)
 }
 
+/// How often a kubelet posts its Node's status (`nodeStatusUpdateFrequency`, 10 s by default):
+/// after a control-plane outage, within this a healthy node is Ready again.
+const KUBELET_STATUS_PERIOD: Duration = Duration::from_secs(10);
+
 fn decision_settings(args: &AgentArgs) -> DecisionSettings {
     DecisionSettings {
         fail_over_timeout: *args.fail_over_timeout,
@@ -408,6 +412,7 @@ fn decision_settings(args: &AgentArgs) -> DecisionSettings {
         evacuate_taint: (args.node_drain_policy == DrainPolicy::Evacuate).then(|| args.evacuate_taint.clone()),
         peers_restate_within: *args.fail_over_timeout + *args.reconcile_interval,
         report_interval: *args.reconcile_interval,
+        not_ready_counts_after: *args.fail_over_timeout + *args.reconcile_interval + KUBELET_STATUS_PERIOD,
     }
 }
 
@@ -454,7 +459,7 @@ fn next_wake(
 ) -> Instant {
     let now = Instant::now();
     let next_timer = timers
-        .deadlines(settings.fail_over_timeout)
+        .deadlines(settings.fail_over_timeout, settings.not_ready_counts_after)
         .filter(|deadline| *deadline > now)
         .min();
     [Some(next_read), Some(now + reconcile_interval), next_timer]

@@ -126,6 +126,9 @@ pub struct Timers {
     pub published: HashMap<String, Publication>,
     /// Per resource: this node's publication held back over another node's newer move.
     pub held_publications: HashMap<String, HeldPublication>,
+    /// Per Node: since when this agent has seen it NotReady, without a Ready read between. On
+    /// this agent's own clock: the condition's timestamps are the control plane's.
+    pub not_ready_since: HashMap<String, Instant>,
     /// Fail-overs finished since the shell last took them: a volume's fail-over from the first
     /// sign of loss to its last step seen done.
     pub fail_overs_done: Vec<FailOverDone>,
@@ -162,13 +165,24 @@ impl Timers {
         Self::default()
     }
 
-    /// When each running timer expires.
-    pub fn deadlines(&self, timeout: Duration) -> impl Iterator<Item = Instant> + '_ {
-        self.fail_over
+    /// When each running timer expires: those that run for `timeout`, and NotReady nodes' gates.
+    pub fn deadlines(&self, timeout: Duration, not_ready_gate: Duration) -> impl Iterator<Item = Instant> + '_ {
+        let timed = self
+            .fail_over
             .values()
             .chain(self.suspended.values())
             .chain(self.quorum_lost.values())
-            .map(move |started| *started + timeout)
+            .map(move |started| *started + timeout);
+        timed.chain(self.not_ready_since.values().map(move |since| *since + not_ready_gate))
+    }
+
+    /// Notes which Nodes are NotReady as of this read: a Ready one's count starts over.
+    pub fn note_readiness(&mut self, nodes: &BTreeMap<String, NodeView>, now: Instant) {
+        self.not_ready_since
+            .retain(|name, _| nodes.get(name).is_some_and(|node| !node.ready));
+        for node in nodes.values().filter(|node| !node.ready) {
+            self.not_ready_since.entry(node.name.clone()).or_insert(now);
+        }
     }
 }
 

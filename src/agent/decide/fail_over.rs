@@ -36,6 +36,7 @@ pub(super) fn fail_overs(
     timers: &mut Timers,
     now: Instant,
 ) -> Vec<Action> {
+    timers.note_readiness(&observed.nodes, now);
     let mut holds = Vec::new();
     let mut by_node: BTreeMap<String, Vec<Action>> = BTreeMap::new();
     let mut live_timers = Vec::new();
@@ -61,6 +62,7 @@ pub(super) fn fail_overs(
                 node,
                 peer: &peer.name,
                 seen: started,
+                not_ready_since: timers.not_ready_since.get(&node.name).copied(),
             };
             let verdict = evidence(observed, settings, &suspicion, now);
             match &verdict {
@@ -139,29 +141,36 @@ fn tainted_by_fail_over(observed: &Observed, node: &str) -> bool {
 }
 
 /// A peer suspected of losing a resource: the resource here, the peer's Node, the peer as DRBD
-/// names it, and since when this node sees its link down.
+/// names it, since when this node sees its link down, and since when its Node NotReady.
 struct Suspicion<'a> {
     resource: &'a Resource,
     node: &'a NodeView,
     peer: &'a str,
     seen: Instant,
+    not_ready_since: Option<Instant>,
 }
 
 /// Weighs what else is known about a peer whose link to this node is down. One link is a
-/// suspicion; the peer is failed over only when nothing says it still holds the volume. Its Node
-/// being NotReady, and what a Ready peer's agent said or did not say, count only once the API
-/// server has answered this agent long enough for the peers to have spoken after an outage: right
-/// after one, Kubernetes marks NotReady every node whose kubelet could not renew its Lease.
+/// suspicion; the peer is failed over only when nothing says it still holds the volume.
+///
+/// Its Node being NotReady counts once this agent has seen it so for the gate, while the API
+/// server answers it now: right after a control-plane outage Kubernetes marks NotReady every node
+/// whose kubelet could not renew its Lease, and the kubelets set them Ready again within their
+/// status period. What the peer's agent said or did not say counts only once the API server has
+/// answered this agent long enough for the peers to have spoken after an outage.
 fn evidence(observed: &Observed, settings: &DecisionSettings, suspicion: &Suspicion, now: Instant) -> Evidence {
     let node = suspicion.node;
+    let not_ready_for = suspicion
+        .not_ready_since
+        .map(|since| now.saturating_duration_since(since));
+    let answering = observed.api_answering_since.is_some();
+    if let Some(seen) = not_ready_for.filter(|seen| answering && *seen >= settings.not_ready_counts_after) {
+        return Evidence::Lost(format!("node {} has been seen not Ready for {seen:?}", node.name));
+    }
     let heard_long_enough = observed
         .api_answering_since
         .is_some_and(|since| now.saturating_duration_since(since) >= settings.peers_restate_within);
-    let evidence = if node.ready {
-        what_the_agents_said(observed, settings, suspicion, now)
-    } else {
-        Evidence::Lost(format!("node {} is not Ready", node.name))
-    };
+    let evidence = what_the_agents_said(observed, settings, suspicion, now);
     match evidence {
         Evidence::Lost(said) | Evidence::Crashed(said) if !heard_long_enough => Evidence::Alive(format!(
             "{said}, but the API server has not answered this agent for {:?} yet: after an outage the nodes and peers may not have spoken again",
@@ -186,6 +195,7 @@ fn what_the_agents_said(
         node,
         peer,
         seen,
+        ..
     } = *suspicion;
     let alive_report = |name: &str| observed.alive_report(name, &resource.name);
     if let Some(own) = alive_report(&node.name) {
@@ -624,9 +634,8 @@ mod tests {
         );
         silent.api_answering_since = None;
         assert_eq!(at(&silent, 60), ["hold node-a"], "not answering now");
-        // A stated loss of quorum waits the same, and so does a NotReady node: right after a
-        // control-plane outage Kubernetes marks every node whose kubelet could not renew its
-        // Lease NotReady, healthy primaries included, until the kubelets speak again.
+        // A stated loss of quorum waits the same. (A NotReady node has a gate of its own: see
+        // `not_ready_counts_once_seen_for_the_gate_whatever_the_api_servers_answers_did_meanwhile`.)
         let mut says_lost = silent.clone();
         says_lost.reports = [(
             "node-a".to_string(),
@@ -634,12 +643,82 @@ mod tests {
         )]
         .into();
         assert_eq!(at(&says_lost, 60), ["hold node-a"]);
-        let mut not_ready = primary_lost();
-        not_ready.api_answering_since = Some(t0);
-        assert_eq!(at(&not_ready, 5), ["hold node-a"], "NotReady just after an outage");
-        assert_eq!(at(&not_ready, 10)[0], "taint node-a drbd.linbit.com/lost-quorum");
-        not_ready.api_answering_since = None;
-        assert_eq!(at(&not_ready, 5), ["hold node-a"]);
+    }
+
+    /// NotReady counts once this agent has seen it for the gate, on its own clock, without a Ready
+    /// read between: not sooner because the API server has answered for long (a node marked
+    /// NotReady by a control-plane outage is Ready again within the kubelet's status period), and
+    /// not never because some of this agent's calls fail (a flaky API).
+    #[test]
+    fn not_ready_counts_once_seen_for_the_gate_whatever_the_api_servers_answers_did_meanwhile() {
+        let settings = DecisionSettings {
+            peers_restate_within: Duration::from_secs(10),
+            not_ready_counts_after: Duration::from_secs(20),
+            ..settings()
+        };
+        // A NotReady node whose agent states it is Primary with quorum past the drop: only the
+        // NotReady can make it lost.
+        let mut observed = primary_lost();
+        observed.reports = [("node-a".to_string(), report(true, true, &["node-c"], &["node-b"], true))].into();
+        let t0 = Instant::now();
+        let at = |timers: &mut Timers, observed: &Observed, seconds: u64| {
+            kinds(&decide(observed, &settings, timers, t0 + Duration::from_secs(seconds)))
+        };
+
+        let mut answering_for_long = observed.clone();
+        answering_for_long.api_answering_since = Some(t0 - Duration::from_secs(3600));
+        let mut timers = Timers::new();
+        assert!(
+            at(&mut timers, &answering_for_long, 0).is_empty(),
+            "the fail-over timer starts"
+        );
+        for second in [5, 10, 19] {
+            assert_eq!(
+                at(&mut timers, &answering_for_long, second),
+                ["hold node-a"],
+                "NotReady seen for {second} s"
+            );
+        }
+        assert_eq!(
+            at(&mut timers, &answering_for_long, 20)[0],
+            "taint node-a drbd.linbit.com/lost-quorum"
+        );
+
+        // Every other call fails: the last one answered, NotReady seen for the gate.
+        let mut timers = Timers::new();
+        let mut flaky = observed.clone();
+        for second in 0..=20 {
+            flaky.api_answering_since = Some(t0 + Duration::from_secs(second));
+            let decided = at(&mut timers, &flaky, second);
+            if second < settings.fail_over_timeout.as_secs() {
+                continue;
+            }
+            let expected = if second < 20 {
+                "hold node-a"
+            } else {
+                "taint node-a drbd.linbit.com/lost-quorum"
+            };
+            assert_eq!(decided[0], expected, "flaky API, NotReady seen for {second} s");
+        }
+        flaky.api_answering_since = None;
+        assert_eq!(at(&mut timers, &flaky, 30), ["hold node-a"], "not answering now: blind");
+
+        // A Ready read between starts the count again.
+        let mut timers = Timers::new();
+        at(&mut timers, &answering_for_long, 0);
+        let mut ready_again = answering_for_long.clone();
+        ready_again.nodes.get_mut("node-a").unwrap().ready = true;
+        at(&mut timers, &ready_again, 15);
+        at(&mut timers, &answering_for_long, 16);
+        assert_eq!(
+            at(&mut timers, &answering_for_long, 35),
+            ["hold node-a"],
+            "NotReady again for 19 s"
+        );
+        assert_eq!(
+            at(&mut timers, &answering_for_long, 36)[0],
+            "taint node-a drbd.linbit.com/lost-quorum"
+        );
     }
 
     #[test]

@@ -20,6 +20,9 @@ pub struct DecisionSettings {
     pub peers_restate_within: Duration,
     /// How soon a peer's agent states a change of its DRBD view (`--reconcile-interval`).
     pub report_interval: Duration,
+    /// How long this agent must have seen a Node NotReady, without a Ready read between, before
+    /// that counts as evidence: time for the kubelets to speak again after a control-plane outage.
+    pub not_ready_counts_after: Duration,
 }
 
 #[cfg(test)]
@@ -35,6 +38,7 @@ impl DecisionSettings {
             evacuate_taint: None,
             peers_restate_within: Duration::ZERO,
             report_interval: Duration::from_secs(5),
+            not_ready_counts_after: Duration::ZERO,
         }
     }
 }
