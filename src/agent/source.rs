@@ -10,12 +10,11 @@ use futures::FutureExt;
 use futures::stream::BoxStream;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::process::Command;
-use tokio::sync::mpsc::Sender;
 
 use super::drbd::{self, DrbdState, Shown};
 use super::events2::{Applied, Events2State};
 use crate::deadline::within;
-use crate::producer;
+use crate::producer::{self, Latest};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DrbdError {
@@ -115,7 +114,7 @@ impl DrbdSource for DrbdSetup {
 
     fn changes(&self) -> BoxStream<'static, DrbdChange> {
         let binary = self.binary.clone();
-        producer::spawn(16, |sender| async move {
+        producer::spawn_latest(DrbdChange::merged, |latest| async move {
             let mut backoff = Duration::from_millis(500);
             loop {
                 let spawned = Command::new(&binary)
@@ -127,7 +126,7 @@ impl DrbdSource for DrbdSetup {
                 match spawned {
                     Ok(mut child) => {
                         let stdout = child.stdout.take().expect("piped stdout");
-                        let followed = follow_events2(stdout, &sender).await;
+                        let followed = follow_events2(stdout, &latest).await;
                         // We stopped reading: kill before waiting, so a child that still writes
                         // (or hangs) cannot block us on a full pipe.
                         let _ = child.kill().await;
@@ -137,14 +136,14 @@ impl DrbdSource for DrbdSetup {
                             Some(false) => {}
                         }
                         // The state it described is gone with it: read everything.
-                        if sender.send(DrbdChange::Unknown).await.is_err() {
+                        if !latest.send(DrbdChange::Unknown) {
                             return;
                         }
                         tracing::info!("drbdsetup events2 ended; restarting in {backoff:?}");
                     }
                     Err(err) => tracing::warn!(error = %err, "cannot run drbdsetup events2; retrying in {backoff:?}"),
                 }
-                if !producer::pause(&sender, backoff).await {
+                if !latest.pause(backoff).await {
                     return;
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(30));
@@ -169,6 +168,23 @@ pub enum DrbdChange {
     Unknown,
 }
 
+impl DrbdChange {
+    /// Two changes the loop has not taken yet, as one: the newer state, asking for the settings
+    /// when either did; a call for a full read stands.
+    fn merged(waiting: Self, next: Self) -> Self {
+        match (waiting, next) {
+            (DrbdChange::Unknown, _) | (_, DrbdChange::Unknown) => DrbdChange::Unknown,
+            (DrbdChange::State { created: before, .. }, DrbdChange::State { resources, created, at }) => {
+                DrbdChange::State {
+                    resources,
+                    created: before || created,
+                    at,
+                }
+            }
+        }
+    }
+}
+
 /// The longest events2 line kept; a longer one is garbage.
 const MAX_LINE: u64 = 64 * 1024;
 
@@ -176,7 +192,7 @@ const MAX_LINE: u64 = 64 * 1024;
 /// until the output ends or fails: `Some(whether the state was ever whole)`, or `None` once the
 /// consumer is gone. After a line that does not parse, the state cannot be trusted until the
 /// stream restarts: every burst then asks for a full read instead.
-async fn follow_events2(stdout: impl tokio::io::AsyncRead + Unpin, sender: &Sender<DrbdChange>) -> Option<bool> {
+async fn follow_events2(stdout: impl tokio::io::AsyncRead + Unpin, sender: &Latest<DrbdChange>) -> Option<bool> {
     let mut reader = BufReader::new(stdout);
     let mut state = Events2State::default();
     let (mut created, mut changed, mut trusted) = (true, false, true);
@@ -222,7 +238,7 @@ async fn follow_events2(stdout: impl tokio::io::AsyncRead + Unpin, sender: &Send
             _ => continue,
         };
         (created, changed) = (created && !trusted, false);
-        if sender.send(change).await.is_err() {
+        if !sender.send(change) {
             return None;
         }
     }
@@ -337,18 +353,56 @@ esac
 
     /// What `follow_events2` sent for `output`, and how it ended.
     async fn followed(output: &[u8]) -> (Option<bool>, Vec<DrbdChange>) {
-        let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
-        let ended = follow_events2(output, &sender).await;
-        let mut sent = Vec::new();
-        while let Ok(change) = receiver.try_recv() {
-            sent.push(change);
-        }
-        (ended, sent)
+        let (latest, changes) = producer::latest(DrbdChange::merged);
+        let ended = follow_events2(output, &latest).await;
+        drop(latest);
+        (ended, changes.collect().await)
     }
 
     const DUMP: &[u8] = b"exists resource name:pvc-1 role:Secondary suspended:no force-io-failures:no\n\
         exists device name:pvc-1 volume:0 minor:1000 disk:UpToDate quorum:yes\n\
         exists -\n";
+
+    use futures::StreamExt;
+
+    /// The changes `follow_events2` describes from `reader`, as the agent's loop takes them.
+    fn described(reader: impl tokio::io::AsyncRead + Unpin + Send + 'static) -> BoxStream<'static, DrbdChange> {
+        producer::spawn_latest(DrbdChange::merged, |latest| async move {
+            follow_events2(reader, &latest).await;
+        })
+    }
+
+    /// A burst is stamped when DRBD printed it (as near as the agent can tell: when it was read
+    /// off the pipe), not when the loop got round to it: a backlog from before a full read that
+    /// the loop takes in after it would otherwise count as newer than the read.
+    #[tokio::test]
+    async fn a_burst_is_stamped_when_printed_also_while_the_loop_is_busy() {
+        use tokio::io::AsyncWriteExt;
+        let (mut writer, reader) = tokio::io::duplex(1 << 20);
+        let mut changes = described(reader);
+        writer.write_all(DUMP).await.unwrap();
+        for i in 0..40 {
+            let role = if i % 2 == 0 { "Primary" } else { "Secondary" };
+            let line = format!("change resource name:pvc-1 role:{role}\n");
+            writer.write_all(line.as_bytes()).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let busy_until = std::time::Instant::now();
+        let mut newest = None;
+        while let Ok(Some(change)) = tokio::time::timeout(Duration::from_millis(200), changes.next()).await {
+            newest = Some(change);
+        }
+        let Some(DrbdChange::State { resources, at, .. }) = newest else {
+            panic!("a state: {newest:?}")
+        };
+        assert_eq!(resources[0].role, "Secondary", "the newest state comes through");
+        assert!(
+            at < busy_until,
+            "stamped {:?} after the loop was free again",
+            at.duration_since(busy_until)
+        );
+    }
 
     #[tokio::test]
     async fn events2_is_followed_as_state_once_its_dump_ends() {
@@ -374,16 +428,16 @@ esac
     async fn events2_output_of_any_length_or_encoding_asks_for_a_full_read() {
         use tokio::io::AsyncWriteExt;
         let (mut writer, reader) = tokio::io::duplex(1 << 21);
-        let (sender, mut receiver) = tokio::sync::mpsc::channel(16);
-        let follower = tokio::spawn(async move { follow_events2(reader, &sender).await });
+        let (latest, mut receiver) = producer::latest(DrbdChange::merged);
+        let follower = tokio::spawn(async move { follow_events2(reader, &latest).await });
         writer.write_all(DUMP).await.unwrap();
-        assert!(matches!(receiver.recv().await, Some(DrbdChange::State { .. })));
+        assert!(matches!(receiver.next().await, Some(DrbdChange::State { .. })));
         let mut garbage = b"\xff\xfe not UTF-8\n".to_vec();
         garbage.extend(std::iter::repeat_n(b'x', 1 << 20));
         garbage.extend(b"\nchange resource name:pvc-1 role:Primary\n");
         writer.write_all(&garbage).await.unwrap();
         assert_eq!(
-            receiver.recv().await,
+            receiver.next().await,
             Some(DrbdChange::Unknown),
             "garbage: read the state again"
         );
@@ -392,7 +446,7 @@ esac
             .await
             .unwrap();
         assert_eq!(
-            receiver.recv().await,
+            receiver.next().await,
             Some(DrbdChange::Unknown),
             "and on every change after it"
         );
@@ -404,8 +458,8 @@ esac
             sent.iter().all(|c| *c == DrbdChange::Unknown) && !sent.is_empty(),
             "{sent:?}"
         );
-        let (sender, receiver) = tokio::sync::mpsc::channel(16);
+        let (latest, receiver) = producer::latest(DrbdChange::merged);
         drop(receiver);
-        assert_eq!(follow_events2(DUMP, &sender).await, None, "the consumer is gone");
+        assert_eq!(follow_events2(DUMP, &latest).await, None, "the consumer is gone");
     }
 }
