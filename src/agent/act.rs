@@ -906,6 +906,7 @@ mod tests {
                 command: "drbdsetup secondary --force pvc-1".into(),
                 status: "exit status: 11".into(),
                 stderr: "State change failed".into(),
+                timed_out: false,
             })
         });
         let (mut executor, metrics) = stub_executor(drbd, false);

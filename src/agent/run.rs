@@ -26,6 +26,7 @@ use super::locality::Locality;
 use super::observe::{Snapshot, observe};
 use super::peers::PeerReads;
 use super::promoter::{PromoterSettings, PromoterSnippets};
+use super::read_bound::ReadBound;
 use super::reporter::Reporter;
 use super::source::{DrbdChange, DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
@@ -53,7 +54,7 @@ pub async fn run(
         binary: args.drbdsetup_path.clone(),
         proc_path: args.drbd_proc_path.clone(),
         timeout,
-        read_timeout: drbd_read_timeout(*args.drbd_status_interval, timeout),
+        read_bound: ReadBound::new(*args.drbd_status_interval, timeout),
     });
     let freshness = Freshness::new(*args.drbd_status_interval, timeout);
     probes.set_liveness_check({
@@ -387,15 +388,6 @@ impl Rounds {
             }
         }
     }
-}
-
-/// How long a `drbdsetup status` or `show` may take: two status intervals, at least 2 s, at most
-/// the operations timeout. A read takes milliseconds when DRBD is well; a stuck one given the
-/// whole operations timeout (1m by default) would hold every decision, publications included.
-fn drbd_read_timeout(status_interval: Duration, operations_timeout: Duration) -> Duration {
-    (2 * status_interval)
-        .max(Duration::from_secs(2))
-        .min(operations_timeout)
 }
 
 /// How often a kubelet posts its Node's status (`nodeStatusUpdateFrequency`, 10 s by default):

@@ -13,6 +13,7 @@ use tokio::process::Command;
 
 use super::drbd::{self, DrbdState, Shown};
 use super::events2::{Applied, Events2State};
+use super::read_bound::ReadBound;
 use crate::deadline::within;
 use crate::producer::{self, Latest};
 
@@ -25,6 +26,8 @@ pub enum DrbdError {
         command: String,
         status: String,
         stderr: String,
+        /// It ran out of its time, rather than failing on its own.
+        timed_out: bool,
     },
     #[error(transparent)]
     Parse(#[from] drbd::ParseError),
@@ -49,14 +52,22 @@ pub struct DrbdSetup {
     pub proc_path: PathBuf,
     /// Bound of a command that changes something (`secondary --force`).
     pub timeout: Duration,
-    /// Bound of a read (`status`, `show`): milliseconds when DRBD is well.
-    pub read_timeout: Duration,
+    /// Bound of a read (`status`, `show`): milliseconds when DRBD is well, longer on a node
+    /// with many resources.
+    pub read_bound: ReadBound,
 }
 
 impl DrbdSetup {
-    /// A command that only reads, bounded by the read timeout.
+    /// A command that only reads, within the read bound, which learns from how it went.
     async fn run_read(&self, args: &[&str]) -> Result<String, DrbdError> {
-        self.run(args, self.read_timeout).await
+        let started = std::time::Instant::now();
+        let read = self.run(args, self.read_bound.get()).await;
+        match &read {
+            Err(DrbdError::Failed { timed_out: true, .. }) => self.read_bound.ran_out(),
+            Ok(_) => self.read_bound.finished(started.elapsed()),
+            Err(_) => {}
+        }
+        read
     }
 
     async fn run(&self, args: &[&str], timeout: Duration) -> Result<String, DrbdError> {
@@ -70,6 +81,7 @@ impl DrbdSetup {
             command: command.clone(),
             status: timed_out.to_string(),
             stderr: String::new(),
+            timed_out: true,
         })?
         .map_err(|source| DrbdError::Spawn {
             command: command.clone(),
@@ -80,6 +92,7 @@ impl DrbdSetup {
                 command,
                 status: output.status.to_string(),
                 stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+                timed_out: false,
             });
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
@@ -281,7 +294,7 @@ esac
             binary: fake_drbdsetup(dir),
             proc_path,
             timeout: Duration::from_secs(5),
-            read_timeout: Duration::from_secs(5),
+            read_bound: ReadBound::between(Duration::from_secs(5), Duration::from_secs(5)),
         }
     }
 
@@ -300,7 +313,7 @@ esac
         let proc_path = dir.join("proc-drbd");
         std::fs::write(&proc_path, "version: 9.2.0\n").unwrap();
         let source = DrbdSetup {
-            read_timeout: Duration::from_millis(300),
+            read_bound: ReadBound::between(Duration::from_millis(300), Duration::from_secs(5)),
             ..source(&dir, proc_path)
         };
         let hanging = dir.join("drbdsetup-hanging");
@@ -313,6 +326,29 @@ esac
         let started = std::time::Instant::now();
         assert!(source.read().await.is_err());
         assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// A node whose reads take longer than the first bound (thousands of resources) gets a state
+    /// at the next read, not never.
+    #[tokio::test]
+    async fn reads_slower_than_the_bound_get_through_at_the_next_attempt() {
+        let dir = temp_dir("slow");
+        let proc_path = dir.join("proc-drbd");
+        std::fs::write(&proc_path, "version: 9.2.0\n").unwrap();
+        let real = fake_drbdsetup(&dir);
+        let slow = dir.join("drbdsetup-slow");
+        let script = format!("#!/bin/sh\nsleep 0.5\nexec {} \"$@\"\n", real.display());
+        std::fs::write(&slow, script).unwrap();
+        std::fs::set_permissions(&slow, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let source = DrbdSetup {
+            binary: slow,
+            read_bound: ReadBound::between(Duration::from_millis(300), Duration::from_secs(5)),
+            ..source(&dir, proc_path)
+        };
+        assert!(source.read().await.is_err(), "the first read runs out");
+        let state = source.read().await.expect("the second read is given longer");
+        assert_eq!(state.resources[0].name, "pvc-1");
         std::fs::remove_dir_all(dir).unwrap();
     }
 
