@@ -44,6 +44,11 @@ const SLICE_BOUND: Duration = Duration::from_secs(20);
 /// clients, whose node may only have lost its storage links: Kubernetes's NotReady (8 s here) and
 /// the agents' wait for peers to restate after an outage (3 s). With a margin.
 const POD_MOVE_BOUND: Duration = Duration::from_secs(15);
+/// The same while the agents' reads of their peers' Leases are refused: the peers are unknown, not
+/// silent, and only Kubernetes's NotReady (8 s here), seen by an agent for its gate
+/// (`--fail-over-timeout` 1 s + `--reconcile-interval` 2 s + 10 s), lets the fail-over go. With a
+/// margin.
+const POD_MOVE_BOUND_UNREAD: Duration = Duration::from_secs(24);
 /// How long after the last fault everything must be in line.
 const CONVERGE_BOUND: Duration = Duration::from_secs(90);
 const LEASE: &str = "svc-leader";
@@ -257,6 +262,10 @@ struct Truth {
     /// Since when the control plane has run without a restart; `None` while one is under way
     /// (nothing can be written then).
     control_plane_since: Option<Instant>,
+    /// The agents' reads of their peers' Leases are refused now.
+    lease_reads_refused: bool,
+    /// Since when they have been allowed again, after the last refusal.
+    lease_reads_since: Option<Instant>,
     violations: Vec<String>,
 }
 
@@ -309,6 +318,25 @@ impl Truth {
             .min()?;
         let control_plane = self.control_plane_since?;
         (primary != i).then(|| down.max(healthy).max(agent).max(control_plane))
+    }
+
+    /// Since when a consumer of `v` on node `i` has been owed a move, once it is late: within
+    /// [`POD_MOVE_BOUND`] of when the agents could read their peers' Leases (again), and in any
+    /// case within [`POD_MOVE_BOUND_UNREAD`].
+    fn consumer_move_late(&self, i: usize, v: usize) -> Option<Instant> {
+        let owed = self.consumer_move_owed_since(i, v)?;
+        let readable =
+            (!self.lease_reads_refused).then(|| self.lease_reads_since.map_or(owed, |since| since.max(owed)));
+        let late =
+            owed.elapsed() >= POD_MOVE_BOUND_UNREAD || readable.is_some_and(|since| since.elapsed() >= POD_MOVE_BOUND);
+        late.then_some(owed)
+    }
+
+    fn lease_reads(&mut self, allowed: bool) {
+        self.lease_reads_refused = !allowed;
+        if allowed {
+            self.lease_reads_since = Some(Instant::now());
+        }
     }
 
     fn violation(&mut self, what: String) {
@@ -660,6 +688,8 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
                 );
                 if allowed.await.is_none() {
                     retry.push((Instant::now() + Duration::from_secs(1), Undo::AllowReads));
+                } else {
+                    soak.truth.lock().unwrap().lease_reads(true);
                 }
             }
             Undo::Continue(i) => {
@@ -747,8 +777,11 @@ async fn refuse_lease_reads(soak: &Soak, rng: &mut Rng, pending: &mut Vec<(Insta
     if pending.iter().any(|(_, undo)| matches!(undo, Undo::AllowReads)) {
         return false;
     }
+    // Counted as refused from before the change: an agent may see it before the call returns.
+    soak.truth.lock().unwrap().lease_reads(false);
     let refused = harness("refusing the agents' reads", soak.env.agents_may_read_leases(false));
     if refused.await.is_none() {
+        soak.truth.lock().unwrap().lease_reads(true);
         return false;
     }
     pending.push((rng.later(5_000, 15_000), Undo::AllowReads));
@@ -999,8 +1032,7 @@ fn watch_consumers_of_lost_nodes(soak: &Soak) -> tokio::task::JoinHandle<()> {
                 for pod in list.items {
                     let name = pod.name_any();
                     let Some(v) = volume_of(&name, "app-") else { continue };
-                    let owed = truth.lock().unwrap().consumer_move_owed_since(i, v);
-                    let Some(since) = owed.filter(|since| since.elapsed() >= POD_MOVE_BOUND) else {
+                    let Some(since) = truth.lock().unwrap().consumer_move_late(i, v) else {
                         continue;
                     };
                     if reported.get(&name) == Some(&since) {
@@ -1008,8 +1040,9 @@ fn watch_consumers_of_lost_nodes(soak: &Soak) -> tokio::task::JoinHandle<()> {
                     }
                     reported.insert(name.clone(), since);
                     let what = format!(
-                        "pod {name} still on node {}, {POD_MOVE_BOUND:?} after it was down, volume {v} had a healthy primary elsewhere and an agent there ran",
-                        NODES[i]
+                        "pod {name} still on node {}, {:?} after it was down, volume {v} had a healthy primary elsewhere and an agent there ran",
+                        NODES[i],
+                        since.elapsed()
                     );
                     truth.lock().unwrap().violation(what);
                 }
