@@ -4,9 +4,16 @@
 //! an older one, where some tools may still read Endpoints, gets both. `--write-endpoints`
 //! decides it for the cluster instead.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
 use clap::ValueEnum;
 
 use crate::shutdown::Shutdown;
+
+/// How often `auto` reads the API server's version again while the loops run.
+const RECHECK_EVERY: Duration = Duration::from_secs(300);
 
 /// `--write-endpoints`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -34,11 +41,6 @@ impl WriteEndpoints {
         }
     }
 
-    /// `Always` or `Never`, as `writes` says: the mode once resolved.
-    pub fn settled(writes: bool) -> Self {
-        if writes { Self::Always } else { Self::Never }
-    }
-
     /// [`Self::resolve`] against the API server `client` talks to; its answer is logged. `auto`
     /// waits for the version (a failed read is tried again, 1 s doubling to 30 s): the controller
     /// and every agent ask the same server, so they all reach the one answer, never one "write"
@@ -51,6 +53,60 @@ impl WriteEndpoints {
         let writes = self.resolve(version.flatten());
         tracing::info!(mode = ?self, ?version, writes_endpoints = writes, "core/v1 Endpoints");
         Some(writes)
+    }
+}
+
+/// The answer to `--write-endpoints` a loop goes by. Under `auto` it follows the API server's
+/// version while the loop runs, read again every five minutes, so an upgrade past 1.33 takes
+/// effect without a restart (the controller then deletes the Endpoints it wrote at its next
+/// reconcile of each claim). Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct EndpointsAnswer(Arc<AtomicBool>);
+
+impl EndpointsAnswer {
+    pub fn fixed(writes: bool) -> Self {
+        Self(Arc::new(AtomicBool::new(writes)))
+    }
+
+    /// Whether core/v1 Endpoints are written now.
+    pub fn writes(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// `mode` resolved against the API server (see [`WriteEndpoints::resolve_for`]); under
+    /// `auto`, kept up to date until `shutdown`. `None` on `shutdown` first.
+    pub async fn resolve(mode: WriteEndpoints, client: &kube::Client, shutdown: &Shutdown) -> Option<Self> {
+        let answer = Self::fixed(mode.resolve_for(client, shutdown).await?);
+        if mode == WriteEndpoints::Auto {
+            tokio::spawn(
+                answer
+                    .clone()
+                    .follow_version(client.clone(), shutdown.clone(), RECHECK_EVERY),
+            );
+        }
+        Some(answer)
+    }
+
+    /// Reads the version again every `every`; a failed read keeps the answer.
+    async fn follow_version(self, client: kube::Client, shutdown: Shutdown, every: Duration) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+            let Ok(info) = client.apiserver_version().await else {
+                continue;
+            };
+            let version = parse_version(&info.major, &info.minor);
+            let writes = WriteEndpoints::Auto.resolve(version);
+            if self.0.swap(writes, Ordering::Relaxed) != writes {
+                tracing::info!(
+                    ?version,
+                    writes_endpoints = writes,
+                    "the API server's version changed the answer to --write-endpoints auto"
+                );
+            }
+        }
     }
 }
 
@@ -119,6 +175,39 @@ mod tests {
         shutdown.cancel();
         let never = crate::scripted_api::client(|_| (503, "{}".into()));
         assert_eq!(WriteEndpoints::Auto.resolve_for(&never, &shutdown).await, None);
+    }
+
+    #[tokio::test]
+    async fn auto_follows_an_upgrade_without_a_restart() {
+        use std::sync::atomic::AtomicUsize;
+        let asked = Arc::new(AtomicUsize::new(0));
+        let counted = asked.clone();
+        let client = crate::scripted_api::client(move |_| match counted.fetch_add(1, Ordering::SeqCst) {
+            0 => (200, r#"{"major":"1","minor":"32","gitVersion":"v1.32.9"}"#.into()),
+            1..=3 => (503, "{}".into()),
+            _ => (200, r#"{"major":"1","minor":"33","gitVersion":"v1.33.1"}"#.into()),
+        });
+        let shutdown = Shutdown::new();
+        let answer = EndpointsAnswer::fixed(WriteEndpoints::Auto.resolve_for(&client, &shutdown).await.unwrap());
+        assert!(answer.writes(), "1.32 writes them");
+        let following = tokio::spawn(answer.clone().follow_version(
+            client,
+            shutdown.clone(),
+            Duration::from_millis(50),
+        ));
+        while asked.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(answer.writes(), "a failed read keeps the answer");
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while answer.writes() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("upgraded to 1.33: no longer written");
+        shutdown.cancel();
+        following.await.unwrap();
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub struct ExecutorSettings {
     /// Oldest DRBD state a step that takes something may be carried out over.
     pub max_state_age: Duration,
     /// A move rewrites the core/v1 Endpoints too, not only the EndpointSlice.
-    pub write_endpoints: bool,
+    pub write_endpoints: crate::core_endpoints::EndpointsAnswer,
 }
 
 /// How one action ended.
@@ -582,7 +582,7 @@ impl Executor {
                     node: &self.settings.node,
                     retry_for: self.settings.operations_timeout / 2,
                     triggered_at: &wall_clock_of(drbd_read_at),
-                    write_endpoints: self.settings.write_endpoints,
+                    write_endpoints: self.settings.write_endpoints.writes(),
                 },
             )
             .await?
@@ -745,7 +745,7 @@ mod tests {
             min_backoff: Duration::from_millis(50),
             max_state_age: Duration::from_secs(2),
             max_backoff: Duration::from_millis(400),
-            write_endpoints: true,
+            write_endpoints: crate::core_endpoints::EndpointsAnswer::fixed(true),
         };
         let events = EventSink::new(stub_client(), "test", None);
         let executor = Executor::new(stub_client(), Arc::new(drbd), events, metrics.clone(), settings, None);

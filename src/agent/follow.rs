@@ -98,7 +98,11 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
         if !to.write_endpoints {
             return Ok(true);
         }
-        patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for, still_ours).await
+        match patch_retrying(&endpoints, &name, &params, &endpoints_patch, to.retry_for, still_ours).await {
+            // The controller keeps none (its answer to --write-endpoints): nothing to follow.
+            Err(err) if api_status(&err) == Some(404) => Ok(true),
+            written => written,
+        }
     };
     let slice = patch_retrying(&slices, &name, &params, &slice_patch, to.retry_for, still_ours);
     let (endpoints, slice) = tokio::join!(endpoints, slice);
@@ -109,7 +113,7 @@ pub async fn publish_and_follow(client: &Client, to: Move<'_>) -> Result<Followe
             Ok(false) => return Ok(Followed::Superseded),
             Err(err) if api_status(&err) == Some(404) => {
                 return Ok(Followed::Skipped(format!(
-                    "the Endpoints or EndpointSlice {namespace}/{name} are not created by the controller yet"
+                    "the EndpointSlice {namespace}/{name} is not created by the controller yet"
                 )));
             }
             // An EndpointSlice cannot change its address type: the controller replaces it.
@@ -355,5 +359,24 @@ mod tests {
         let seen = seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 2, "{seen:?}");
         assert!(seen.iter().all(|p| !p.contains("/endpoints/")), "{seen:?}");
+    }
+
+    /// The controller decides whether core/v1 Endpoints are kept (`--write-endpoints`): an agent
+    /// that still writes them while the controller no longer does (one of them re-read the API
+    /// server's version after an upgrade first) finds none, and the move still counts.
+    #[tokio::test]
+    async fn endpoints_the_controller_does_not_keep_do_not_stop_a_move() {
+        const NOT_FOUND: &str =
+            r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404}"#;
+        let (client, seen) = scripted(|path, _| match path.contains("/endpoints/") {
+            true => (404, NOT_FOUND),
+            false => (200, "{}"),
+        });
+        let claim = claim();
+        assert_eq!(
+            publish_and_follow(&client, a_move(&claim)).await.unwrap(),
+            Followed::Rewritten
+        );
+        assert_eq!(slice_requests(&seen), 1);
     }
 }

@@ -32,14 +32,14 @@ use super::source::{DrbdChange, DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
 use crate::admin::Probes;
 use crate::cli::{AgentArgs, DrainPolicy};
-use crate::core_endpoints::WriteEndpoints;
+use crate::core_endpoints::EndpointsAnswer;
 use crate::events::{EventSettings, EventSink};
 use crate::metrics::AgentMetrics;
 use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
 
 pub async fn run(
-    mut args: AgentArgs,
+    args: AgentArgs,
     client: Client,
     registry: Registry,
     probes: Probes,
@@ -79,10 +79,9 @@ pub async fn run(
         .filter(|namespace| !namespace.is_empty())
         .unwrap_or(&args.lease_namespace);
     log_start(&args, satellite_namespace);
-    let Some(writes_endpoints) = args.write_endpoints.resolve_for(&client, &shutdown).await else {
+    let Some(write_endpoints) = EndpointsAnswer::resolve(args.write_endpoints, &client, &shutdown).await else {
         return Ok(());
     };
-    args.write_endpoints = WriteEndpoints::settled(writes_endpoints);
 
     let locality = Locality::default();
     let mut book = DrbdBook::new(
@@ -112,7 +111,17 @@ pub async fn run(
     let events = EventSink::new(client.clone(), AGENT_NAME, Some(args.node_name.clone()))
         .with_timeout(timeout)
         .with(event_settings);
-    let rounds = Rounds::new(&args, client, book, heartbeat, metrics, events, probes);
+    let executor_settings = executor_settings(&args, write_endpoints);
+    let rounds = Rounds::new(
+        &args,
+        executor_settings,
+        client,
+        book,
+        heartbeat,
+        metrics,
+        events,
+        probes,
+    );
     rounds.run(&cache, kube_changes, drbd_changes, &shutdown).await;
     let _ = heartbeat_task.await;
     tracing::info!(node = %args.node_name, "agent stopped");
@@ -161,8 +170,10 @@ struct Rounds {
 }
 
 impl Rounds {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         args: &AgentArgs,
+        executor_settings: ExecutorSettings,
         client: Client,
         drbd: DrbdBook,
         heartbeat: Heartbeat,
@@ -183,7 +194,7 @@ impl Rounds {
             drbd.source(),
             events,
             metrics.clone(),
-            executor_settings(args),
+            executor_settings,
             Some(guard),
         );
         Self {
@@ -408,7 +419,7 @@ fn decision_settings(args: &AgentArgs) -> DecisionSettings {
     }
 }
 
-fn executor_settings(args: &AgentArgs) -> ExecutorSettings {
+fn executor_settings(args: &AgentArgs, write_endpoints: EndpointsAnswer) -> ExecutorSettings {
     ExecutorSettings {
         node: args.node_name.clone(),
         dry_run: args.dry_run,
@@ -419,8 +430,7 @@ fn executor_settings(args: &AgentArgs) -> ExecutorSettings {
         min_backoff: Duration::from_secs(1),
         max_backoff: Duration::from_secs(120),
         max_state_age: 2 * *args.drbd_status_interval,
-        // Resolved against the API server's version at start (`auto`).
-        write_endpoints: args.write_endpoints == WriteEndpoints::Always,
+        write_endpoints,
     }
 }
 

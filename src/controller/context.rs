@@ -27,7 +27,7 @@ pub(crate) struct ReconcileSettings {
     pub error_requeue: Duration,
     pub max_error_requeue: Duration,
     /// Write core/v1 Endpoints beside the EndpointSlice (`--write-endpoints`, resolved).
-    pub write_endpoints: bool,
+    pub write_endpoints: crate::core_endpoints::EndpointsAnswer,
 }
 
 pub(crate) struct Context {

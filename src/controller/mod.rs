@@ -29,6 +29,7 @@ use prometheus::Registry;
 
 use crate::admin::Probes;
 use crate::cli::{ControllerArgs, VolumeBackendKind};
+use crate::core_endpoints::EndpointsAnswer;
 use crate::events::{EventSettings, EventSink};
 use crate::metrics::ControllerMetrics;
 use crate::names::CONTROLLER_NAME;
@@ -72,7 +73,8 @@ pub async fn run(
     let election_client = Client::try_from(config.clone()).context("cannot build a Kubernetes client")?;
     let client = fenced_client(config, fence.clone(), &args.identity)?;
     let backend = volume::backend(backend_settings(&args), &client)?;
-    let Some(write_endpoints) = args.write_endpoints.resolve_for(&election_client, &shutdown).await else {
+    let Some(write_endpoints) = EndpointsAnswer::resolve(args.write_endpoints, &election_client, &shutdown).await
+    else {
         return Ok(());
     };
     let settings = ReconcileSettings {

@@ -166,7 +166,7 @@ async fn reconcile_claim(
         Followed::Ended(outcome) => return Ok(outcome),
     };
     let Found { pv, volume, shared, .. } = found;
-    let plan = Plan::of(&shared, ctx.settings.write_endpoints);
+    let plan = Plan::of(&shared, ctx.settings.write_endpoints.writes());
     let drift = ctx.read_book(|book| {
         let converged_before = book.converged_before(&key, plan.fingerprint);
         plan.drift(&current, converged_before, book.repair_wait(&key, Instant::now()))
@@ -231,7 +231,7 @@ async fn follow_moves(
             stamp,
             expired: Instant::now() >= *until,
         });
-        let pointing = current.pointing(ctx.settings.write_endpoints);
+        let pointing = current.pointing(ctx.settings.write_endpoints.writes());
         match move_step(&found.sight(), &pointing, objects_fresh, held) {
             MoveStep::Proceed => return Ok(Followed::Ready(Box::new((found, current)))),
             MoveStep::ReadPv => {
@@ -479,7 +479,7 @@ mod tests {
             reconcile_timeout: Duration::from_secs(10),
             error_requeue: Duration::from_secs(1),
             max_error_requeue: Duration::from_secs(60),
-            write_endpoints,
+            write_endpoints: crate::core_endpoints::EndpointsAnswer::fixed(write_endpoints),
         };
         let metrics = ControllerMetrics::register(&prometheus::Registry::new()).unwrap();
         let backend = Arc::new(PvAnnotations::new(client.clone()));
