@@ -16,6 +16,7 @@ use kube::{Api, Client, ResourceExt};
 use super::decide::guard_allows;
 use super::error::AgentError;
 use super::observe::node_view;
+use super::server_clock::ServerClock;
 use crate::deadline::within;
 use crate::kube_client::api_status;
 use crate::names::{
@@ -41,6 +42,9 @@ pub struct FailOverGuard {
     pub node_selector: String,
     pub max_fraction: f64,
     pub timeout: Duration,
+    /// Reservations expire on the API server's clock: they are written and read by agents whose
+    /// own clocks may disagree.
+    pub clock: ServerClock,
 }
 
 impl FailOverGuard {
@@ -57,7 +61,13 @@ impl FailOverGuard {
             node_selector: node_selector.to_owned(),
             max_fraction,
             timeout,
+            clock: ServerClock::default(),
         }
+    }
+
+    /// Reads the time off `clock` (this node's wall clock until it knows the server's).
+    pub fn with_clock(self, clock: ServerClock) -> Self {
+        Self { clock, ..self }
     }
 
     /// Reserves a fail-over of `node`, or says why the guard refuses it; an error when it
@@ -91,7 +101,7 @@ impl FailOverGuard {
                 .map(|n| n.name)
                 .collect();
             let current = self.leases.get_opt(FAIL_OVER_GUARD_LEASE).await?;
-            let now = Timestamp::now();
+            let now = self.clock.now().unwrap_or_else(Timestamp::now);
             let mut reservations = current.as_ref().map(reservations).unwrap_or_default();
             reservations.retain(|_, expiry| *expiry > now);
             // A fail-over under way keeps the reservation it was given: counted again, other

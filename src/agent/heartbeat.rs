@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use prometheus::Gauge;
@@ -13,6 +14,7 @@ use serde_json::json;
 use super::api_health::ApiHealth;
 use super::error::AgentError;
 use super::report::Report;
+use super::server_clock::{ServerClock, written_at};
 use crate::deadline::within;
 use crate::metrics::set_to_now;
 use crate::names::{
@@ -39,6 +41,8 @@ pub struct Heartbeat {
     pub timeout: Duration,
     /// How the API server answers this agent, as its writes find out.
     pub api: ApiHealth,
+    /// The API server's clock, as the heartbeat's writes find it.
+    pub clock: ServerClock,
 }
 
 impl Heartbeat {
@@ -49,6 +53,7 @@ impl Heartbeat {
             duration_seconds,
             timeout,
             api: ApiHealth::default(),
+            clock: ServerClock::default(),
         }
     }
 
@@ -66,7 +71,10 @@ impl Heartbeat {
                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": self.duration_seconds, "renewTime": now},
             });
             match self.apply(AGENT_FIELD_MANAGER, &name, &lease).await {
-                Ok(()) => {
+                Ok(written) => {
+                    if let Some(taken) = written_at(&written, AGENT_FIELD_MANAGER) {
+                        self.clock.learned(taken);
+                    }
                     set_to_now(&renewed);
                     tracing::debug!(lease = %name, "heartbeat renewed");
                 }
@@ -93,16 +101,16 @@ impl Heartbeat {
             },
             "spec": {"holderIdentity": self.node},
         });
-        self.apply(AGENT_REPORT_FIELD_MANAGER, &name, &lease).await
+        self.apply(AGENT_REPORT_FIELD_MANAGER, &name, &lease).await?;
+        Ok(())
     }
 
-    async fn apply(&self, field_manager: &str, name: &str, lease: &serde_json::Value) -> Result<(), AgentError> {
+    async fn apply(&self, field_manager: &str, name: &str, lease: &serde_json::Value) -> Result<Lease, AgentError> {
         let params = PatchParams::apply(field_manager).force();
         let patch = Patch::Apply(lease);
         let written = within(self.timeout, self.leases.patch(name, &params, &patch)).await;
         self.api.record(&written);
-        written??;
-        Ok(())
+        Ok(written??)
     }
 }
 
@@ -113,21 +121,30 @@ impl Heartbeat {
 pub async fn peer_now(
     leases: &Api<Lease>,
     node: &str,
-    now: k8s_openapi::jiff::Timestamp,
+    clock: &ServerClock,
     timeout: Duration,
     api: &ApiHealth,
 ) -> Option<(bool, Option<Report>)> {
     let heartbeat = within(timeout, leases.get_opt(&lease_name(node))).await;
     api.record(&heartbeat);
-    let alive = heartbeat.ok()?.ok()?.and_then(|l| l.spec).is_some_and(|spec| {
-        let duration = k8s_openapi::jiff::SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
-        spec.renew_time
-            .is_some_and(|renewed| renewed.0.checked_add(duration).is_ok_and(|expiry| expiry > now))
-    });
+    let alive = heartbeat.ok()?.ok()?.is_some_and(|lease| renews(&lease, clock));
     let stated = within(timeout, leases.get_opt(&report_lease_name(node))).await;
     api.record(&stated);
     let report = stated.ok()?.ok()?.and_then(|lease| Report::of_lease(&lease));
     Some((alive, report))
+}
+
+/// Whether a heartbeat Lease was renewed within its duration. On the API server's clock when
+/// both the server's time of the renewal and this agent's view of the server's clock are known;
+/// else, as before either is, on the renewal time the peer wrote against this node's clock.
+fn renews(lease: &Lease, clock: &ServerClock) -> bool {
+    let Some(spec) = &lease.spec else { return false };
+    let duration = k8s_openapi::jiff::SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
+    let (renewed, now) = match (written_at(lease, AGENT_FIELD_MANAGER), clock.now()) {
+        (Some(taken), Some(server_now)) => (Some(taken), server_now),
+        _ => (spec.renew_time.as_ref().map(|time| time.0), Timestamp::now()),
+    };
+    renewed.is_some_and(|renewed| renewed.checked_add(duration).is_ok_and(|expiry| expiry > now))
 }
 
 #[cfg(test)]
@@ -148,7 +165,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_or_throttled_read_is_an_answer_and_a_server_error_is_not() {
-        let now = k8s_openapi::jiff::Timestamp::now();
+        let clock = ServerClock::default();
         for (status, body, still_answering) in [(403, REFUSED, true), (429, THROTTLED, true), (503, UNAVAILABLE, false)]
         {
             let api = ApiHealth::default();
@@ -156,7 +173,7 @@ mod tests {
             let read = peer_now(
                 &leases_answering(status, body),
                 "node-a",
-                now,
+                &clock,
                 Duration::from_secs(5),
                 &api,
             )
@@ -175,11 +192,10 @@ mod tests {
         );
         let body: &'static str = Box::leak(lease.into_boxed_str());
         let api = ApiHealth::default();
-        let now = k8s_openapi::jiff::Timestamp::now();
         let (alive, report) = peer_now(
             &leases_answering(200, body),
             "node-a",
-            now,
+            &ServerClock::default(),
             Duration::from_secs(5),
             &api,
         )
@@ -188,5 +204,45 @@ mod tests {
         assert!(alive);
         assert_eq!(report.unwrap().resources["pvc-1"].disconnected, ["node-b"]);
         assert!(api.answering_since().is_some());
+    }
+
+    /// A peer's heartbeat Lease: renewed at `renewed` by its own clock, taken by the server at
+    /// `taken` by the server's.
+    fn heartbeat_lease(renewed: Timestamp, taken: Timestamp) -> &'static str {
+        let lease = format!(
+            r#"{{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":{{"name":"x","managedFields":[{{"manager":"{AGENT_FIELD_MANAGER}","operation":"Apply","apiVersion":"coordination.k8s.io/v1","time":"{}"}}]}},"spec":{{"holderIdentity":"node-a","leaseDurationSeconds":15,"renewTime":"{}"}}}}"#,
+            taken.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            renewed.strftime("%Y-%m-%dT%H:%M:%S%.6fZ"),
+        );
+        Box::leak(lease.into_boxed_str())
+    }
+
+    /// Whether the peer of `lease` counts as renewing, for an agent whose server clock is now.
+    async fn alive(lease: &'static str) -> bool {
+        let clock = ServerClock::default();
+        clock.learned(Timestamp::now());
+        let (leases, api) = (leases_answering(200, lease), ApiHealth::default());
+        let read = peer_now(&leases, "node-a", &clock, Duration::from_secs(5), &api);
+        read.await.unwrap().0
+    }
+
+    /// Heartbeats are judged on the API server's clock: a peer whose clock is a minute behind
+    /// still renews, and one whose clock is a minute ahead does not renew for a minute after it
+    /// stopped.
+    #[tokio::test]
+    async fn a_peers_heartbeat_is_judged_on_the_servers_clock_not_on_its_own() {
+        use k8s_openapi::jiff::SignedDuration;
+        let now = Timestamp::now();
+        let ago = |seconds: i64| now - SignedDuration::from_secs(seconds);
+        assert!(
+            alive(heartbeat_lease(ago(60), ago(2))).await,
+            "a minute behind, renewed 2 s ago"
+        );
+        assert!(
+            !alive(heartbeat_lease(ago(-60), ago(20))).await,
+            "a minute ahead, silent for 20 s of a 15 s Lease"
+        );
+        assert!(alive(heartbeat_lease(ago(2), ago(2))).await, "on time");
+        assert!(!alive(heartbeat_lease(ago(20), ago(20))).await, "on time, silent");
     }
 }

@@ -27,6 +27,7 @@ pub mod read_bound;
 pub mod report;
 mod reporter;
 pub mod run;
+pub mod server_clock;
 pub mod source;
 pub mod view;
 

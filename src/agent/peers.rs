@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
@@ -19,6 +18,7 @@ use super::cache::trim_pod;
 use super::drbd::DrbdState;
 use super::heartbeat::peer_now;
 use super::observe::{Snapshot, node_view, observe, suspected_peers};
+use super::server_clock::ServerClock;
 use super::view::{Liveness, Observed};
 use crate::deadline::within;
 
@@ -29,6 +29,8 @@ pub(crate) struct PeerReads<'a> {
     pub timeout: Duration,
     /// Told how each read went.
     pub api: &'a ApiHealth,
+    /// The API server's clock, which peers' heartbeats are judged on.
+    pub clock: &'a ServerClock,
 }
 
 impl PeerReads<'_> {
@@ -48,7 +50,15 @@ impl PeerReads<'_> {
         let mut observed = observe(node, node_ip, state.clone(), &snapshot, publishable);
         if !suspects.is_empty() {
             add_uncached_peers(self.client, &mut observed, &suspects, self.timeout, self.api).await;
-            confirm_alive(self.leases, &mut observed, &suspects, self.timeout, self.api).await;
+            confirm_alive(
+                self.leases,
+                &mut observed,
+                &suspects,
+                self.clock,
+                self.timeout,
+                self.api,
+            )
+            .await;
             for node in unreadable {
                 observed.nodes.remove(&node);
             }
@@ -99,6 +109,7 @@ async fn confirm_alive(
     leases: &Api<Lease>,
     observed: &mut Observed,
     suspects: &BTreeSet<String>,
+    clock: &ServerClock,
     timeout: Duration,
     api: &ApiHealth,
 ) {
@@ -118,8 +129,7 @@ async fn confirm_alive(
         })
         .map(|(node, _)| node.clone())
         .collect();
-    let now = Timestamp::now();
-    let checks = relevant.iter().map(|node| peer_now(leases, node, now, timeout, api));
+    let checks = relevant.iter().map(|node| peer_now(leases, node, clock, timeout, api));
     let read = futures::future::join_all(checks).await;
     for (node, now) in relevant.iter().zip(read) {
         let (Some(known), Some((alive, stated))) = (observed.reports.get_mut(node), now) else {

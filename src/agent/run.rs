@@ -188,7 +188,8 @@ impl Rounds {
             &args.node_selector,
             args.max_tainted_fraction,
             timeout,
-        );
+        )
+        .with_clock(heartbeat.clock.clone());
         let executor = Executor::new(
             client.clone(),
             drbd.source(),
@@ -353,6 +354,7 @@ impl Rounds {
             leases: &self.heartbeat.leases,
             timeout: self.timeout,
             api: &self.heartbeat.api,
+            clock: &self.heartbeat.clock,
         };
         let no_nodes = BTreeSet::new();
         let (mut observed, ()) = tokio::join!(
