@@ -198,6 +198,8 @@ install_debian_packages() {
   command -v nfs-cat >/dev/null || need+=(libnfs-utils)
   # The fake drbdsetup's events2 reports state changes as they happen, as the real one does.
   command -v inotifywait >/dev/null || need+=(inotify-tools)
+  # The soak runs an agent with its node's clock a minute off.
+  [[ -n $(find /usr/lib -name libfaketime.so.1 -print -quit 2>/dev/null) ]] || need+=(faketime)
   ((${#need[@]})) || return 0
   log "installing Debian packages: ${need[*]}"
   local sudo=""

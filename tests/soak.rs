@@ -5,11 +5,12 @@
 //! the attacher, and injects faults in an order drawn from `SOAK_SEED`: controller and agent
 //! `kill -9`, kube-apiserver and etcd restarts, broken links, isolated nodes, switch-overs, node
 //! losses and returns, hand edits and deletions of the managed objects, a hanging `drbdsetup`, a
-//! partition whose sides notice it at different times, refused Lease reads, a stalled agent.
+//! partition whose sides notice it at different times, refused Lease reads, a stalled agent, a
+//! node's clock a minute off (libfaketime), resources created one after another.
 //! Watchers check both kinds of promise all the time, what must never happen (a healthy primary
 //! tainted, evicted, detached or demoted; a ClusterIP that changes) and what must happen by when
 //! while a fault lasts (a slice at the healthy primary within 20 s of its agent running, a lost node's consumers gone
-//! within 15 s); the last line says what happened:
+//! within 15 s, 24 s while Lease reads are refused); the last line says what happened:
 //! `soak: <faults> faults (<by kind>), <violations> violations, converged in <s> s, seed <seed>`.
 //! Without `SOAK_SECONDS` the test does nothing but say so.
 
@@ -104,9 +105,17 @@ enum Fault {
     RefusedReads,
     /// An agent stopped (SIGSTOP) for 5-30 s: its rounds, reports and heartbeat stall.
     StallAgent,
+    /// An agent restarted with its node's clock a minute ahead or behind (libfaketime; its
+    /// monotonic clock untouched) for 20-40 s: its heartbeat's renewal times and its guard
+    /// reservations are a minute off.
+    SkewClock,
+    /// Five DRBD resources created on a node one after another, 0.6 s apart, each without quorum
+    /// for 0.7 s (less than the fail-over timeout) while it connects: together a few seconds in
+    /// which some resource there lacks quorum, each one not long enough to mean anything.
+    CreateResources,
 }
 
-const FAULTS: [Fault; 16] = [
+const FAULTS: [Fault; 18] = [
     Fault::KillController,
     Fault::KillAgent,
     Fault::RestartApiserver,
@@ -123,6 +132,8 @@ const FAULTS: [Fault; 16] = [
     Fault::StaggeredPartition,
     Fault::RefusedReads,
     Fault::StallAgent,
+    Fault::SkewClock,
+    Fault::CreateResources,
 ];
 
 /// The soak's DRBD net options: a silent drop is noticed within `ping-int` 3 s + `ping-timeout`
@@ -146,6 +157,17 @@ struct World {
     /// until its links come back and it steps down (`on-suspended-primary-outdated
     /// force-secondary`), or its node goes.
     lingering: Vec<Option<usize>>,
+    /// DRBD resources of no volume, being created on one node ([`Fault::CreateResources`]).
+    scratch: Vec<Scratch>,
+}
+
+/// A resource created on `node` at `appears`, with quorum once it connects at `connects`.
+#[derive(Clone, Debug)]
+struct Scratch {
+    node: usize,
+    name: String,
+    appears: Instant,
+    connects: Instant,
 }
 
 impl World {
@@ -157,6 +179,7 @@ impl World {
             unnoticed: HashMap::new(),
             suspended: vec![false; VOLUMES],
             lingering: vec![None; VOLUMES],
+            scratch: Vec::new(),
         }
     }
 
@@ -217,37 +240,52 @@ impl World {
 
     /// Node `i`'s DRBD state of every volume, as `drbdsetup status --json` prints it.
     fn state_of(&self, i: usize, nodes: &[SimNode], pvs: &[String]) -> Vec<serde_json::Value> {
-        (0..VOLUMES)
-            .map(|v| {
+        let now = Instant::now();
+        let scratch = self
+            .scratch
+            .iter()
+            .filter(|r| r.node == i && r.appears <= now)
+            .map(|r| {
+                let connected = now >= r.connects;
                 let peers: Vec<(&str, &str, &str)> = (0..3)
                     .filter(|&j| j != i)
-                    .map(|j| {
-                        // A link i has not noticed is down: i sees the peer as it last was.
-                        let primary_there = self.primary[v] == Some(j) && self.connected(i, j);
-                        let (state, role) = match (self.seen_connected(i, j), primary_there) {
-                            (true, true) => ("Connected", "Primary"),
-                            (true, false) => ("Connected", "Secondary"),
-                            (false, _) => ("Connecting", "Unknown"),
-                        };
-                        (nodes[j].name.as_str(), state, role)
+                    .map(|j| match connected && self.seen_connected(i, j) {
+                        true => (nodes[j].name.as_str(), "Connected", "Secondary"),
+                        false => (nodes[j].name.as_str(), "Connecting", "Unknown"),
                     })
                     .collect();
-                let lingers = self.lingering[v] == Some(i);
-                let role = if self.primary[v] == Some(i) || lingers {
-                    "Primary"
-                } else {
-                    "Secondary"
-                };
-                let state = resource(&pvs[v], role, self.seen_quorum(i), &peers);
-                if self.suspended[v] {
-                    suspended(state, "user")
-                } else if lingers && !self.seen_quorum(i) {
-                    suspended(state, "quorum")
-                } else {
-                    state
-                }
-            })
-            .collect()
+                resource(&r.name, "Secondary", connected && self.seen_quorum(i), &peers)
+            });
+        let volumes = (0..VOLUMES).map(|v| {
+            let peers: Vec<(&str, &str, &str)> = (0..3)
+                .filter(|&j| j != i)
+                .map(|j| {
+                    // A link i has not noticed is down: i sees the peer as it last was.
+                    let primary_there = self.primary[v] == Some(j) && self.connected(i, j);
+                    let (state, role) = match (self.seen_connected(i, j), primary_there) {
+                        (true, true) => ("Connected", "Primary"),
+                        (true, false) => ("Connected", "Secondary"),
+                        (false, _) => ("Connecting", "Unknown"),
+                    };
+                    (nodes[j].name.as_str(), state, role)
+                })
+                .collect();
+            let lingers = self.lingering[v] == Some(i);
+            let role = if self.primary[v] == Some(i) || lingers {
+                "Primary"
+            } else {
+                "Secondary"
+            };
+            let state = resource(&pvs[v], role, self.seen_quorum(i), &peers);
+            if self.suspended[v] {
+                suspended(state, "user")
+            } else if lingers && !self.seen_quorum(i) {
+                suspended(state, "quorum")
+            } else {
+                state
+            }
+        });
+        volumes.chain(scratch).collect()
     }
 }
 
@@ -358,6 +396,9 @@ struct Soak {
     agents: Vec<Option<Process>>,
     controller_kubeconfig: String,
     agent_kubeconfig: String,
+    /// Per node: how far its agent's wall clock is off, in seconds ([`Fault::SkewClock`]).
+    clock_offset: [i64; 3],
+    started: Instant,
 }
 
 impl Soak {
@@ -380,10 +421,28 @@ impl Soak {
     /// Starts node `i`'s agent, not waiting for it: the API server may be restarting, or its
     /// `drbdsetup` hanging, and the soak goes on meanwhile.
     fn start_agent(&mut self, i: usize) {
-        let kubeconfig = [("KUBECONFIG", self.agent_kubeconfig.as_str())];
-        let agent = self.env.spawn_agent_with_env(&self.nodes[i], &[], &kubeconfig);
+        let offset = format!("{:+}", self.clock_offset[i]);
+        let mut env = vec![("KUBECONFIG", self.agent_kubeconfig.as_str())];
+        if self.clock_offset[i] != 0 {
+            // Its wall clock only: Rust's Instant reads CLOCK_MONOTONIC, left as it is.
+            env.extend([
+                ("LD_PRELOAD", libfaketime()),
+                ("FAKETIME", offset.as_str()),
+                ("DONT_FAKE_MONOTONIC", "1"),
+            ]);
+        }
+        let agent = self.env.spawn_agent_with_env(&self.nodes[i], &[], &env);
         self.agents[i] = Some(agent);
         self.agent_runs(i, true);
+    }
+
+    /// Kills node `i`'s agent, if it runs, and starts it again (with the clock it is to have).
+    async fn restart_agent(&mut self, i: usize) {
+        if let Some(agent) = self.agents[i].take() {
+            agent.kill().await;
+        }
+        self.agent_runs(i, false);
+        self.start_agent(i);
     }
 
     /// Tells the watchers whether node `i`'s agent runs from now on.
@@ -522,6 +581,8 @@ impl Soak {
             agents: vec![None, None, None],
             controller_kubeconfig,
             agent_kubeconfig,
+            clock_offset: [0; 3],
+            started: Instant::now(),
         };
         soak.truth.lock().unwrap().control_plane_since = Some(Instant::now());
         soak.write_world();
@@ -573,6 +634,10 @@ enum Undo {
     AllowReads,
     /// A stopped agent goes on (SIGCONT).
     Continue(usize),
+    /// An agent whose clock was off is restarted on the right time.
+    Unskew(usize),
+    /// The resources created on a node go again.
+    DropScratch(usize),
 }
 
 impl Undo {
@@ -588,6 +653,8 @@ impl Undo {
             Self::Resume(v) => format!("resume IO of volume {v}"),
             Self::AllowReads => "let the agents read Leases again".into(),
             Self::Continue(i) => format!("continue agent {}", NODES[*i]),
+            Self::Unskew(i) => format!("set the clock of node {} right", NODES[*i]),
+            Self::DropScratch(i) => format!("remove the resources created on {}", NODES[*i]),
         }
     }
 }
@@ -692,6 +759,14 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
                     soak.truth.lock().unwrap().lease_reads(true);
                 }
             }
+            Undo::Unskew(i) => {
+                soak.clock_offset[i] = 0;
+                soak.restart_agent(i).await;
+            }
+            Undo::DropScratch(i) => {
+                soak.world.scratch.retain(|r| r.node != i);
+                soak.write_world();
+            }
             Undo::Continue(i) => {
                 if let Some(agent) = &soak.agents[i] {
                     agent.signal("CONT");
@@ -767,6 +842,8 @@ async fn inject(
         Fault::SuspendIo => return suspend_io(soak, rng, pending),
         Fault::StaggeredPartition => return staggered_partition(soak, rng, pending),
         Fault::RefusedReads => return refuse_lease_reads(soak, rng, pending).await,
+        Fault::SkewClock => return skew_clock(soak, rng, pending).await,
+        Fault::CreateResources => return create_resources(soak, rng, pending).await,
         Fault::StallAgent => return stall_agent(soak, rng, pending),
     }
     true
@@ -786,6 +863,63 @@ async fn refuse_lease_reads(soak: &Soak, rng: &mut Rng, pending: &mut Vec<(Insta
     }
     pending.push((rng.later(5_000, 15_000), Undo::AllowReads));
     true
+}
+
+/// Restarts one running agent with its wall clock a minute ahead or behind for 20-40 s. Behind
+/// only once the control plane's certificates are older than a minute: the agent's TLS would
+/// otherwise refuse them as not valid yet.
+async fn skew_clock(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let i = rng.below(3);
+    if soak.clock_offset[i] != 0 || soak.agents[i].is_none() {
+        return false;
+    }
+    let behind = soak.started.elapsed() > Duration::from_secs(120) && rng.below(2) == 0;
+    soak.clock_offset[i] = if behind { -60 } else { 60 };
+    soak.restart_agent(i).await;
+    pending.push((rng.later(20_000, 40_000), Undo::Unskew(i)));
+    true
+}
+
+/// Creates five resources on an up node one after another ([`Fault::CreateResources`]), writing
+/// the DRBD world as each appears and connects (the harness waits the 3.1 s meanwhile, so that no
+/// resource lacks quorum longer than it should), and removes them 5 s after the last connected.
+async fn create_resources(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let i = rng.below(3);
+    if !soak.world.up[i] || soak.world.scratch.iter().any(|r| r.node == i) {
+        return false;
+    }
+    let start = Instant::now();
+    let mut changes = Vec::new();
+    for k in 0..5u32 {
+        let appears = start + Duration::from_millis(600) * k;
+        let connects = appears + Duration::from_millis(700);
+        soak.world.scratch.push(Scratch {
+            node: i,
+            name: format!("scratch-{}-{k}", NODES[i]),
+            appears,
+            connects,
+        });
+        changes.extend([appears, connects]);
+    }
+    changes.sort();
+    for change in changes {
+        tokio::time::sleep_until(change.into()).await;
+        soak.write_world();
+    }
+    pending.push((Instant::now() + Duration::from_secs(5), Undo::DropScratch(i)));
+    true
+}
+
+/// Where Debian's faketime package puts libfaketime (hack/tools.sh installs it).
+fn libfaketime() -> &'static str {
+    const PLACES: [&str; 2] = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+    ];
+    PLACES
+        .into_iter()
+        .find(|place| std::path::Path::new(place).exists())
+        .expect("libfaketime not found: hack/tools.sh installs Debian's faketime package")
 }
 
 /// Stops (SIGSTOP) one running agent for 5-30 s.
@@ -1056,7 +1190,7 @@ fn volume_of(name: &str, prefix: &str) -> Option<usize> {
     name.strip_prefix(prefix).and_then(|v| v.parse::<usize>().ok())
 }
 
-/// A taint on a healthy primary's node.
+/// A lost-quorum taint (a peer's fail-over or the node's own) put on a healthy primary's node.
 fn watch_taints(soak: &Soak) -> tokio::task::JoinHandle<()> {
     let names: Vec<String> = soak.nodes.iter().map(|n| n.name.clone()).collect();
     let client = soak.env.client.clone();
@@ -1075,7 +1209,7 @@ fn watch_taints(soak: &Soak) -> tokio::task::JoinHandle<()> {
                 .and_then(|s| s.taints)
                 .unwrap_or_default()
                 .iter()
-                .any(|t| t.key == "drbd.linbit.com/lost-quorum" && t.value.as_deref() == Some("fail-over"));
+                .any(|t| t.key == "drbd.linbit.com/lost-quorum");
             let before = tainted.insert(name.clone(), now).unwrap_or(false);
             let Some(i) = nodes.iter().position(|n| *n == name) else {
                 continue;
