@@ -1327,18 +1327,28 @@ fn watch_slices(soak: &Soak) -> tokio::task::JoinHandle<()> {
     let env = soak.env.view(client.clone());
     tokio::spawn(async move {
         let mut reported: HashMap<usize, Instant> = HashMap::new();
+        // Per volume: since when its slice has been seen away from the healthy primary, without
+        // a look that found it right. The bound runs from then too: a hand edit just made is
+        // owed its repair from the edit, not from when the primary became healthy.
+        let mut wrong_since: HashMap<usize, Instant> = HashMap::new();
         loop {
             tokio::time::sleep(Duration::from_millis(500)).await;
             for (v, pv) in pvs.iter().enumerate() {
                 let owed = truth.lock().unwrap().slice_owed_since(v);
-                let Some((p, since)) = owed.filter(|(_, since)| since.elapsed() >= SLICE_BOUND) else {
+                let Some((p, owed)) = owed else {
+                    wrong_since.remove(&v);
                     continue;
                 };
                 let Ok(Some(slice)) = env.api::<EndpointSlice>().get_opt(pv).await else {
                     continue;
                 };
                 let at: Vec<String> = slice.endpoints.iter().flat_map(|e| e.addresses.clone()).collect();
-                if at != [ips[p].clone()] && reported.get(&v) != Some(&since) {
+                if at == [ips[p].clone()] {
+                    wrong_since.remove(&v);
+                    continue;
+                }
+                let since = owed.max(*wrong_since.entry(v).or_insert_with(Instant::now));
+                if since.elapsed() >= SLICE_BOUND && reported.get(&v) != Some(&since) {
                     reported.insert(v, since);
                     let what = format!(
                         "volume {v}'s slice at {at:?}, not at its healthy primary {} for over {SLICE_BOUND:?} while its agent ran",
