@@ -624,7 +624,7 @@ async fn the_agent_warns_when_piraeus_ha_controller_runs_on_its_node() {
 /// 30 s on `drbdsetup secondary --force` (b, a suspended primary of the volume without quorum or
 /// consumers, is demoted: node a states quorum); meanwhile b's DRBD notices the link to c of
 /// another resource drop. Its report must say so in seconds: a peer that reads an unchanged report
-/// past its hold takes b for silent.
+/// past its hold takes b for silent. Nor does it keep b from stopping when asked.
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn a_stalled_round_still_reports_a_drbd_change_at_once() {
@@ -671,7 +671,15 @@ async fn a_stalled_round_still_reports_a_drbd_change_at_once() {
         "stalled round: b's report stated the drop {:?} after it",
         changed.elapsed()
     );
-    // The demotion answers: b's round ends, and b stops cleanly.
+    // Asked to stop while its round still hangs, b stops at once: a rolling update or a drain
+    // must not wait out the operations timeout (30 s here, 1 min by default) and a SIGKILL.
+    let mut agents = agents;
+    let stalled = agents.pop().unwrap();
+    let asked = Instant::now();
+    stalled.stop().await;
+    let stopped = asked.elapsed();
+    eprintln!("stalled round: b stopped {stopped:?} after SIGTERM, its round still hanging");
+    assert!(stopped < Duration::from_secs(5), "b took {stopped:?} to stop");
     std::fs::remove_file(b.dir.join("hang-secondary")).unwrap();
     teardown(env, agents).await;
 }

@@ -237,8 +237,20 @@ impl Rounds {
         shutdown: &Shutdown,
     ) {
         loop {
-            self.drbd.bring_up_to_date().await;
-            for change in self.round_reporting(cache, &mut drbd_changes).await {
+            // A round that waits (a hung drbdsetup, a slow API server) must not keep the agent
+            // from stopping: what it has not done yet is the next agent's, which decides afresh.
+            let round = async {
+                self.drbd.bring_up_to_date().await;
+                self.round_reporting(cache, &mut drbd_changes).await
+            };
+            let changes = tokio::select! {
+                changes = round => changes,
+                _ = shutdown.cancelled() => {
+                    tracing::info!("stopping in the middle of a round; what it had not done is left to the next start");
+                    break;
+                }
+            };
+            for change in changes {
                 self.drbd.heard(change);
             }
             let wake = next_wake(
