@@ -126,6 +126,9 @@ pub struct Timers {
     pub published: HashMap<String, Publication>,
     /// Per resource: this node's publication held back over another node's newer move.
     pub held_publications: HashMap<String, HeldPublication>,
+    /// When the holds of the last decision let go by themselves (a late detection's window
+    /// passes): the loop wakes then rather than at its next interval.
+    pub holds_end: Vec<Instant>,
     /// Per Node: since when this agent has seen it NotReady, without a Ready read between. On
     /// this agent's own clock: the condition's timestamps are the control plane's.
     pub not_ready_since: HashMap<String, Instant>,
@@ -173,7 +176,8 @@ impl Timers {
             .chain(self.suspended.values())
             .chain(self.quorum_lost.values())
             .map(move |started| *started + timeout);
-        timed.chain(self.not_ready_since.values().map(move |since| *since + not_ready_gate))
+        let gates = self.not_ready_since.values().map(move |since| *since + not_ready_gate);
+        timed.chain(gates).chain(self.holds_end.iter().copied())
     }
 
     /// Notes which Nodes are NotReady as of this read: a Ready one's count starts over.
