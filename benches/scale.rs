@@ -40,6 +40,8 @@ struct Sizes {
     burst: usize,
     moves: usize,
     fail_overs: usize,
+    /// Runs of P3s per kind of workload (worst of them).
+    stateful_crashes: usize,
     nfs_fail_overs: usize,
     cold: usize,
     pods: usize,
@@ -61,6 +63,7 @@ const SMOKE: Sizes = Sizes {
     burst: 20,
     moves: 5,
     fail_overs: 1,
+    stateful_crashes: 1,
     nfs_fail_overs: 1,
     cold: 20,
     pods: 200,
@@ -75,6 +78,7 @@ const FULL: Sizes = Sizes {
     burst: 1000,
     moves: 100,
     fail_overs: 3,
+    stateful_crashes: 5,
     nfs_fail_overs: 10,
     cold: 2000,
     pods: 20000,
@@ -119,7 +123,7 @@ async fn main() {
         sizes.proxy_services = n;
     }
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
-    // nfs, mass, tenant, proxy).
+    // nfs, mass, tenant, proxy; stateful: P3s alone, which failover includes).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -138,10 +142,14 @@ async fn main() {
     }
     if part("failover") {
         figures.extend(fail_over(&sizes).await);
-        // The smoke run leaves P3p to its end-to-end test (tests/failover.rs), the same scenario.
+        // The smoke run leaves P3p to its end-to-end test (tests/failover.rs), the same scenario,
+        // and P3s, which needs a control plane of its own, to the full run.
         if full || !only.is_empty() {
             figures.extend(staggered_partitions(&sizes).await);
+            figures.extend(stateful_crashes(&sizes).await);
         }
+    } else if !only.is_empty() && part("stateful") {
+        figures.extend(stateful_crashes(&sizes).await);
     }
     if part("nfs") {
         figures.extend(nfs_outage(&sizes, full).await);
@@ -764,6 +772,79 @@ async fn staggered_partitions(sizes: &Sizes) -> Vec<Figure> {
         target: format!("≤ {}s", target.as_secs()),
         met: worst <= target,
     }]
+}
+
+/// P3s: a StatefulSet's pod and a Deployment's pod on a node that crashes silently, running on
+/// another node (`common::workload`), with Kubernetes's default timers, DRBD's default net options
+/// and the agents' defaults, worst and median of the runs per kind. Kubernetes alone is not run:
+/// it never moves the StatefulSet's pod by itself (the pod stays Terminating on the unreachable
+/// node until someone force-deletes it or sets the out-of-service taint), and the Deployment's
+/// replacement waits on Multi-Attach until the attach-detach controller gives up on the lost
+/// node, 6 minutes after the pod's eviction at NotReady + 300 s: its figures are documented ones.
+async fn stateful_crashes(sizes: &Sizes) -> Vec<Figure> {
+    use common::cluster::PrivateCluster;
+    use common::workload::{DRBD_DEFAULT_DETECTION, Workload, crash_under};
+    let cluster = PrivateCluster::up_with(
+        "p3s",
+        &[(
+            "SVC_EXTRA_CONTROLLERS",
+            "statefulset-controller,deployment-controller,replicaset-controller",
+        )],
+    );
+    let target = DRBD_DEFAULT_DETECTION + Duration::from_secs(5) + Duration::from_secs(1);
+    let kinds = [
+        (
+            Workload::StatefulSet,
+            "never by itself (force-delete or the out-of-service taint by hand)",
+        ),
+        (
+            Workload::Deployment,
+            "6 to 11.5 minutes (NotReady + 300 s eviction + 6 min force-detach)",
+        ),
+    ];
+    let mut figures = Vec::new();
+    for (workload, alone) in kinds {
+        let mut seen = Vec::new();
+        let mut missed = 0;
+        for run in 0..sizes.stateful_crashes {
+            let env = common::setup_on(cluster.config().await, &format!("bench-p3s-{run}")).await;
+            let kubeconfig = env.chart_kubeconfig(&cluster.kubeconfig(), "agent", &[]);
+            // DRBD notices at a point of its window that moves across the runs, the last at its end.
+            let phase = (run + 1) as f64 / sizes.stateful_crashes as f64;
+            let crash = crash_under(&env, &kubeconfig, workload, phase).await;
+            println!(
+                "P3s {workload:?} run {run}: DRBD noticed at {:?}, running elsewhere at {:?}",
+                crash.noticed, crash.running_elsewhere
+            );
+            match crash.running_elsewhere {
+                Some(at) => seen.push(at),
+                None => missed += 1,
+            }
+            let _ = crash.watched;
+            env.cleanup().await;
+        }
+        let worst = seen.iter().max().copied().unwrap_or_default();
+        let median = if seen.is_empty() {
+            f64::NAN
+        } else {
+            quantile(&seen, 0.5)
+        };
+        figures.push(Figure {
+            id: "P3s",
+            what: format!(
+                "{workload:?}'s pod on a silently crashed node running on another, worst of {} (median {median:.0} ms{}; Kubernetes alone: {alone})",
+                sizes.stateful_crashes,
+                if missed > 0 { format!(", {missed} not within 90 s") } else { String::new() }
+            ),
+            n: sizes.stateful_crashes,
+            product: if missed > 0 { f64::NAN } else { worst.as_secs_f64() * 1000.0 },
+            floor: None,
+            unit: "ms",
+            target: format!("≤ {:.1}s", target.as_secs_f64()),
+            met: missed == 0 && worst <= target,
+        });
+    }
+    figures
 }
 
 /// P9: a node serving `n` shared volumes is lost and another is promoted for all of them at once,

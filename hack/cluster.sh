@@ -35,7 +35,9 @@ log() { printf '[cluster] %s\n' "$*" >&2; }
 # PVC/PV protection finalizers (without them a deleted claim never goes away), and node loss as
 # Kubernetes decides it: node-lifecycle (NotReady, the unreachable taints) and taint-eviction (pods
 # deleted once their toleration of those taints runs out).
-controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller
+# SVC_EXTRA_CONTROLLERS adds more: the benchmark's stateful pods need the StatefulSet, Deployment
+# and ReplicaSet controllers, which would give the other tests' charts pods nobody schedules.
+controllers=garbage-collector-controller,endpointslice-mirroring-controller,namespace-controller,serviceaccount-controller,persistentvolumeclaim-protection-controller,persistentvolume-protection-controller,disruption-controller,node-lifecycle-controller,taint-eviction-controller${SVC_EXTRA_CONTROLLERS:+,$SVC_EXTRA_CONTROLLERS}
 
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'

@@ -18,6 +18,7 @@ pub mod partition;
 pub mod process;
 pub mod prometheus;
 pub mod storageos;
+pub mod workload;
 
 use std::collections::BTreeMap;
 use std::future::Future;
