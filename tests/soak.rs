@@ -105,9 +105,9 @@ enum Fault {
     RefusedReads,
     /// An agent stopped (SIGSTOP) for 5-30 s: its rounds, reports and heartbeat stall.
     StallAgent,
-    /// An agent restarted with its node's clock a minute ahead or behind (libfaketime; its
-    /// monotonic clock untouched) for 20-40 s: its heartbeat's renewal times and its guard
-    /// reservations are a minute off.
+    /// An agent restarted with its node's clock a minute ahead or behind (libfaketime, which
+    /// shifts every clock by the same minute: intervals unchanged) for 20-40 s: its heartbeat's
+    /// renewal times and its guard reservations are a minute off.
     SkewClock,
     /// Five DRBD resources created on a node one after another, 0.6 s apart, each without quorum
     /// for 0.7 s (less than the fail-over timeout) while it connects: together a few seconds in
@@ -424,12 +424,11 @@ impl Soak {
         let offset = format!("{:+}", self.clock_offset[i]);
         let mut env = vec![("KUBECONFIG", self.agent_kubeconfig.as_str())];
         if self.clock_offset[i] != 0 {
-            // Its wall clock only: Rust's Instant reads CLOCK_MONOTONIC, left as it is.
-            env.extend([
-                ("LD_PRELOAD", libfaketime()),
-                ("FAKETIME", offset.as_str()),
-                ("DONT_FAKE_MONOTONIC", "1"),
-            ]);
+            // Every clock of the agent and its children shifted by the same minute: its wall
+            // clock is a minute off, its intervals (Instant, sleeps) are as they were. libfaketime
+            // 0.9.10 fails every sleep of a child with EINVAL when the monotonic clock is left
+            // alone (DONT_FAKE_MONOTONIC), and the fake events2 then outlives a killed agent.
+            env.extend([("LD_PRELOAD", libfaketime()), ("FAKETIME", offset.as_str())]);
         }
         let agent = self.env.spawn_agent_with_env(&self.nodes[i], &[], &env);
         self.agents[i] = Some(agent);
