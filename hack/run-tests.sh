@@ -3,7 +3,8 @@
 # arguments given ("--include-ignored"). The end-to-end binaries spend most of their time waiting
 # on the control plane and the simulated nodes, so two of them share the two cores well; the
 # slowest start first. Each binary's output is printed whole once it ends, and a summary with
-# the times at the end. A binary that failed beside another is run once more, alone, when the
+# the times at the end (binaries that need the API server to themselves run alone, last). A
+# binary that failed beside another is run once more, alone, when the
 # others are done: it fails the run only if it fails again, and the summary names it either way
 # (a test that needs the machine to itself is a finding, not noise). Exit status 1 when any
 # binary failed alone.
@@ -13,6 +14,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 lanes=${SVC_TEST_LANES:-2}
 # Slowest first (seconds on 2 cores, warm): the rest are under a minute each.
 slowest=(datapath failover faults soak monitoring chart agent demo)
+# Binaries that read the API server's own counters, which every test's writes move: they run
+# alone, after the others.
+alone=(resync)
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/svc-tests.XXXXXX")
 mapfile -t targets < <(
@@ -34,7 +38,11 @@ for name in "${slowest[@]}"; do
   for target in "${targets[@]}"; do [[ ${target%%$'\t'*} == "$name" ]] && ordered+=("$target"); done
 done
 for target in "${targets[@]}"; do
-  [[ " ${slowest[*]} " == *" ${target%%$'\t'*} "* ]] || ordered+=("$target")
+  [[ " ${slowest[*]} ${alone[*]} " == *" ${target%%$'\t'*} "* ]] || ordered+=("$target")
+done
+last=()
+for name in "${alone[@]}"; do
+  for target in "${targets[@]}"; do [[ ${target%%$'\t'*} == "$name" ]] && last+=("$target"); done
 done
 
 run_one() {
@@ -60,6 +68,10 @@ for target in "${ordered[@]}"; do
   running=$((running + 1))
 done
 wait || true
+for target in "${last[@]}"; do
+  run_one "${target%%$'\t'*}" "${target#*$'\t'}" "$@"
+done
+ordered+=("${last[@]}")
 
 failed=0
 summary=()
