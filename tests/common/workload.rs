@@ -92,6 +92,19 @@ pub async fn crash_under(env: &TestEnv, kubeconfig: &str, workload: Workload, ph
         alive.clone(),
     ));
 
+    // A cluster that is up: every node Ready and schedulable before the workload comes.
+    let names = nodes_by_name(&nodes);
+    super::eventually(
+        "the three nodes Ready and schedulable",
+        Duration::from_secs(60),
+        || async {
+            (schedulable(env, &names[..1]).await.is_some()
+                && schedulable(env, &names[1..2]).await.is_some()
+                && schedulable(env, &names[2..]).await.is_some())
+            .then_some(())
+        },
+    )
+    .await;
     let (kind, spec) = workload.manifest("data");
     let object = json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": "p3s"}, "spec": spec});
     let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
