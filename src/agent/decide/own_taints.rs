@@ -11,7 +11,7 @@ use crate::names::{FORCE_IO_ERROR_TAINT, LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER, 
 /// The lost-quorum taint on this node: added once a local resource has lacked quorum for the
 /// fail-over timeout (a resource being created or a node booting lacks it for a moment); removed
 /// when none does if this agent put it, or, if a peer put it in a fail-over, once the node is
-/// back with every resource reconnected.
+/// back (Ready) with quorum for every resource.
 pub(super) fn lost_quorum(
     observed: &Observed,
     settings: &DecisionSettings,
@@ -29,7 +29,6 @@ pub(super) fn lost_quorum(
         .filter(|r| !r.has_quorum())
         .map(|r| r.name.as_str())
         .collect();
-    let fully_reconnected = quorum_enabled().all(|r| r.has_quorum() && r.fully_connected());
     let node = observed.node.clone();
     let own = observed.nodes.get(&node);
     let value = own.and_then(|n| n.taint_value(LOST_QUORUM_TAINT));
@@ -55,8 +54,10 @@ pub(super) fn lost_quorum(
     let note = match value {
         // A taint without a value was put by an earlier version, which did not say who.
         Some(TAINT_BY_OWN_AGENT | "") => "no DRBD resource on this node is without quorum any more",
-        Some(TAINT_BY_FAIL_OVER) if fully_reconnected && own.is_some_and(|n| n.ready) => {
-            "the node is back and every DRBD resource on it reconnected"
+        // Quorum, not every link: a peer down for good would otherwise keep the taint, and the
+        // blast-radius guard, counting it, would refuse that peer's own fail-over.
+        Some(TAINT_BY_FAIL_OVER) if own.is_some_and(|n| n.ready) => {
+            "the node is back and every DRBD resource on it has quorum"
         }
         _ => return None,
     };
@@ -168,6 +169,36 @@ mod tests {
         assert!(decide(&healed, &quiet, &mut Timers::new(), Instant::now()).is_empty());
     }
 
+    /// A node failed over by its peers and back, Ready, with quorum for every resource, has its
+    /// fail-over taint removed though another peer is down: waiting for every link kept the
+    /// taint for as long as that peer stayed away, and the blast-radius guard, counting it,
+    /// refused that peer's own fail-over (a 600 s soak: a lost node's pods left in place).
+    #[test]
+    fn a_node_back_with_quorum_loses_its_fail_over_taint_while_another_peer_is_down() {
+        let mut back = primary_lost();
+        back.nodes.insert(
+            "node-b".into(),
+            node_with("node-b", true, &[(LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER)]).1,
+        );
+        // Node b: connected to c, its link to a (lost) down; quorum with c.
+        assert!(back.drbd.resources[0].has_quorum());
+        assert!(!back.drbd.resources[0].fully_connected());
+        let actions = kinds(&decide(&back, &settings(), &mut Timers::new(), Instant::now()));
+        assert!(
+            actions.contains(&"untaint node-b drbd.linbit.com/lost-quorum".to_string()),
+            "{actions:?}"
+        );
+        // Not before its kubelet is back, nor without quorum.
+        let mut not_ready = back.clone();
+        not_ready.nodes.get_mut("node-b").unwrap().ready = false;
+        let mut without_quorum = back.clone();
+        without_quorum.drbd.resources[0].devices[0].quorum = false;
+        for (case, observed) in [("NotReady", not_ready), ("without quorum", without_quorum)] {
+            let actions = kinds(&decide(&observed, &settings(), &mut Timers::new(), Instant::now()));
+            assert!(!actions.iter().any(|a| a.starts_with("untaint")), "{case}: {actions:?}");
+        }
+    }
+
     #[test]
     fn resources_created_one_after_another_do_not_taint_the_node() {
         // Each new resource lacks quorum for 3 s of the 5 s timeout while it connects; the
@@ -219,16 +250,19 @@ mod tests {
     }
 
     #[test]
-    fn a_fail_over_taint_stays_until_the_node_is_back_and_reconnected() {
-        // Node b was failed over by a peer; it has quorum again, but its link to a is down.
+    fn a_fail_over_taint_stays_until_the_node_is_back_with_quorum() {
+        // Node b was failed over by a peer; it is back, its links to a and c still down.
         let mut observed = primary_lost();
-        observed.drbd.resources[0].devices[0].quorum = true;
+        observed.drbd.resources[0].devices[0].quorum = false;
+        observed.drbd.resources[0].connections[1].connection_state = "Connecting".into();
         observed.volumes.clear();
         let failed_over = node_with("node-b", true, &[(LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER)]).1;
         observed.nodes.insert("node-b".into(), failed_over);
-        assert!(decide(&observed, &settings(), &mut Timers::new(), Instant::now()).is_empty());
-        // Every link back: the node's own agent removes it.
-        observed.drbd.resources[0].connections[0].connection_state = "Connected".into();
+        let actions = kinds(&decide(&observed, &settings(), &mut Timers::new(), Instant::now()));
+        assert!(!actions.iter().any(|a| a.starts_with("untaint")), "{actions:?}");
+        // Its link to c back, and quorum with it: the node's own agent removes it.
+        observed.drbd.resources[0].connections[1].connection_state = "Connected".into();
+        observed.drbd.resources[0].devices[0].quorum = true;
         assert_eq!(
             kinds(&decide(&observed, &settings(), &mut Timers::new(), Instant::now())),
             ["untaint node-b drbd.linbit.com/lost-quorum"]
