@@ -978,7 +978,8 @@ mod tests {
             if request.method == http::Method::DELETE && path.contains("/pods/") {
                 counted.fetch_add(1, Ordering::SeqCst);
             }
-            let expiry = (k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(60)).to_string();
+            // Reserved 2 s ago (reservations last 120 s): their taints may still be on their way.
+            let expiry = (k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(118)).to_string();
             let body = if path.ends_with(crate::names::FAIL_OVER_GUARD_LEASE) {
                 let held: std::collections::BTreeMap<&str, &str> =
                     reserved.iter().map(|n| (*n, expiry.as_str())).collect();
