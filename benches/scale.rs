@@ -783,7 +783,7 @@ async fn staggered_partitions(sizes: &Sizes) -> Vec<Figure> {
 /// node, 6 minutes after the pod's eviction at NotReady + 300 s: its figures are documented ones.
 async fn stateful_crashes(sizes: &Sizes) -> Vec<Figure> {
     use common::cluster::PrivateCluster;
-    use common::workload::{DRBD_DEFAULT_DETECTION, Workload, crash_under};
+    use common::workload::{DRBD_DEFAULT_DETECTION, WATCHED, Workload, crash_under};
     let cluster = PrivateCluster::up_with(
         "p3s",
         &[(
@@ -820,7 +820,6 @@ async fn stateful_crashes(sizes: &Sizes) -> Vec<Figure> {
                 Some(at) => seen.push(at),
                 None => missed += 1,
             }
-            let _ = crash.watched;
             env.cleanup().await;
         }
         let worst = seen.iter().max().copied().unwrap_or_default();
@@ -834,7 +833,7 @@ async fn stateful_crashes(sizes: &Sizes) -> Vec<Figure> {
             what: format!(
                 "{workload:?}'s pod on a silently crashed node running on another, worst of {} (median {median:.0} ms{}; Kubernetes alone: {alone})",
                 sizes.stateful_crashes,
-                if missed > 0 { format!(", {missed} not within 90 s") } else { String::new() }
+                if missed > 0 { format!(", {missed} not within {WATCHED:?}") } else { String::new() }
             ),
             n: sizes.stateful_crashes,
             product: if missed > 0 { f64::NAN } else { worst.as_secs_f64() * 1000.0 },

@@ -63,45 +63,77 @@ impl Workload {
 }
 
 /// What one crash showed: when DRBD noticed it, and when the workload's pod was Running on another
-/// node (`None`: not within `watched`), both from the crash.
+/// node (`None`: not within [`WATCHED`]), both from the crash.
 pub struct Crash {
     pub noticed: Duration,
     pub running_elsewhere: Option<Duration>,
-    pub watched: Duration,
 }
+
+/// How long a crash is watched for the pod to run elsewhere.
+pub const WATCHED: Duration = Duration::from_secs(90);
 
 /// Runs `workload` on node a of three with the agents at their defaults (`--fail-over-timeout`
 /// 5 s), crashes node a, and times its pod running elsewhere. `phase` (0 to 1) is where in DRBD's
 /// detection window the survivors notice.
 pub async fn crash_under(env: &TestEnv, kubeconfig: &str, workload: Workload, phase: f64) -> Crash {
-    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
-    for node in &nodes {
-        node.set_net_options(json!({}));
-    }
-    // A ReadWriteOnce volume the pod mounts itself (DRBD's block device on its node), not a share.
-    let (_, pv) = env
-        .bound_claim("data", "ReadWriteOnce", "replicated", Default::default())
-        .await;
-    let pv = pv.metadata.name.unwrap();
-    healthy(&nodes, &[&pv], 0);
-    let alive: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(nodes.iter().map(|n| n.name.clone()).collect()));
+    let (nodes, pv) = three_nodes_at_drbd_defaults(env).await;
+    let alive: Arc<Mutex<HashSet<String>>> = Arc::new(Mutex::new(nodes_by_name(&nodes).into_iter().collect()));
     let cluster = tokio::spawn(play_the_cluster(
         env.view(env.client.clone()),
         nodes_by_name(&nodes),
         pv.clone(),
         alive.clone(),
     ));
+    run_on_node_a(env, &nodes, workload).await;
+    let mut agents = agents_at_their_defaults(env, &nodes, kubeconfig).await;
 
-    // A cluster that is up: every node Ready and schedulable before the workload comes.
-    let names = nodes_by_name(&nodes);
+    let crashed = Instant::now();
+    agents.remove(0).kill().await;
+    nodes[0].kubelet.stop();
+    alive.lock().unwrap().remove(&nodes[0].name);
+    let noticed = DRBD_DEFAULT_DETECTION.mul_f64(phase.clamp(0.0, 1.0));
+    tokio::time::sleep(noticed.saturating_sub(crashed.elapsed())).await;
+    lost(&nodes, &[&pv], 0, Some(1));
+    let running_elsewhere = running_elsewhere_since(env, &nodes[0].name, crashed).await;
+
+    cluster.abort();
+    for agent in agents {
+        agent.stop().await;
+    }
+    Crash {
+        noticed,
+        running_elsewhere,
+    }
+}
+
+/// Three simulated nodes with DRBD's default net options, a ReadWriteOnce volume the pod mounts
+/// itself (DRBD's block device on its node, not a share), node a its Primary.
+async fn three_nodes_at_drbd_defaults(env: &TestEnv) -> (Vec<SimNode>, String) {
+    let nodes = env.sim_nodes(&["a", "b", "c"]).await;
+    for node in &nodes {
+        node.set_net_options(json!({}));
+    }
+    let (_, pv) = env
+        .bound_claim("data", "ReadWriteOnce", "replicated", Default::default())
+        .await;
+    let pv = pv.metadata.name.unwrap();
+    healthy(&nodes, &[&pv], 0);
+    (nodes, pv)
+}
+
+/// Creates the workload once every node is Ready and schedulable (a cluster that is up), and
+/// waits for its pod to run on node a, the first in the scheduler's order.
+async fn run_on_node_a(env: &TestEnv, nodes: &[SimNode], workload: Workload) {
+    let names = nodes_by_name(nodes);
     super::eventually(
         "the three nodes Ready and schedulable",
         Duration::from_secs(60),
         || async {
-            (schedulable(env, &names[..1]).await.is_some()
-                && schedulable(env, &names[1..2]).await.is_some()
-                && schedulable(env, &names[2..]).await.is_some())
-            .then_some(())
+            let mut schedulable_each = Vec::new();
+            for name in &names {
+                schedulable_each.push(schedulable(env, std::slice::from_ref(name)).await.is_some());
+            }
+            schedulable_each.iter().all(|&yes| yes).then_some(())
         },
     )
     .await;
@@ -121,7 +153,11 @@ pub async fn crash_under(env: &TestEnv, kubeconfig: &str, workload: Workload, ph
         || async { running_on(env, &nodes[0].name).await.then_some(()) },
     )
     .await;
+}
 
+/// An agent per node with the product's defaults, which have heard the API server for their
+/// fail-over timeout and reconcile interval, as in a cluster where they ran long before.
+async fn agents_at_their_defaults(env: &TestEnv, nodes: &[SimNode], kubeconfig: &str) -> Vec<Process> {
     let defaults = [
         "--fail-over-timeout",
         "5s",
@@ -130,41 +166,26 @@ pub async fn crash_under(env: &TestEnv, kubeconfig: &str, workload: Workload, ph
         "--drbd-status-interval",
         "5s",
     ];
-    let mut agents: Vec<Process> = Vec::new();
-    for node in &nodes {
-        let env_vars = [("KUBECONFIG", kubeconfig)];
-        agents.push(env.start_agent_with_env(node, &defaults, &env_vars).await);
+    let mut agents = Vec::new();
+    for node in nodes {
+        agents.push(
+            env.start_agent_with_env(node, &defaults, &[("KUBECONFIG", kubeconfig)])
+                .await,
+        );
     }
-    // As in a cluster, where the agents ran long before: each has heard the API server for its
-    // fail-over timeout and reconcile interval.
     tokio::time::sleep(Duration::from_secs(11)).await;
+    agents
+}
 
-    let crashed = Instant::now();
-    agents.remove(0).kill().await;
-    nodes[0].kubelet.stop();
-    alive.lock().unwrap().remove(&nodes[0].name);
-    let noticed = DRBD_DEFAULT_DETECTION.mul_f64(phase.clamp(0.0, 1.0));
-    tokio::time::sleep(noticed.saturating_sub(crashed.elapsed())).await;
-    lost(&nodes, &[&pv], 0, Some(1));
-
-    let watched = Duration::from_secs(90);
-    let mut running_elsewhere = None;
-    while crashed.elapsed() < watched {
-        if running_on_another(env, &nodes[0].name).await {
-            running_elsewhere = Some(crashed.elapsed());
-            break;
+/// When, after `crashed`, a pod of the workload first runs on a node other than `lost`.
+async fn running_elsewhere_since(env: &TestEnv, lost: &str, crashed: Instant) -> Option<Duration> {
+    while crashed.elapsed() < WATCHED {
+        if running_on_another(env, lost).await {
+            return Some(crashed.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    cluster.abort();
-    for agent in agents {
-        agent.stop().await;
-    }
-    Crash {
-        noticed,
-        running_elsewhere,
-        watched,
-    }
+    None
 }
 
 fn nodes_by_name(nodes: &[SimNode]) -> Vec<String> {
