@@ -50,12 +50,7 @@ pub async fn run(
     metrics.zero(&Action::KINDS);
     metrics.dry_run.set(i64::from(args.dry_run));
     let timeout = *args.operations_timeout;
-    let drbd: Arc<dyn DrbdSource> = Arc::new(DrbdSetup {
-        binary: args.drbdsetup_path.clone(),
-        proc_path: args.drbd_proc_path.clone(),
-        timeout,
-        read_bound: ReadBound::new(*args.drbd_status_interval, timeout),
-    });
+    let drbd = drbdsetup(&args);
     let freshness = Freshness::new(*args.drbd_status_interval, timeout);
     probes.set_liveness_check({
         let freshness = freshness.clone();
@@ -73,11 +68,7 @@ pub async fn run(
             .clone()
             .run(shutdown.clone(), metrics.heartbeat_renewed.clone()),
     );
-    let satellite_namespace = args
-        .satellite_namespace
-        .as_deref()
-        .filter(|namespace| !namespace.is_empty())
-        .unwrap_or(&args.lease_namespace);
+    let satellite_namespace = satellite_namespace(&args);
     log_start(&args, satellite_namespace);
     let Some(write_endpoints) = EndpointsAnswer::resolve(args.write_endpoints, &client, &shutdown).await else {
         return Ok(());
@@ -126,6 +117,25 @@ pub async fn run(
     let _ = heartbeat_task.await;
     tracing::info!(node = %args.node_name, "agent stopped");
     Ok(())
+}
+
+/// The node's `drbdsetup`, each command bounded by the operations timeout and each read by a
+/// bound that adapts to the node.
+fn drbdsetup(args: &AgentArgs) -> Arc<dyn DrbdSource> {
+    Arc::new(DrbdSetup {
+        binary: args.drbdsetup_path.clone(),
+        proc_path: args.drbd_proc_path.clone(),
+        timeout: *args.operations_timeout,
+        read_bound: ReadBound::new(*args.drbd_status_interval, *args.operations_timeout),
+    })
+}
+
+/// Where the LINSTOR satellite pods run: `--satellite-namespace`, else the agent's own.
+fn satellite_namespace(args: &AgentArgs) -> &str {
+    args.satellite_namespace
+        .as_deref()
+        .filter(|namespace| !namespace.is_empty())
+        .unwrap_or(&args.lease_namespace)
 }
 
 fn log_start(args: &AgentArgs, satellite_namespace: &str) {
