@@ -68,6 +68,11 @@ pub const IGNORE_FAIL_OVER_ANNOTATION: &str = "drbd.linbit.com/ignore-fail-over"
 pub const AGENT_LEASE_PREFIX: &str = "shared-volume-agent-";
 /// Label on every heartbeat Lease (the guard counts the storage nodes by them).
 pub const AGENT_LEASE_LABEL: &str = "storageos.com/drbd-agent-heartbeat";
+/// Heartbeat Lease annotation: how often its agent renews it, in seconds. Peers count the agent
+/// silent after two renewals missed.
+pub const HEARTBEAT_INTERVAL_ANNOTATION: &str = "storageos.com/heartbeat-interval-seconds";
+/// Where each kubelet renews its node's Lease, named after the node.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// Prefix of the per-node Lease where each agent states its view of its DRBD resources. It is
 /// written only when that view changes, so that every agent can watch all of them; heartbeats,
 /// renewed all the time, are read only for a suspected peer.

@@ -210,6 +210,49 @@ async fn an_isolated_primary_is_failed_over_and_the_endpoints_follow() {
     teardown(env, agents).await;
 }
 
+/// A primary's node crashes: its kubelet and agent stop without a word (SIGKILL) and every link
+/// drops, on links whose silent drops DRBD notices within 30.5 s. Its last report still shows the
+/// links up, but its agent and its kubelet both stopped renewing their Leases: b and c take it for
+/// crashed once both have missed their renewals (13 s with the defaults), force-delete its pod and
+/// release the attachment, without waiting out a's detection window or the NotReady gate.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_crashed_primarys_pod_moves_once_its_agent_and_kubelet_went_quiet() {
+    let (env, nodes, pv) = app_on_node_a("failover-crashed").await;
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    for node in &nodes {
+        node.set_net_options(json!({"ping-int": "30", "timeout": "25"}));
+    }
+    let mut agents = Vec::new();
+    for node in &nodes {
+        agents.push(env.start_agent(node, &[]).await);
+    }
+    // Every agent has stated its view: a's last report shows its links up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    agents.remove(0).kill().await;
+    nodes[0].kubelet.stop();
+    let crashed = Instant::now();
+    lost(&nodes, &[&pv], 0, None);
+    eventually("the pod on node a force-deleted", WAIT, || async {
+        pod_state(&env, "app").await.is_none().then_some(())
+    })
+    .await;
+    let moved = crashed.elapsed();
+    eventually("the attachment deleted", WAIT, || async {
+        (!env.attachment_exists(&attachment).await).then_some(())
+    })
+    .await;
+    eprintln!("crashed primary: pod deleted after {moved:?}");
+    // Quiet at 13 s at the latest (two of the agent's 5 s renewals and one of the kubelet's 10 s
+    // missed, 3 s of slack each); the old rule waited for the detection window (32.5 s) or for
+    // NotReady (the tests' 8 s grace) and its 13 s gate.
+    assert!(
+        moved < Duration::from_secs(18),
+        "the pod moved {moved:?} after the crash, expected by its agent's and kubelet's silence (13 s) and one round"
+    );
+    teardown(env, agents).await;
+}
+
 /// Scenario 3: the primary's node loses quorum while its agent still reaches the API: its own
 /// report is the evidence, and it is failed over.
 #[tokio::test]

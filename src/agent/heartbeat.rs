@@ -2,10 +2,9 @@
 //! so that operators (and alerts) and peers can see which nodes have a live agent; and its
 //! [`Report`] of its DRBD resources, on a second Lease written only when the view changes.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use prometheus::Gauge;
@@ -13,13 +12,14 @@ use serde_json::json;
 
 use super::api_health::ApiHealth;
 use super::error::AgentError;
+use super::quiet::{agent_silent_from, renews};
 use super::report::Report;
 use super::server_clock::{ServerClock, written_at};
 use crate::deadline::within;
 use crate::metrics::set_to_now;
 use crate::names::{
     AGENT_FIELD_MANAGER, AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX, AGENT_REPORT_FIELD_MANAGER, AGENT_REPORT_LABEL,
-    AGENT_REPORT_LEASE_PREFIX, DRBD_REPORT_ANNOTATION,
+    AGENT_REPORT_LEASE_PREFIX, DRBD_REPORT_ANNOTATION, HEARTBEAT_INTERVAL_ANNOTATION,
 };
 use crate::shutdown::Shutdown;
 
@@ -37,6 +37,8 @@ pub struct Heartbeat {
     pub leases: Api<Lease>,
     pub node: String,
     pub duration_seconds: u32,
+    /// How often it is renewed.
+    pub interval: Duration,
     /// Bound of one write.
     pub timeout: Duration,
     /// How the API server answers this agent, as its writes find out.
@@ -46,28 +48,34 @@ pub struct Heartbeat {
 }
 
 impl Heartbeat {
-    pub fn new(client: Client, namespace: &str, node: &str, duration_seconds: u32, timeout: Duration) -> Self {
+    pub fn new(client: Client, namespace: &str, node: &str, renewal: (u32, Duration), timeout: Duration) -> Self {
+        let (duration_seconds, interval) = renewal;
         Self {
             leases: Api::namespaced(client, namespace),
             node: node.to_owned(),
             duration_seconds,
+            interval,
             timeout,
             api: ApiHealth::default(),
             clock: ServerClock::default(),
         }
     }
 
-    /// Renews the node's Lease every third of its duration until `shutdown`; `renewed` holds the
-    /// time of the last renewal.
+    /// Renews the node's Lease every interval until `shutdown`, stating the interval on it (peers
+    /// judge silence by it); `renewed` holds the time of the last renewal.
     pub async fn run(self, shutdown: Shutdown, renewed: Gauge) {
-        let period = Duration::from_secs(u64::from(self.duration_seconds.max(3)) / 3);
         let name = lease_name(&self.node);
+        let interval = self.interval.as_secs().max(1).to_string();
         loop {
             let now = humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string();
             let lease = json!({
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": name, "labels": {AGENT_LEASE_LABEL: "true"}},
+                "metadata": {
+                    "name": name,
+                    "labels": {AGENT_LEASE_LABEL: "true"},
+                    "annotations": {HEARTBEAT_INTERVAL_ANNOTATION: interval},
+                },
                 "spec": {"holderIdentity": self.node, "leaseDurationSeconds": self.duration_seconds, "renewTime": now},
             });
             match self.apply(AGENT_FIELD_MANAGER, &name, &lease).await {
@@ -82,7 +90,7 @@ impl Heartbeat {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(period) => {}
+                _ = tokio::time::sleep(self.interval) => {}
             }
         }
     }
@@ -124,33 +132,38 @@ pub async fn peer_now(
     clock: &ServerClock,
     timeout: Duration,
     api: &ApiHealth,
-) -> Option<(bool, Option<Report>)> {
+) -> Option<PeerNow> {
     let heartbeat = within(timeout, leases.get_opt(&lease_name(node))).await;
     api.record(&heartbeat);
-    let alive = heartbeat.ok()?.ok()?.is_some_and(|lease| renews(&lease, clock));
+    let heartbeat = heartbeat.ok()?.ok()?;
+    let alive = heartbeat.as_ref().is_some_and(|lease| renews(lease, clock));
+    let silent_from = heartbeat.and_then(|lease| agent_silent_from(&lease, clock, Instant::now()));
     let stated = within(timeout, leases.get_opt(&report_lease_name(node))).await;
     api.record(&stated);
     let report = stated.ok()?.ok()?.and_then(|lease| Report::of_lease(&lease));
-    Some((alive, report))
+    Some(PeerNow {
+        alive,
+        silent_from,
+        report,
+    })
 }
 
-/// Whether a heartbeat Lease was renewed within its duration. On the API server's clock when
-/// both the server's time of the renewal and this agent's view of the server's clock are known;
-/// else, as before either is, on the renewal time the peer wrote against this node's clock.
-fn renews(lease: &Lease, clock: &ServerClock) -> bool {
-    let Some(spec) = &lease.spec else { return false };
-    let duration = k8s_openapi::jiff::SignedDuration::from_secs(spec.lease_duration_seconds.unwrap_or(0).into());
-    let (renewed, now) = match (written_at(lease, AGENT_FIELD_MANAGER), clock.now()) {
-        (Some(taken), Some(server_now)) => (Some(taken), server_now),
-        _ => (spec.renew_time.as_ref().map(|time| time.0), Timestamp::now()),
-    };
-    renewed.is_some_and(|renewed| renewed.checked_add(duration).is_ok_and(|expiry| expiry > now))
+/// What a peer's agent states now, read fresh.
+#[derive(Debug, PartialEq)]
+pub struct PeerNow {
+    /// It renewed its heartbeat within the Lease's duration.
+    pub alive: bool,
+    /// From when it counts as silent unless it renews before (`None`: no heartbeat).
+    pub silent_from: Option<Instant>,
+    /// Its report.
+    pub report: Option<Report>,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::scripted_api;
+    use k8s_openapi::jiff::Timestamp;
 
     /// Leases served by a scripted API server: `status` for every request, with `body`.
     fn leases_answering(status: u16, body: &'static str) -> Api<Lease> {
@@ -192,7 +205,7 @@ mod tests {
         );
         let body: &'static str = Box::leak(lease.into_boxed_str());
         let api = ApiHealth::default();
-        let (alive, report) = peer_now(
+        let PeerNow { alive, report, .. } = peer_now(
             &leases_answering(200, body),
             "node-a",
             &ServerClock::default(),
@@ -223,7 +236,7 @@ mod tests {
         clock.learned(Timestamp::now());
         let (leases, api) = (leases_answering(200, lease), ApiHealth::default());
         let read = peer_now(&leases, "node-a", &clock, Duration::from_secs(5), &api);
-        read.await.unwrap().0
+        read.await.unwrap().alive
     }
 
     /// Heartbeats are judged on the API server's clock: a peer whose clock is a minute behind

@@ -23,6 +23,7 @@ mod mass_move;
 pub mod observe;
 mod peers;
 pub mod promoter;
+mod quiet;
 pub mod read_bound;
 pub mod report;
 mod reporter;

@@ -223,6 +223,7 @@ fn peer_reports(leases: &[Arc<Lease>]) -> (HashMap<String, PeerReport>, BTreeSet
             PeerReport {
                 report,
                 liveness: Liveness::Unknown,
+                quiet_from: None,
             },
         );
     }

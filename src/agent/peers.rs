@@ -6,7 +6,7 @@ use crate::sharedvolume::filters::Filters;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -18,9 +18,11 @@ use super::cache::trim_pod;
 use super::drbd::DrbdState;
 use super::heartbeat::peer_now;
 use super::observe::{Snapshot, node_view, observe, suspected_peers};
+use super::quiet;
 use super::server_clock::ServerClock;
 use super::view::{Liveness, Observed};
 use crate::deadline::within;
+use crate::names::NODE_LEASE_NAMESPACE;
 
 /// Where a round's fresh reads go, and how long each may take.
 pub(crate) struct PeerReads<'a> {
@@ -50,8 +52,10 @@ impl PeerReads<'_> {
         let mut observed = observe(node, node_ip, state.clone(), &snapshot, publishable);
         if !suspects.is_empty() {
             add_uncached_peers(self.client, &mut observed, &suspects, self.timeout, self.api).await;
+            let node_leases = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
             confirm_alive(
                 self.leases,
+                &node_leases,
                 &mut observed,
                 &suspects,
                 self.clock,
@@ -103,10 +107,12 @@ async fn read_peer_pods(
 
 /// Reads fresh the heartbeats and reports of the agents whose reports may weigh on a suspected
 /// peer (the suspects' own, and those of the nodes that report on the same resources) and counts
-/// their reports only while they renew. Heartbeats are not watched: renewed all the time by every
+/// their reports only while they renew. A suspect's kubelet's node Lease is read too: a node whose
+/// agent and kubelet both went silent has gone quiet. Heartbeats are not watched: renewed all the time by every
 /// agent, they would make each agent's watch traffic grow with the square of the cluster.
 async fn confirm_alive(
     leases: &Api<Lease>,
+    node_leases: &Api<Lease>,
     observed: &mut Observed,
     suspects: &BTreeSet<String>,
     clock: &ServerClock,
@@ -132,14 +138,46 @@ async fn confirm_alive(
     let checks = relevant.iter().map(|node| peer_now(leases, node, clock, timeout, api));
     let read = futures::future::join_all(checks).await;
     for (node, now) in relevant.iter().zip(read) {
-        let (Some(known), Some((alive, stated))) = (observed.reports.get_mut(node), now) else {
+        let (Some(known), Some(now)) = (observed.reports.get_mut(node), now) else {
             continue;
         };
         // The watch may lag behind a restatement: what was read with the heartbeat counts.
-        if let Some(stated) = stated {
+        if let Some(stated) = now.report {
             known.report = stated;
         }
-        known.liveness = if alive { Liveness::Renewing } else { Liveness::Expired };
+        known.liveness = if now.alive {
+            Liveness::Renewing
+        } else {
+            Liveness::Expired
+        };
+        if suspects.contains(node) {
+            let kubelet = kubelet_silent_from(node_leases, node, clock, timeout, api).await;
+            known.quiet_from = now.silent_from.zip(kubelet).map(|(agent, kubelet)| agent.max(kubelet));
+        }
+    }
+}
+
+/// From when `node`'s kubelet counts as silent, as its node Lease says, read fresh. `None` when
+/// the Lease cannot be read: without the kubelet's word, a node is never taken for quiet.
+async fn kubelet_silent_from(
+    node_leases: &Api<Lease>,
+    node: &str,
+    clock: &ServerClock,
+    timeout: Duration,
+    api: &ApiHealth,
+) -> Option<Instant> {
+    let read = within(timeout, node_leases.get_opt(node)).await;
+    api.record(&read);
+    match read {
+        Ok(Ok(lease)) => quiet::kubelet_silent_from(&lease?, clock, Instant::now()),
+        Ok(Err(err)) => {
+            tracing::warn!(node = %node, error = %err, "cannot read the node's Lease in {NODE_LEASE_NAMESPACE} (the agent needs get on leases there): a crashed node's pods move only once the node is NotReady");
+            None
+        }
+        Err(timed_out) => {
+            tracing::warn!(node = %node, "cannot read the node's Lease in {NODE_LEASE_NAMESPACE}: {timed_out}");
+            None
+        }
     }
 }
 

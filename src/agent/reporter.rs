@@ -127,7 +127,13 @@ mod tests {
             }
             (200, "{}".into())
         });
-        let heartbeat = Heartbeat::new(client, "default", "node-b", 30, Duration::from_secs(5));
+        let heartbeat = Heartbeat::new(
+            client,
+            "default",
+            "node-b",
+            (30, Duration::from_secs(10)),
+            Duration::from_secs(5),
+        );
         (heartbeat, writes)
     }
 

@@ -38,6 +38,16 @@ use crate::metrics::AgentMetrics;
 use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
 
+/// A heartbeat renewed less often than three times per Lease could expire between renewals.
+fn check_heartbeat(args: &AgentArgs) -> Result<()> {
+    let (interval, duration) = (args.heartbeat_interval.as_secs(), args.lease_duration_seconds);
+    anyhow::ensure!(
+        interval * 3 <= u64::from(duration),
+        "--heartbeat-interval {interval}s is over a third of --lease-duration-seconds {duration}: shorten the interval or lengthen the Lease"
+    );
+    Ok(())
+}
+
 pub async fn run(
     args: AgentArgs,
     client: Client,
@@ -46,6 +56,7 @@ pub async fn run(
     shutdown: Shutdown,
     event_settings: EventSettings,
 ) -> Result<()> {
+    check_heartbeat(&args)?;
     let metrics = AgentMetrics::register(&registry)?;
     metrics.zero(&Action::KINDS);
     metrics.dry_run.set(i64::from(args.dry_run));
@@ -60,7 +71,7 @@ pub async fn run(
         client.clone(),
         &args.lease_namespace,
         &args.node_name,
-        args.lease_duration_seconds,
+        (args.lease_duration_seconds, *args.heartbeat_interval),
         timeout,
     );
     let heartbeat_task = tokio::spawn(

@@ -29,12 +29,17 @@ impl ServerClock {
 
 /// When the server took `manager`'s last write of `lease`, by the server's clock (to the second).
 pub fn written_at(lease: &Lease, manager: &str) -> Option<Timestamp> {
+    last_write(lease, Some(manager))
+}
+
+/// When the server took the last write of `lease` by `manager`, or by anyone (`None`).
+pub fn last_write(lease: &Lease, manager: Option<&str>) -> Option<Timestamp> {
     lease
         .metadata
         .managed_fields
         .iter()
         .flatten()
-        .filter(|entry| entry.manager.as_deref() == Some(manager))
+        .filter(|entry| manager.is_none() || entry.manager.as_deref() == manager)
         .filter_map(|entry| entry.time.as_ref().map(|time| time.0))
         .max()
 }

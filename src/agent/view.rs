@@ -70,6 +70,10 @@ pub struct PeerReport {
     pub report: Report,
     /// Whether the agent still renews its heartbeat: while it does, what it stated may still hold.
     pub liveness: Liveness,
+    /// From when the node has gone quiet: its agent and its kubelet have each missed the
+    /// renewals of their Leases, unless one of them renews before. `None`: not read (only
+    /// suspected peers are), unreadable, or one of them renews on time.
+    pub quiet_from: Option<Instant>,
 }
 
 /// Whether a peer's agent renews its heartbeat Lease, as read fresh in this round.
@@ -218,6 +222,11 @@ impl Observed {
     pub fn alive_report(&self, node: &str, resource: &str) -> Option<&ResourceReport> {
         let report = self.reports.get(node).filter(|r| r.liveness == Liveness::Renewing)?;
         report.report.resources.get(resource)
+    }
+
+    /// From when `node` counts as quiet (see [`PeerReport::quiet_from`]).
+    pub fn quiet_from(&self, node: &str) -> Option<Instant> {
+        self.reports.get(node)?.quiet_from
     }
 
     pub fn has_taint(&self, node: &str, key: &str) -> bool {

@@ -68,9 +68,13 @@ pub(super) fn fail_overs(
             let verdict = evidence(observed, settings, &suspicion, now);
             match &verdict {
                 Evidence::Alive(evidence) => {
-                    // A late detection's hold ends by itself: the loop looks again right then.
+                    // A late detection's hold ends by itself, or once the node goes quiet: the
+                    // loop looks again right then.
                     let window = observed.drbd.detection_window(&resource.name, &peer.name);
                     timers.holds_end.push(started + window + settings.report_interval);
+                    timers
+                        .holds_end
+                        .extend(observed.quiet_from(&node.name).filter(|from| *from > now));
                     holds.push(Action::HoldFailOver {
                         node: node.name.clone(),
                         resource: resource.name.clone(),
@@ -204,7 +208,10 @@ fn what_the_agents_said(
         ..
     } = *suspicion;
     let alive_report = |name: &str| observed.alive_report(name, &resource.name);
-    if let Some(own) = alive_report(&node.name) {
+    // A node whose agent and kubelet both stopped renewing said nothing since: what it said
+    // before holds nothing, and third nodes alone can speak for it.
+    let quiet = observed.quiet_from(&node.name).is_some_and(|from| from <= now);
+    if let Some(own) = alive_report(&node.name).filter(|_| !quiet) {
         if !own.quorum {
             return Evidence::Lost("its agent reports the resource without quorum".into());
         }
@@ -611,6 +618,68 @@ mod tests {
         let mut dead = not_yet.clone();
         dead.reports.get_mut("node-a").unwrap().liveness = Liveness::Expired;
         assert_eq!(at(&dead, 5.0)[0], "taint node-a drbd.linbit.com/lost-quorum");
+    }
+
+    /// A crashed node: its last report still shows the link up (it said nothing since), but its
+    /// agent and its kubelet both stopped renewing their Leases. Its silence counts from then, not
+    /// from the end of the link's detection window (P3s: 15.8 s after the survivors' detection).
+    #[test]
+    fn a_node_whose_agent_and_kubelet_went_quiet_fails_over_at_the_timeout() {
+        let settings = settings();
+        let crashed_at = |quiet_after: Duration| {
+            let mut observed = link_lost();
+            let (t0, mut timers) = (Instant::now(), Timers::new());
+            let mut said = report(true, true, &["node-b", "node-c"], &[], true);
+            said.quiet_from = Some(t0 + quiet_after);
+            observed.reports = [("node-a".to_string(), said)].into();
+            decide(&observed, &settings, &mut timers, t0);
+            (observed, timers, t0)
+        };
+        let (observed, mut timers, t0) = crashed_at(Duration::from_secs(3));
+        assert_eq!(
+            kinds(&decide(
+                &observed,
+                &settings,
+                &mut timers,
+                t0 + settings.fail_over_timeout
+            )),
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "force-delete app",
+                "delete-attachment csi-att-1"
+            ],
+            "quiet before the timeout ran out: failed over as soon as it did"
+        );
+        // Quiet only later: held until then, and the loop wakes right then.
+        let (observed, mut timers, t0) = crashed_at(Duration::from_secs(8));
+        let held = decide(&observed, &settings, &mut timers, t0 + settings.fail_over_timeout);
+        assert_eq!(kinds(&held), ["hold node-a"]);
+        let quiet = t0 + Duration::from_secs(8);
+        let deadlines = timers.deadlines(settings.fail_over_timeout, settings.not_ready_counts_after);
+        assert!(
+            deadlines.collect::<Vec<_>>().contains(&quiet),
+            "the loop wakes when it goes quiet"
+        );
+        assert_eq!(
+            kinds(&decide(&observed, &settings, &mut timers, quiet))[0],
+            "taint node-a drbd.linbit.com/lost-quorum"
+        );
+    }
+
+    /// Quiet is not enough where another node still speaks for it: a node cut off from the API
+    /// server, whose DRBD still reaches a third node, may be Primary with quorum through it.
+    #[test]
+    fn a_quiet_node_a_third_node_is_still_connected_to_is_held() {
+        let mut observed = link_lost();
+        let mut said = report(true, true, &["node-b", "node-c"], &["node-b"], true);
+        said.quiet_from = Some(Instant::now());
+        let c_said = report(false, true, &["node-a"], &["node-b"], true);
+        observed.reports = [("node-a".to_string(), said), ("node-c".to_string(), c_said)].into();
+        assert_eq!(
+            decided_after(&observed, &settings(), Duration::from_secs(60)),
+            ["hold node-a"],
+            "however long the link stays down"
+        );
     }
 
     #[test]

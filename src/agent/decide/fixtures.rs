@@ -162,6 +162,7 @@ pub(crate) fn report(
             resources: [("pvc-1".to_string(), resource)].into(),
         },
         liveness: if alive { Liveness::Renewing } else { Liveness::Expired },
+        quiet_from: None,
     }
 }
 
