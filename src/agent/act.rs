@@ -25,7 +25,7 @@ use crate::deadline::within;
 use crate::events::EventSink;
 use crate::kube_client::api_status;
 use crate::metrics::AgentMetrics;
-use crate::names::AGENT_FIELD_MANAGER;
+use crate::names::{AGENT_FIELD_MANAGER, LOST_QUORUM_TAINT};
 
 #[derive(Clone, Debug)]
 pub struct ExecutorSettings {
@@ -425,6 +425,15 @@ impl Executor {
         self.outcome(action, about, result, drbd_read_at)
     }
 
+    /// Gives back `node`'s guard reservation with its lost-quorum taint; failing that, the
+    /// reservation lapses on its own (see `guard::live_reservations`).
+    async fn give_back(&self, node: &str) {
+        let Some(guard) = &self.guard else { return };
+        if let Err(err) = guard.give_back(node).await {
+            tracing::warn!(node, error = %err, "cannot give back the node's blast-radius guard reservation: it counts until it lapses");
+        }
+    }
+
     /// Asks the blast-radius guard before the first step of a peer's fail-over, taint or not:
     /// the guard counts fail-overs. `Some` when the fail-over must not go on (refused, or the
     /// guard could not tell).
@@ -547,7 +556,13 @@ impl Executor {
         let client = &self.client;
         let outcome = match action {
             Action::Taint { node, key, value, .. } => change_taint(client, node, key, Some(value)).await?,
-            Action::Untaint { node, key, .. } => change_taint(client, node, key, None).await?,
+            Action::Untaint { node, key, .. } => {
+                let outcome = change_taint(client, node, key, None).await?;
+                if *key == LOST_QUORUM_TAINT && matches!(outcome, Outcome::Done(_)) {
+                    self.give_back(node).await;
+                }
+                outcome
+            }
             Action::Evict { pod, .. } => {
                 let params = EvictParams {
                     delete_options: Some(delete_params(&pod.uid, self.settings.grace_period_seconds)),
@@ -1171,6 +1186,63 @@ mod tests {
             (status, body.to_string())
         });
         (client, events)
+    }
+
+    /// Node b, back, removes the taint its fail-over left: its guard reservation goes with it,
+    /// instead of counting against other nodes' fail-overs until it lapses (2 minutes with the
+    /// default `--operations-timeout`).
+    #[tokio::test]
+    async fn a_node_back_from_a_fail_over_gives_its_guard_reservation_back() {
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let kept = written.clone();
+        let expiry = (k8s_openapi::jiff::Timestamp::now() + Duration::from_secs(60)).to_string();
+        let client = scripted_api::client(move |request| {
+            let path = &request.path;
+            let body = if path.ends_with(crate::names::FAIL_OVER_GUARD_LEASE) {
+                if request.method == http::Method::PUT {
+                    kept.lock().unwrap().push(request.body.clone());
+                }
+                let held = json!({"node-b": expiry, "node-c": expiry}).to_string();
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": crate::names::FAIL_OVER_GUARD_LEASE, "resourceVersion": "1",
+                        "annotations": {crate::names::FAIL_OVER_RESERVATIONS_ANNOTATION: held}}})
+            } else if path.contains("/nodes/") {
+                let taints = [
+                    json!({"key": LOST_QUORUM_TAINT, "value": crate::names::TAINT_BY_FAIL_OVER, "effect": "NoSchedule"}),
+                ];
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-b", "resourceVersion": "1"}, "spec": {"taints": taints}})
+            } else {
+                json!({})
+            };
+            (200, body.to_string())
+        });
+        let (executor, metrics) = stub_executor(MockDrbdSource::new(), false);
+        let guard = FailOverGuard::new(&client, "default", "", 0.5, Duration::from_secs(5));
+        let mut executor = Executor {
+            client: client.clone(),
+            guard: Some(guard),
+            ..executor
+        };
+        let untaint = Action::Untaint {
+            node: "node-b".into(),
+            key: LOST_QUORUM_TAINT,
+            cause: Cause::LostQuorum,
+            note: String::new(),
+        };
+        executor
+            .run(Scope::Steps, vec![untaint], Instant::now(), &no_nodes())
+            .await;
+        assert_eq!(metrics.actions.with_label_values(&["untaint", "ok"]).get(), 1);
+        let written = written.lock().unwrap().clone();
+        assert_eq!(written.len(), 1, "the guard Lease written once");
+        let annotation = &written[0]["metadata"]["annotations"][crate::names::FAIL_OVER_RESERVATIONS_ANNOTATION];
+        let left: std::collections::BTreeMap<String, String> =
+            serde_json::from_str(annotation.as_str().unwrap()).unwrap();
+        assert_eq!(
+            left.keys().collect::<Vec<_>>(),
+            ["node-c"],
+            "b's reservation given back, c's kept"
+        );
     }
 
     #[tokio::test]

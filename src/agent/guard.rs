@@ -118,15 +118,15 @@ impl FailOverGuard {
             }
             let expiry = now.checked_add(RESERVATION_TTL)?;
             reservations.insert(node.to_owned(), expiry);
-            let stored: BTreeMap<&String, String> = reservations.iter().map(|(n, t)| (n, t.to_string())).collect();
-            let text = serde_json::to_string(&stored)?;
+            let text = stored(&reservations)?;
             let written = match current {
                 Some(mut lease) => {
                     lease
                         .annotations_mut()
                         .insert(FAIL_OVER_RESERVATIONS_ANNOTATION.into(), text);
-                    let name = lease.name_any();
-                    self.leases.replace(&name, &PostParams::default(), &lease).await
+                    self.leases
+                        .replace(FAIL_OVER_GUARD_LEASE, &PostParams::default(), &lease)
+                        .await
                 }
                 None => {
                     let lease = Lease {
@@ -151,10 +151,51 @@ impl FailOverGuard {
     }
 }
 
+impl FailOverGuard {
+    /// Gives `node`'s reservation back, if it holds one: its agent has removed the taint of its
+    /// fail-over (the node is back), and the reservation would otherwise count against other
+    /// nodes' fail-overs until it lapses.
+    pub async fn give_back(&self, node: &str) -> Result<(), AgentError> {
+        within(self.timeout, self.try_give_back(node)).await?
+    }
+
+    async fn try_give_back(&self, node: &str) -> Result<(), AgentError> {
+        for _ in 0..ATTEMPTS {
+            let Some(mut lease) = self.leases.get_opt(FAIL_OVER_GUARD_LEASE).await? else {
+                return Ok(());
+            };
+            let mut held = reservations(&lease);
+            if held.remove(node).is_none() {
+                return Ok(());
+            }
+            let text = stored(&held)?;
+            lease
+                .annotations_mut()
+                .insert(FAIL_OVER_RESERVATIONS_ANNOTATION.into(), text);
+            match self
+                .leases
+                .replace(FAIL_OVER_GUARD_LEASE, &PostParams::default(), &lease)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(err) if api_status(&err) == Some(409) => continue,
+                Err(other) => return Err(other.into()),
+            }
+        }
+        Err(AgentError::Contended("the guard Lease"))
+    }
+}
+
+/// The guard Lease's annotation holding `reservations`.
+fn stored(reservations: &BTreeMap<String, Timestamp>) -> Result<String, AgentError> {
+    let stored: BTreeMap<&String, String> = reservations.iter().map(|(n, t)| (n, t.to_string())).collect();
+    Ok(serde_json::to_string(&stored)?)
+}
+
 /// The reservations that still stand for a fail-over: unexpired, and either of a node that carries
 /// the taint (`tainted`) or young enough that its taint may still be on its way (two
 /// `write_within`, the bound of the reserving agent's writes). One whose node is not tainted after
-/// that was given back (the node returned and its agent removed the taint) or never used: it
+/// whose give-back was lost (the node returned and its agent removed the taint) or never used: it
 /// would otherwise count against other nodes' fail-overs until it expires, 2 minutes.
 fn live_reservations(
     mut held: BTreeMap<String, Timestamp>,
