@@ -1,8 +1,8 @@
 //! How long ago a node's agent and its kubelet last renewed their Leases, and from when each counts
 //! as silent. A node whose agent and kubelet are both silent has crashed or lost the API server:
-//! either way it says nothing more, and what it said before holds nothing. Ages are judged on the
-//! API server's clock where it is known (see [`ServerClock`]), then carried over to this agent's
-//! monotonic clock, on which the decisions run.
+//! either way it says nothing more, and what it said before holds nothing. Silence is judged on the
+//! API server's clock alone (see [`ServerClock`]), then carried over to this agent's monotonic
+//! clock, on which the decisions run.
 
 use std::time::{Duration, Instant};
 
@@ -20,10 +20,12 @@ const KUBELET_RENEWALS_PER_DURATION: u32 = 4;
 /// An agent that wrote no interval on its heartbeat (an older one) renews at a third of it.
 const AGENT_RENEWALS_PER_DURATION: u32 = 3;
 
-/// Whether the agent of heartbeat `lease` renewed it within its duration.
+/// Whether the agent of heartbeat `lease` renewed it within its duration, on the API server's
+/// clock where it and its stamp of the renewal are known.
 pub fn renews(lease: &Lease, clock: &ServerClock) -> bool {
-    let duration = lease_duration(lease);
-    renewal_age(lease, Some(AGENT_FIELD_MANAGER), clock).is_some_and(|age| age < duration)
+    let age =
+        age_on_the_servers_clock(lease, Some(AGENT_FIELD_MANAGER), clock).or_else(|| age_on_the_writers_clock(lease));
+    age.is_some_and(|age| age < lease_duration(lease))
 }
 
 /// From when the agent of heartbeat `lease` counts as silent, unless it renews before: two
@@ -37,7 +39,7 @@ pub fn agent_silent_from(lease: &Lease, clock: &ServerClock, now: Instant) -> Op
         .and_then(|seconds| seconds.parse().ok())
         .map(Duration::from_secs);
     let interval = written.unwrap_or(lease_duration(lease) / AGENT_RENEWALS_PER_DURATION);
-    let age = renewal_age(lease, Some(AGENT_FIELD_MANAGER), clock)?;
+    let age = age_on_the_servers_clock(lease, Some(AGENT_FIELD_MANAGER), clock)?;
     Some(silent_from(age, 2 * interval + RENEWAL_SLACK, now))
 }
 
@@ -45,7 +47,7 @@ pub fn agent_silent_from(lease: &Lease, clock: &ServerClock, now: Instant) -> Op
 /// renews before: one renewal missed (it retries a failed one at once).
 pub fn kubelet_silent_from(lease: &Lease, clock: &ServerClock, now: Instant) -> Option<Instant> {
     let interval = lease_duration(lease) / KUBELET_RENEWALS_PER_DURATION;
-    let age = renewal_age(lease, None, clock)?;
+    let age = age_on_the_servers_clock(lease, None, clock)?;
     Some(silent_from(age, interval + RENEWAL_SLACK, now))
 }
 
@@ -54,17 +56,22 @@ fn lease_duration(lease: &Lease) -> Duration {
     Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
 }
 
-/// How long ago `lease` was last written by `manager` (anyone: `None`). On the API server's
-/// clock when both the server's time of the write and this agent's view of the server's clock are
-/// known; else, as before either is, on the renewal time the writer put in against this node's
-/// clock.
-fn renewal_age(lease: &Lease, manager: Option<&str>, clock: &ServerClock) -> Option<Duration> {
-    let (renewed, now) = match (last_write(lease, manager), clock.now()) {
-        (Some(taken), Some(server_now)) => (taken, server_now),
-        _ => (lease.spec.as_ref()?.renew_time.as_ref()?.0, Timestamp::now()),
-    };
-    let age = now.duration_since(renewed);
-    Some(Duration::try_from(age.max(SignedDuration::ZERO)).unwrap_or_default())
+/// How long ago the writer of `lease` says it renewed it, against this node's clock: as before the
+/// server's clock or its stamp of the write is known.
+fn age_on_the_writers_clock(lease: &Lease) -> Option<Duration> {
+    let renewed = lease.spec.as_ref()?.renew_time.as_ref()?.0;
+    Some(non_negative(Timestamp::now().duration_since(renewed)))
+}
+
+/// How long ago `lease` was last written by `manager` (anyone: `None`), on the API server's clock
+/// alone: silence measured against a writer's clock would take every peer for silent on a node
+/// whose own clock is ahead by more than the allowance.
+fn age_on_the_servers_clock(lease: &Lease, manager: Option<&str>, clock: &ServerClock) -> Option<Duration> {
+    Some(non_negative(clock.now()?.duration_since(last_write(lease, manager)?)))
+}
+
+fn non_negative(age: SignedDuration) -> Duration {
+    Duration::try_from(age.max(SignedDuration::ZERO)).unwrap_or_default()
 }
 
 /// `allowance` after a renewal `age` old, on this agent's monotonic clock read `now`.
@@ -140,9 +147,16 @@ mod tests {
         let behind = kubelet_silent_from(&lease("kubelet", 40, 1, -60), &clock, now).unwrap();
         assert!(behind > now, "a minute behind, renewed a second ago");
         let unknown_clock = kubelet_silent_from(&lease("kubelet", 40, 1, -60), &ServerClock::default(), now);
-        assert!(
-            unknown_clock.unwrap() <= now,
-            "before the server's clock is known: the writer's"
+        assert_eq!(
+            unknown_clock, None,
+            "before the server's clock is known, no one is taken for silent"
+        );
+        let mut unstamped = lease("kubelet", 40, 20, 0);
+        unstamped.metadata.managed_fields = None;
+        assert_eq!(
+            kubelet_silent_from(&unstamped, &clock, now),
+            None,
+            "nor without the server's stamp"
         );
     }
 
