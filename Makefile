@@ -1,4 +1,4 @@
-.PHONY: test demo bench soak images tools cluster-up cluster-down
+.PHONY: test demo bench soak images tools cluster-up cluster-down release-check
 
 # Every test: tools, fmt, clippy, unit tests and end-to-end tests on a local control plane.
 test:
@@ -21,6 +21,11 @@ soak:
 tools:
 	hack/tools.sh
 
+# Whether VERSION (default: Cargo.toml's) can be released from this tree, short of pushing
+# (hack/release-check.sh). The release workflow runs it with RELEASE_TAG=1.
+release-check:
+	PATH="$$(hack/tools.sh):$$PATH" hack/release-check.sh $(VERSION)
+
 cluster-up:
 	hack/cluster.sh up
 
@@ -31,8 +36,9 @@ cluster-down:
 # tagged VERSION and pushed to REGISTRY with docker buildx: `make images
 # REGISTRY=registry.example.com/storage`. More platforms (PLATFORMS=linux/amd64,linux/arm64) need
 # builders for them or QEMU's binfmt handlers on the Docker host. The chart's defaults name
-# ghcr.io/storageos/shared-volume-{controller,agent}.
-REGISTRY ?= ghcr.io/storageos
+# ghcr.io/shared-volume-controller/shared-volume-{controller,agent} (hack/release.env), where the
+# release workflow pushes them.
+REGISTRY ?= $(shell sed -n 's/^IMAGE_PREFIX=//p' hack/release.env)
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 SOURCE ?= $(shell git remote get-url origin 2>/dev/null || echo unknown)

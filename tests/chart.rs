@@ -740,7 +740,7 @@ fn with_escape_hatches() -> Vec<Value> {
     template(&[
         "controller.image.registry=mirror.example.com/",
         "controller.image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-        "agent.image.registry=mirror.example.com",
+        "imageRegistry=mirror.example.com",
         "controller.extraEnv[0].name=HTTPS_PROXY",
         "controller.extraEnv[0].value=http://proxy:3128",
         "agent.extraEnv[0].name=SSL_CERT_FILE",
@@ -781,7 +781,7 @@ fn images_env_volumes_and_accounts_follow_the_escape_hatches() {
     let controller = &deployment["containers"][0];
     assert_eq!(
         controller["image"],
-        "mirror.example.com/storageos/shared-volume-controller@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+        "mirror.example.com/shared-volume-controller/shared-volume-controller@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
         "the registry takes the place of the repository's own host"
     );
     assert_eq!(env_value(controller, "HTTPS_PROXY"), Some("http://proxy:3128"));
@@ -798,7 +798,15 @@ fn images_env_volumes_and_accounts_follow_the_escape_hatches() {
     );
     let agent_pod = &daemonset["spec"]["template"]["spec"];
     let agent = &agent_pod["containers"][0];
-    assert_eq!(agent["image"], "mirror.example.com/storageos/shared-volume-agent:0.1.0");
+    assert_eq!(
+        agent["image"], "mirror.example.com/shared-volume-controller/shared-volume-agent:0.1.0",
+        "imageRegistry: one value for every component"
+    );
+    let repair = find(&custom, "DaemonSet", "demo-shared-volume-controller-conntrack");
+    assert_eq!(
+        repair["spec"]["template"]["spec"]["containers"][0]["image"],
+        "mirror.example.com/shared-volume-controller/shared-volume-agent:0.1.0"
+    );
     assert_eq!(env_value(agent, "SSL_CERT_FILE"), Some("/etc/ca/ca.crt"));
     let mounts: Vec<&str> = agent["volumeMounts"]
         .as_array()
@@ -846,7 +854,7 @@ fn monitoring_follows_the_escape_hatches() {
     );
     assert_eq!(
         agent_down["annotations"]["runbook_url"],
-        "https://github.com/storageos/shared-volume-controller/blob/main/docs/reference/alerts.md#sharedvolumeagentdown",
+        "https://github.com/shared-volume-controller/shared-volume-controller/blob/main/docs/reference/alerts.md#sharedvolumeagentdown",
         "runbooks on main: no release is tagged yet"
     );
 }

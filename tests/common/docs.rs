@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// How this repository's files are linked from outside it (alerts, the dashboard, Chart.yaml).
-pub const REPOSITORY_URL: &str = "https://github.com/storageos/shared-volume-controller/blob/";
+pub const REPOSITORY_URL: &str = "https://github.com/shared-volume-controller/shared-volume-controller/blob/";
 
 /// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`.
 pub fn slug(heading: &str) -> String {

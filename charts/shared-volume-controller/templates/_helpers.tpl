@@ -34,7 +34,7 @@ app.kubernetes.io/component: {{ .component }}
 {{/* An image reference: [registry/]repository, then @digest when pinned, else :tag. */}}
 {{- define "svc.image" -}}
 {{- $repository := .image.repository -}}
-{{- with .image.registry }}
+{{- with .image.registry | default .root.Values.imageRegistry }}
 {{- /* The registry replaces the host the repository names (its first part, when that has a dot or a
 port, or is localhost), as a container runtime reads a reference. */ -}}
 {{- $parts := splitList "/" $repository -}}
