@@ -29,6 +29,12 @@ hack/chart-docs.sh --check
 step "the plain Prometheus rules file is the chart's alerts (hack/prometheus-rules.sh --check)"
 hack/prometheus-rules.sh --check
 promtool check rules docs/reference/prometheus-rules.yaml
+step "the GitHub workflows (actionlint, zizmor --offline)"
+actionlint
+zizmor --quiet --offline .github/workflows
+step "the release, short of pushing it (hack/release-check.sh for Cargo.toml's version; the debug build as the plugin)"
+PLUGIN_BINARY=target/debug/shared-volume-controller \
+  hack/release-check.sh "$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
 
 step "cargo test (unit and end-to-end, two binaries at a time on a fresh control plane; the fault soak for 45 s)"
 # The soak replays one seed here; `make soak` draws a new one each run. A node whose fake kubelet

