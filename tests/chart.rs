@@ -9,7 +9,7 @@ mod common;
 use common::accounts::{SignIn, config_from};
 use common::controller::ControllerArgs;
 use common::drbd::{resource, slice_addresses};
-use common::helm::{CHART, alerts, find, objects, run, template};
+use common::helm::{CHART, alerts, find, objects, packaged_chart, run, template};
 use common::process::Process;
 use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use serde_json::{Value, json};
@@ -502,7 +502,7 @@ fn readme_install_command(release: &str, namespace: &str) -> std::process::Comma
     let command = block
         .replacen(
             "shared-volume charts/shared-volume-controller",
-            &format!("{release} {CHART}"),
+            &format!("{release} {}", packaged_chart()),
             1,
         )
         .replace("storage-system", namespace);
@@ -1047,7 +1047,7 @@ async fn in_a_baseline_namespace_the_agent_is_refused_and_notes_say_so() {
         ]));
     };
     label("baseline");
-    let installed = run(tool("helm").args(["install", &release, CHART, "--namespace", &env.ns]));
+    let installed = run(tool("helm").args(["install", &release, packaged_chart(), "--namespace", &env.ns]));
     let notes = String::from_utf8_lossy(&installed.stdout);
     assert!(
         notes.contains("WARNING: Pod Security") && notes.contains("\"baseline\""),
@@ -1081,7 +1081,7 @@ async fn in_a_baseline_namespace_the_agent_is_refused_and_notes_say_so() {
     admitted(controller, &env.ns, "controller").expect("and restricted");
     label("privileged");
     admitted(agent, &env.ns, "agent").expect("privileged admits the agent");
-    let upgraded = run(tool("helm").args(["upgrade", &release, CHART, "--namespace", &env.ns]));
+    let upgraded = run(tool("helm").args(["upgrade", &release, packaged_chart(), "--namespace", &env.ns]));
     assert!(
         !String::from_utf8_lossy(&upgraded.stdout).contains("WARNING: Pod Security"),
         "no warning once the namespace is privileged"
@@ -1102,7 +1102,7 @@ async fn the_controller_and_the_agent_install_as_two_releases() {
     let release = "shared-volume";
     let install = |namespace: &str, sets: &[&str]| {
         let mut helm = tool("helm");
-        helm.args(["install", release, CHART, "--namespace", namespace]);
+        helm.args(["install", release, packaged_chart(), "--namespace", namespace]);
         for set in sets {
             helm.args(["--set", set]);
         }

@@ -9,6 +9,25 @@ use super::tool;
 
 pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
 
+/// The chart as a release ships it: packaged by `helm package` once per test process (into
+/// cargo's scratch folder for tests), which is what users install. Returns the package's path.
+pub fn packaged_chart() -> &'static str {
+    static PACKAGED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PACKAGED.get_or_init(|| {
+        // One folder, made again by each run: only the chart tests install the package.
+        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("packaged-chart");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        run(tool("helm").args(["package", CHART, "-d"]).arg(&dir));
+        let package = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .find(|path| path.extension().is_some_and(|e| e == "tgz"))
+            .expect("helm package made no .tgz");
+        package.to_string_lossy().into_owned()
+    })
+}
+
 /// Runs `command` and fails the test with its output unless it succeeds.
 pub fn run(command: &mut Command) -> Output {
     let output = command
