@@ -34,6 +34,10 @@ impl VolumeBinder {
                 "persistentvolume-binder-controller",
             ])
             .args(["--leader-elect=false", "--secure-port", "0"])
+            // It syncs every PV of the cluster, also the hundreds earlier tests leave (PVs outlive
+            // their namespaces): at the default 20 requests/s their status writes delayed this
+            // test's binding past its 30 s wait.
+            .args(["--kube-api-qps", "200", "--kube-api-burst", "400"])
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
