@@ -38,14 +38,22 @@ use crate::metrics::AgentMetrics;
 use crate::names::AGENT_NAME;
 use crate::shutdown::Shutdown;
 
-/// A heartbeat renewed less often than three times per Lease could expire between renewals.
-fn check_heartbeat(args: &AgentArgs) -> Result<()> {
+/// This node's heartbeat, as the flags set it. One renewed less often than three times per Lease
+/// could expire between renewals: refused.
+fn heartbeat(args: &AgentArgs, client: &Client, timeout: Duration) -> Result<Heartbeat> {
     let (interval, duration) = (args.heartbeat_interval.as_secs(), args.lease_duration_seconds);
     anyhow::ensure!(
         interval * 3 <= u64::from(duration),
         "--heartbeat-interval {interval}s is over a third of --lease-duration-seconds {duration}: shorten the interval or lengthen the Lease"
     );
-    Ok(())
+    let renewal = (duration, *args.heartbeat_interval);
+    Ok(Heartbeat::new(
+        client.clone(),
+        &args.lease_namespace,
+        &args.node_name,
+        renewal,
+        timeout,
+    ))
 }
 
 pub async fn run(
@@ -56,7 +64,6 @@ pub async fn run(
     shutdown: Shutdown,
     event_settings: EventSettings,
 ) -> Result<()> {
-    check_heartbeat(&args)?;
     let metrics = AgentMetrics::register(&registry)?;
     metrics.zero(&Action::KINDS);
     metrics.dry_run.set(i64::from(args.dry_run));
@@ -67,13 +74,7 @@ pub async fn run(
         let freshness = freshness.clone();
         move || freshness.check().map_err(|stale| stale.to_string())
     });
-    let heartbeat = Heartbeat::new(
-        client.clone(),
-        &args.lease_namespace,
-        &args.node_name,
-        (args.lease_duration_seconds, *args.heartbeat_interval),
-        timeout,
-    );
+    let heartbeat = heartbeat(&args, &client, timeout)?;
     let heartbeat_task = tokio::spawn(
         heartbeat
             .clone()
