@@ -135,9 +135,19 @@ async fn confirm_alive(
         })
         .map(|(node, _)| node.clone())
         .collect();
-    let checks = relevant.iter().map(|node| peer_now(leases, node, clock, timeout, api));
+    // A suspect's kubelet is read beside its agent, all nodes at once.
+    let checks = relevant.iter().map(|node| async move {
+        let kubelet = async {
+            if suspects.contains(node) {
+                kubelet_silent_from(node_leases, node, clock, timeout, api).await
+            } else {
+                None
+            }
+        };
+        futures::join!(peer_now(leases, node, clock, timeout, api), kubelet)
+    });
     let read = futures::future::join_all(checks).await;
-    for (node, now) in relevant.iter().zip(read) {
+    for (node, (now, kubelet)) in relevant.iter().zip(read) {
         let (Some(known), Some(now)) = (observed.reports.get_mut(node), now) else {
             continue;
         };
@@ -150,10 +160,7 @@ async fn confirm_alive(
         } else {
             Liveness::Expired
         };
-        if suspects.contains(node) {
-            let kubelet = kubelet_silent_from(node_leases, node, clock, timeout, api).await;
-            known.quiet_from = now.silent_from.zip(kubelet).map(|(agent, kubelet)| agent.max(kubelet));
-        }
+        known.quiet_from = now.silent_from.zip(kubelet).map(|(agent, kubelet)| agent.max(kubelet));
     }
 }
 
