@@ -14,7 +14,7 @@ use super::api_health::ApiHealth;
 use super::error::AgentError;
 use super::quiet::{agent_silent_from, renews};
 use super::report::Report;
-use super::server_clock::{ServerClock, written_at};
+use super::server_clock::{ServerClock, last_write};
 use crate::deadline::within;
 use crate::metrics::set_to_now;
 use crate::names::{
@@ -80,7 +80,7 @@ impl Heartbeat {
             });
             match self.apply(AGENT_FIELD_MANAGER, &name, &lease).await {
                 Ok(written) => {
-                    if let Some(taken) = written_at(&written, AGENT_FIELD_MANAGER) {
+                    if let Some(taken) = last_write(&written, Some(AGENT_FIELD_MANAGER)) {
                         self.clock.learned(taken);
                     }
                     set_to_now(&renewed);

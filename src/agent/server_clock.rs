@@ -27,12 +27,8 @@ impl ServerClock {
     }
 }
 
-/// When the server took `manager`'s last write of `lease`, by the server's clock (to the second).
-pub fn written_at(lease: &Lease, manager: &str) -> Option<Timestamp> {
-    last_write(lease, Some(manager))
-}
-
-/// When the server took the last write of `lease` by `manager`, or by anyone (`None`).
+/// When the server took the last write of `lease` by `manager`, or by anyone (`None`), by the
+/// server's clock (to the second).
 pub fn last_write(lease: &Lease, manager: Option<&str>) -> Option<Timestamp> {
     lease
         .metadata
