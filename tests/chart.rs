@@ -506,12 +506,7 @@ fn readme_install_command(release: &str, namespace: &str) -> std::process::Comma
             1,
         )
         .replace("storage-system", namespace);
-    let mut bash = std::process::Command::new("bash");
-    bash.args(["-euo", "pipefail", "-c", &command]);
-    if let Ok(bin) = std::env::var("SVC_TOOLS_BIN") {
-        bash.env("PATH", format!("{bin}:{}", std::env::var("PATH").unwrap_or_default()));
-    }
-    bash
+    common::pasted(&command)
 }
 
 #[test]

@@ -17,6 +17,7 @@ pub mod outage;
 pub mod partition;
 pub mod process;
 pub mod prometheus;
+pub mod release_pods;
 pub mod storageos;
 pub mod workload;
 
@@ -123,6 +124,17 @@ pub fn tool(name: &str) -> std::process::Command {
         .map(|bin| format!("{bin}/{name}"))
         .unwrap_or_else(|_| name.to_owned());
     std::process::Command::new(path)
+}
+
+/// `script` run by bash as a user pastes it (`-euo pipefail`), with the test tool cache first on
+/// PATH.
+pub fn pasted(script: &str) -> std::process::Command {
+    let mut bash = std::process::Command::new("bash");
+    bash.args(["-euo", "pipefail", "-c", script]);
+    if let Ok(bin) = std::env::var("SVC_TOOLS_BIN") {
+        bash.env("PATH", format!("{bin}:{}", std::env::var("PATH").unwrap_or_default()));
+    }
+    bash
 }
 
 /// Annotations that make a PV report its NFS server at `endpoint`.

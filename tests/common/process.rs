@@ -33,6 +33,12 @@ impl Process {
 
     /// Like [`Process::start`], with extra environment variables.
     pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_program(env!("CARGO_BIN_EXE_shared-volume-controller").as_ref(), name, args, env)
+    }
+
+    /// Like [`Process::start_with_env`], running `program` instead of this tree's binary (another
+    /// version's, for the upgrade test).
+    pub fn start_program(program: &std::path::Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let admin = free_addr();
         let log = std::env::temp_dir().join(format!("svc-e2e-{name}.log"));
         // Appended to: a process started again under the same name (the soak restarts them)
@@ -45,7 +51,7 @@ impl Process {
         if std::env::var_os("SVC_DEMO").is_none() {
             eprintln!("{name}: logs in {}", log.display());
         }
-        let child = Command::new(env!("CARGO_BIN_EXE_shared-volume-controller"))
+        let child = Command::new(program)
             .args(args)
             .arg("--admin-addr")
             .arg(admin.to_string())
