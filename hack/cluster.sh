@@ -180,7 +180,7 @@ rules:
     verbs: [create, update, patch, delete]
     resources:
       - group: ""
-        resources: [services, endpoints, persistentvolumes, nodes, pods]
+        resources: [services, endpoints, persistentvolumes, persistentvolumeclaims, nodes, pods]
       - group: discovery.k8s.io
         resources: [endpointslices]
       - group: storage.k8s.io
