@@ -13,7 +13,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
-step "build"
+step "the earlier commit the upgrade test starts from (hack/upgrade-from.sh), then the build"
+hack/upgrade-from.sh
 cargo build --locked --all-targets
 
 step "waiting for the tools"
