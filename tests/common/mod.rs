@@ -12,12 +12,14 @@ pub mod drbd;
 pub mod held;
 pub mod helm;
 pub mod kubelet;
+pub mod nfs41;
 pub mod node_loss;
 pub mod outage;
 pub mod partition;
 pub mod process;
 pub mod prometheus;
 pub mod release_pods;
+pub mod stateful;
 pub mod storageos;
 pub mod workload;
 
