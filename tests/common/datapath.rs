@@ -33,6 +33,7 @@ const NODE_RANGE: &str = "10.211.0.0/16";
 const PREFIX: &str = "svcdp";
 /// Where the volume is exported on every node's NFS server.
 pub const EXPORT: &str = "/export";
+const INSTALL_GUIDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/how-to/install.md");
 /// Comment on the rules that keep the traffic of the data path on this machine.
 const FENCE: &str = "svcdp-fence";
 /// The fence: packets to the service or node ranges, or forwarded from the nodes, that would
@@ -55,6 +56,9 @@ struct NodeLink {
 /// One node's NFS server, ready to start: in the node's network namespace, with its configuration.
 struct NfsServer {
     netns: String,
+    /// The node's hostname, in a UTS namespace of the server's own (with the node's own
+    /// /etc/hosts): ganesha derives its default server scope from it.
+    hostname: String,
     config: PathBuf,
     state: PathBuf,
     address: SocketAddr,
@@ -63,8 +67,27 @@ struct NfsServer {
 impl NfsServer {
     /// Starts nfs-ganesha and waits until it accepts connections.
     fn start(self) -> Child {
+        // A node names itself in its own /etc/hosts: ganesha's ID mapper looks its hostname up
+        // at start (an unresolvable one costs it a 10 s DNS timeout).
+        let hosts = self.state.join("hosts");
+        let ip = self.address.ip();
+        std::fs::write(&hosts, format!("127.0.0.1 localhost\n{ip} {}\n", self.hostname)).unwrap();
+        let on_the_node = "hostname \"$0\" && mount --bind \"$1\" /etc/hosts && shift && exec ganesha.nfsd \"$@\"";
         let server = Command::new("ip")
-            .args(["netns", "exec", &self.netns, "ganesha.nfsd", "-F", "-N", "NIV_EVENT"])
+            .args([
+                "netns",
+                "exec",
+                &self.netns,
+                "unshare",
+                "--uts",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+            ])
+            .args(["sh", "-c", on_the_node, &self.hostname])
+            .arg(&hosts)
+            .args(["-F", "-N", "NIV_EVENT"])
             .arg("-f")
             .arg(&self.config)
             .arg("-L")
@@ -109,22 +132,43 @@ pub enum NfsGrace {
 }
 
 impl NfsGrace {
-    /// The `NFSv4` block of ganesha's configuration.
-    fn ganesha_block(self, recovery: &Path) -> String {
-        let recovery = recovery.display();
+    /// The install guide's template with this grace setting in its `NFSv4` block.
+    fn applied_to(self, template: &str) -> String {
         match self {
-            Self::Off => format!(
-                "NFSv4 {{ Graceless = true; RecoveryBackend = fs; RecoveryRoot = {recovery}; Lease_Lifetime = 10; }}"
-            ),
+            Self::Off => set_param(&set_param(template, "Graceless", "true"), "Lease_Lifetime", "10"),
             Self::On {
                 lease_seconds,
                 grace_seconds,
-            } => format!(
-                "NFSv4 {{ Graceless = false; Grace_Period = {grace_seconds}; Lease_Lifetime = {lease_seconds}; \
-                 RecoveryBackend = fs; RecoveryRoot = {recovery}; }}"
-            ),
+            } => {
+                let template = set_param(template, "Graceless", "false");
+                let template = set_param(&template, "Lease_Lifetime", &lease_seconds.to_string());
+                set_param(&template, "Grace_Period", &grace_seconds.to_string())
+            }
         }
     }
+}
+
+/// `template` with the value of its one `key = …;` parameter replaced by `value`.
+fn set_param(template: &str, key: &str, value: &str) -> String {
+    let start = template
+        .find(&format!("{key} = "))
+        .unwrap_or_else(|| panic!("the install guide's ganesha template sets {key}"))
+        + key.len()
+        + 3;
+    let end = start + template[start..].find(';').expect("a parameter ends with ;");
+    format!("{}{value}{}", &template[..start], &template[end..])
+}
+
+/// The install guide's `/etc/shared-volume/ganesha.conf.in`: the tests' servers run what users run.
+fn ganesha_template() -> String {
+    let guide = std::fs::read_to_string(INSTALL_GUIDE).expect("the install guide");
+    guide
+        .split("`/etc/shared-volume/ganesha.conf.in`")
+        .nth(1)
+        .and_then(|after| after.split("```").nth(1))
+        .expect("the install guide gives /etc/shared-volume/ganesha.conf.in in a code block")
+        .trim()
+        .to_owned()
 }
 
 impl std::fmt::Display for NfsGrace {
@@ -395,28 +439,31 @@ impl DataPath {
             .expect("start kube-proxy (built by hack/tools.sh)")
     }
 
-    /// What starting node `index`'s NFS server takes: its configuration written, its command.
-    fn nfs_server(&self, index: usize) -> NfsServer {
+    /// What starting node `index`'s NFS server of `resource` takes: its configuration (the
+    /// install guide's template on this node's paths and address) written, its command.
+    fn nfs_server(&self, index: usize, resource: &str) -> NfsServer {
         let link = &self.links[index];
         let state = self.dir.join(&link.netns);
         std::fs::create_dir_all(&state).unwrap();
         let config = state.join("ganesha.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "NFS_CORE_PARAM {{ Protocols = 4; NFS_Port = {port}; Enable_NLM = false; Enable_RQUOTA = false; Bind_addr = {ip}; }}\n\
-                 {v4}\n\
-                 EXPORT {{ Export_Id = 1; Path = {export}; Pseudo = {EXPORT}; Access_Type = RW; Squash = No_Root_Squash; \
-                 SecType = sys; Protocols = 4; Transports = TCP; FSAL {{ Name = VFS; }} }}\n",
-                ip = link.ip,
-                port = self.nfs_port,
-                v4 = self.grace.ganesha_block(&self.recovery_dir),
-                export = self.export_dir.display(),
-            ),
-        )
-        .unwrap();
+        let text = self
+            .grace
+            .applied_to(&ganesha_template())
+            .replace("/srv/@RESOURCE@/export", &self.export_dir.display().to_string())
+            .replace(
+                "/srv/@RESOURCE@/.nfs/recovery",
+                &self.recovery_dir.display().to_string(),
+            )
+            .replace("@RESOURCE@", resource)
+            .replace("@PORT@", &self.nfs_port.to_string())
+            .replace(
+                "NFS_CORE_PARAM {",
+                &format!("NFS_CORE_PARAM {{ Bind_addr = {};", link.ip),
+            );
+        std::fs::write(&config, text + "\n").unwrap();
         NfsServer {
             netns: link.netns.clone(),
+            hostname: self.nodes[index].name.clone(),
             config,
             state,
             address: format!("{}:{}", link.ip, self.nfs_port).parse().unwrap(),
@@ -430,7 +477,7 @@ impl DataPath {
     /// resource is in the node's [`DataPath::snippets_dir`] and names the server's unit and port.
     /// [`DataPath::promoted`] takes the server it started.
     pub fn start_promoter(&mut self, index: usize, resource: &str) {
-        let server = self.nfs_server(index);
+        let server = self.nfs_server(index, resource);
         let status = self.nodes[index].dir.join("status.json");
         let snippet = self.from_snippets.then(|| {
             let file = self.snippets_dir(index).join(format!("shared-volume-{resource}.toml"));
