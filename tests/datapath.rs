@@ -4,7 +4,9 @@
 //! silently (its namespace drops every packet), without changing the address they use. Three
 //! client models: a new connection per write (libnfs), and a connection held from a fixed source
 //! port, closed normally or abortively before reconnecting from that port (the Linux kernel's NFS
-//! client keeps its port). The conntrack repair is what lets the held connections follow.
+//! client keeps its port). The conntrack repair is what lets the held connections follow. A fourth,
+//! stateful one (NFSv4.1, an open file and a lock) checks that what a client holds survives too.
+//! Each node's NFS server runs the install guide's ganesha template under the node's own hostname.
 
 mod common;
 
@@ -135,6 +137,25 @@ async fn a_server_in_its_grace_period_holds_new_clients_until_it_ends() {
     for model in [ClientModel::HeldNormalClose, ClientModel::HeldAbortiveClose] {
         assert!(on.of(model).is_some_and(|t| t <= FOLLOWS_WITHIN), "{model}:\n{on}");
     }
+}
+
+/// What a client holds survives the move between two nodes of different hostnames, with grace
+/// on: an NFSv4.1 client holding a file open and write-locked reclaims both on the new server
+/// (same server scope), every write it was told reached stable storage reads back, and another
+/// client still finds the file locked.
+#[tokio::test]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn a_stateful_clients_lock_and_acknowledged_writes_survive_the_move() {
+    let scenario = Scenario {
+        grace: GRACE_ON,
+        stateful: true,
+        ..Scenario::repaired(ProxyMode::Iptables)
+    };
+    let outage = fail_over("datapath-stateful", scenario).await;
+    assert!(
+        outage.of(ClientModel::Stateful).is_some(),
+        "the stateful client carried on after the move:\n{outage}"
+    );
 }
 
 /// How the harness tells that kube-proxy's nftables rules moved (kube-proxy 1.36's service chain).

@@ -41,6 +41,10 @@ pub enum ClientModel {
     HeldNormalClose,
     /// The same, closing with an RST before reconnecting from the same port.
     HeldAbortiveClose,
+    /// An NFSv4.1 client holding a file open and write-locked, writing numbered records with
+    /// FILE_SYNC and recovering its state after a move as the Linux kernel does
+    /// ([`super::nfs41`]), from its own reserved port. Run when the scenario asks for it.
+    Stateful,
 }
 
 impl ClientModel {
@@ -52,6 +56,7 @@ impl ClientModel {
             Self::NewConnection => 0,
             Self::HeldNormalClose => 700,
             Self::HeldAbortiveClose => 701,
+            Self::Stateful => 702,
         }
     }
 }
@@ -62,17 +67,70 @@ impl std::fmt::Display for ClientModel {
             Self::NewConnection => "new connection per write (libnfs nfs-cp)",
             Self::HeldNormalClose => "held connection, normal close, same source port (kernel-style)",
             Self::HeldAbortiveClose => "held connection, abortive close (RST), same source port",
+            Self::Stateful => "NFSv4.1 with an open file and a lock, FILE_SYNC writes, kernel-style recovery",
         })
     }
 }
 
 /// A client doing one operation every [`CLIENT_PERIOD`] until stopped: for
-/// [`ClientModel::NewConnection`], writing `tick-<n>` files; for the held models, a NULL call.
+/// [`ClientModel::NewConnection`], writing `tick-<n>` files; for the held models, a NULL call; for
+/// the stateful one, record `n` of its locked file. Its thread ends with what it found wrong.
 struct Client {
     model: ClientModel,
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<Vec<Operation>>>,
-    thread: std::thread::JoinHandle<()>,
+    thread: std::thread::JoinHandle<Result<(), String>>,
+}
+
+/// How one client model does its operations, and what it checks once stopped.
+trait Operating: Send {
+    fn operate(&mut self, tick: usize) -> bool;
+    fn verify(self: Box<Self>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+struct NewConnections {
+    cluster_ip: String,
+    scratch: std::path::PathBuf,
+}
+
+impl Operating for NewConnections {
+    fn operate(&mut self, tick: usize) -> bool {
+        nfs_write(
+            &self.cluster_ip,
+            &format!("tick-{tick}"),
+            &tick.to_string(),
+            &self.scratch,
+        )
+        .is_ok()
+    }
+}
+
+impl Operating for HeldClient {
+    fn operate(&mut self, _tick: usize) -> bool {
+        self.call()
+    }
+}
+
+impl Operating for super::stateful::LockedWriter {
+    fn operate(&mut self, tick: usize) -> bool {
+        super::stateful::LockedWriter::operate(self, tick)
+    }
+
+    fn verify(self: Box<Self>) -> Result<(), String> {
+        super::stateful::LockedWriter::verify(*self)
+    }
+}
+
+fn operating(model: ClientModel, cluster_ip: String, scratch: std::path::PathBuf) -> Box<dyn Operating> {
+    let server = format!("{cluster_ip}:2049").parse().unwrap();
+    match model {
+        ClientModel::NewConnection => Box::new(NewConnections { cluster_ip, scratch }),
+        ClientModel::HeldNormalClose => Box::new(HeldClient::new(server, model.port(), Close::Normal)),
+        ClientModel::HeldAbortiveClose => Box::new(HeldClient::new(server, model.port(), Close::Abortive)),
+        ClientModel::Stateful => Box::new(super::stateful::LockedWriter::start(server, model.port())),
+    }
 }
 
 impl Client {
@@ -82,28 +140,14 @@ impl Client {
         let thread = {
             let (stop, log) = (stop.clone(), log.clone());
             std::thread::spawn(move || {
-                let mut held = match model {
-                    ClientModel::NewConnection => None,
-                    ClientModel::HeldNormalClose | ClientModel::HeldAbortiveClose => {
-                        let close = if model == ClientModel::HeldNormalClose {
-                            Close::Normal
-                        } else {
-                            Close::Abortive
-                        };
-                        let server = format!("{cluster_ip}:2049").parse().unwrap();
-                        Some(HeldClient::new(server, model.port(), close))
-                    }
-                };
+                let mut client = operating(model, cluster_ip, scratch);
                 let started = Instant::now();
                 for tick in 0..CLIENT_MAX_OPERATIONS {
                     if stop.load(Ordering::Relaxed) || started.elapsed() > CLIENT_MAX_TIME {
                         break;
                     }
                     let started = Instant::now();
-                    let ok = match &mut held {
-                        Some(held) => held.call(),
-                        None => nfs_write(&cluster_ip, &format!("tick-{tick}"), &tick.to_string(), &scratch).is_ok(),
-                    };
+                    let ok = client.operate(tick);
                     log.lock().unwrap().push(Operation {
                         started,
                         ended: Instant::now(),
@@ -112,6 +156,7 @@ impl Client {
                     });
                     std::thread::sleep(CLIENT_PERIOD);
                 }
+                client.verify()
             })
         };
         Self {
@@ -128,9 +173,13 @@ impl Client {
         log.iter().find(|op| op.ok && op.started > since).map(|op| op.ended)
     }
 
+    /// Stops it; its operations, once it found nothing wrong.
     fn finish(self) -> (ClientModel, Vec<Operation>) {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().expect("client thread");
+        let verdict = self.thread.join().expect("client thread");
+        if let Err(wrong) = verdict {
+            panic!("the {} client: {wrong}", self.model);
+        }
         (
             self.model,
             Arc::try_unwrap(self.log).ok().unwrap().into_inner().unwrap(),
@@ -181,6 +230,9 @@ pub struct Scenario {
     /// `Some(port)`: the volume is shared as `share` makes it, with this NFS port of its own on
     /// the PV, and each node's server is started only as its agent's drbd-reactor snippet says.
     pub own_port: Option<u16>,
+    /// A stateful NFSv4.1 client ([`ClientModel::Stateful`]) runs beside the others: its
+    /// acknowledged writes must read back, its lock must still be held, its file never lost.
+    pub stateful: bool,
 }
 
 impl Scenario {
@@ -193,6 +245,7 @@ impl Scenario {
             proxy_late: None,
             patience: Duration::from_secs(30),
             own_port: None,
+            stateful: false,
         }
     }
 }
@@ -209,6 +262,9 @@ impl std::fmt::Display for Scenario {
                 f,
                 ", the volume's own NFS port {port}, servers started as the agents' snippets say"
             )?;
+        }
+        if self.stateful {
+            write!(f, ", with a stateful NFSv4.1 client holding a lock")?;
         }
         if let Some(late) = self.proxy_late {
             write!(
@@ -304,8 +360,10 @@ pub async fn client_through_a_fail_over(
     stage.first_write(say).await;
     // Node b's server starts when DRBD promotes it there, as a drbd-reactor promoter's would.
     stage.path.start_promoter(1, &stage.pv);
+    let stateful = scenario.stateful.then_some(ClientModel::Stateful);
     let clients: Vec<Client> = ClientModel::ALL
         .into_iter()
+        .chain(stateful)
         .map(|model| Client::start(model, stage.cluster_ip.clone(), stage.scratch.clone()))
         .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
