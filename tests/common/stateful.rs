@@ -1,8 +1,8 @@
-//! The application of the data path's stateful client: it holds one file of the volume open and
-//! write-locked over NFSv4.1 ([`super::nfs41`]), writes numbered records to it with FILE_SYNC,
-//! and once stopped checks what a move must not take: every acknowledged record reads back, its
-//! file was never lost (EIO, a stale handle, its locks), and another client still finds the
-//! file locked.
+//! The applications of the data path's NFSv4.1 clients ([`super::nfs41`]). One holds a file of
+//! the volume open and write-locked, writes numbered records to it with FILE_SYNC, and once
+//! stopped checks what a move must not take: every acknowledged record reads back, its file was
+//! never lost (EIO, a stale handle, its locks), and another client still finds the file locked.
+//! The other opens a new file at each operation: what a grace period holds back.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -29,14 +29,9 @@ impl LockedWriter {
     pub fn start(server: SocketAddr, port: u16) -> Self {
         let owner = format!("svc-e2e-client-{}", std::process::id());
         let mut client = StatefulClient::new(server, Some(port), &owner);
-        let deadline = Instant::now() + PATIENCE;
-        while let Err(failure) = client.mount().and_then(|()| client.open_and_lock(DIR, FILE)) {
-            assert!(
-                Instant::now() < deadline,
-                "the stateful client cannot mount and lock: {failure:?}"
-            );
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        until_it_works("mount and lock", || {
+            client.mount().and_then(|()| client.open_and_lock(DIR, FILE))
+        });
         let writer = Self {
             server,
             client,
@@ -72,20 +67,62 @@ impl LockedWriter {
     }
 
     /// A second client (another owner, any port) asks for a conflicting lock: DENIED, once the
-    /// server is out of its grace period.
+    /// server is out of its grace period. It unmounts after, as the kernel's last unmount does,
+    /// so that no record of it holds a later grace period.
     fn another_client_finds_it_locked(&self) -> Result<(), String> {
         let mut probe = StatefulClient::new(self.server, None, "svc-e2e-lock-probe");
         let deadline = Instant::now() + PATIENCE;
-        loop {
+        let locked = loop {
             match probe.mount().and_then(|()| probe.sees_locked(DIR, FILE)) {
-                Ok(true) => return Ok(()),
-                Ok(false) => return Err("another client finds the file unlocked: the lock was lost".into()),
+                Ok(locked) => break locked,
                 Err(failure) if Instant::now() > deadline => {
                     return Err(format!("another client cannot test the lock: {failure:?}"));
                 }
                 Err(_) => std::thread::sleep(Duration::from_millis(500)),
             }
+        };
+        if let Err(failure) = probe.unmount() {
+            return Err(format!("the lock probe cannot unmount: {failure:?}"));
         }
+        if locked {
+            Ok(())
+        } else {
+            Err("another client finds the file unlocked: the lock was lost".into())
+        }
+    }
+}
+
+/// An application that opens (creates) and closes a new file at each operation.
+pub struct NewFiles {
+    client: StatefulClient,
+    owner: String,
+}
+
+impl NewFiles {
+    /// Mounts `server` from reserved port `port`.
+    pub fn start(server: SocketAddr, port: u16) -> Self {
+        let owner = format!("svc-e2e-opener-{}", std::process::id());
+        let mut client = StatefulClient::new(server, Some(port), &owner);
+        until_it_works("mount", || client.mount());
+        Self { client, owner }
+    }
+
+    /// Opens file `tick`; whether the server let it.
+    pub fn operate(&mut self, tick: usize) -> bool {
+        let name = format!("{}-{tick}", self.owner);
+        self.client.open_new(DIR, &name) == Written::Acknowledged
+    }
+}
+
+/// Runs `attempt` until it works, for up to [`PATIENCE`].
+fn until_it_works<E: std::fmt::Debug>(what: &str, mut attempt: impl FnMut() -> Result<(), E>) {
+    let deadline = Instant::now() + PATIENCE;
+    while let Err(failure) = attempt() {
+        assert!(
+            Instant::now() < deadline,
+            "the NFSv4.1 client cannot {what}: {failure:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

@@ -70,6 +70,9 @@ pub struct StatefulClient {
     connection: Option<Connection>,
     session: Option<Session>,
     held: Option<Held>,
+    /// The server lost this client's session or ID, and the client has not recovered its state
+    /// yet: the next operation recovers first.
+    needs_recovery: bool,
     /// The server scope of the last EXCHANGE_ID.
     pub server_scope: Vec<u8>,
     /// Why the held file was lost, once it was.
@@ -91,6 +94,7 @@ impl StatefulClient {
             connection: None,
             session: None,
             held: None,
+            needs_recovery: false,
             server_scope: Vec::new(),
             lost: None,
         }
@@ -105,25 +109,38 @@ impl StatefulClient {
 
     /// Opens (creating) `dir/name` for reading and writing and write-locks all of it.
     pub fn open_and_lock(&mut self, dir: &str, name: &str) -> Result<(), Failure> {
-        let mut open = Encoder::default();
-        open.u32(0).u32(SHARE_BOTH_NO_DELEG).u32(0);
-        self.open_owner(&mut open);
-        // OPEN4_CREATE, UNCHECKED4, mode 0644; CLAIM_NULL by name.
-        open.u32(1).u32(0).u32(2).u32(0).u32(2).opaque(&0o644u32.to_be_bytes());
-        open.u32(0).opaque(name.as_bytes());
-        let reply = self.call(vec![
-            (OpCode::Putrootfh, Encoder::default()),
-            (OpCode::Lookup, string(dir)),
-            (OpCode::Open, open),
-            (OpCode::Getfh, Encoder::default()),
-        ])?;
-        let mut results = Results::sequenced(&reply)?;
-        results.next(OpCode::Putrootfh)?;
-        results.next(OpCode::Lookup)?;
-        let open = open_result(results.next(OpCode::Open)?)?;
-        let fh = results.next(OpCode::Getfh)?.opaque()?;
+        let (fh, open) = self.open_by_name(dir, name)?;
         let lock = self.lock(&fh, open, false)?;
         self.held = Some(Held { fh, open, lock });
+        Ok(())
+    }
+
+    /// Opens (creating) and closes `dir/name`, as an application's `open` + `close`: what a new
+    /// OPEN comes to, recovering from a server change as the kernel does.
+    pub fn open_new(&mut self, dir: &str, name: &str) -> Written {
+        if let Some(why) = &self.lost {
+            return Written::Lost(why.clone());
+        }
+        match self.in_session().and_then(|()| self.open_and_close(dir, name)) {
+            Ok(()) => Written::Acknowledged,
+            Err(failure) => self.after(failure),
+        }
+    }
+
+    /// DESTROY_SESSION and DESTROY_CLIENTID, as the kernel's last unmount of a server does: the
+    /// server forgets the client, and its recovery record with it.
+    pub fn unmount(&mut self) -> Result<(), Failure> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        let mut id = Encoder::default();
+        id.fixed(&session.id);
+        let reply = self.call(vec![(OpCode::DestroySession, id)])?;
+        Results::new(&reply)?.next(OpCode::DestroySession)?;
+        let mut clientid = Encoder::default();
+        clientid.u64(session.clientid);
+        let reply = self.call(vec![(OpCode::DestroyClientid, clientid)])?;
+        Results::new(&reply)?.next(OpCode::DestroyClientid)?;
         Ok(())
     }
 
@@ -133,7 +150,7 @@ impl StatefulClient {
         if let Some(why) = &self.lost {
             return Written::Lost(why.clone());
         }
-        match self.write_once(offset, record) {
+        match self.in_session().and_then(|()| self.write_once(offset, record)) {
             Ok(()) => Written::Acknowledged,
             Err(failure) => self.after(failure),
         }
@@ -197,7 +214,7 @@ impl StatefulClient {
         Ok(())
     }
 
-    /// What the kernel makes of a failed write.
+    /// What the kernel makes of a failed operation.
     fn after(&mut self, failure: Failure) -> Written {
         match failure {
             Failure::Io(_) => {
@@ -208,18 +225,17 @@ impl StatefulClient {
             Failure::Status { status, .. }
                 if [NFS4ERR_BADSESSION, NFS4ERR_DEADSESSION, NFS4ERR_STALE_CLIENTID].contains(&status) =>
             {
-                match self.recover() {
-                    Ok(()) => Written::NotYet,
-                    Err(Failure::Io(_)) => {
-                        self.connection = None;
-                        Written::NotYet
-                    }
-                    Err(Failure::Lost(why)) => self.lose(why),
-                    Err(failure) => self.lose(format!("recovery failed: {failure:?}")),
-                }
+                self.needs_recovery = true;
+                Written::NotYet
             }
+            Failure::Lost(why) => self.lose(why),
             failure => self.lose(format!("{failure:?}")),
         }
+    }
+
+    /// Recovers the client's state first if the server lost it.
+    fn in_session(&mut self) -> Result<(), Failure> {
+        if self.needs_recovery { self.recover() } else { Ok(()) }
     }
 
     fn lose(&mut self, why: String) -> Written {
@@ -227,9 +243,10 @@ impl StatefulClient {
         Written::Lost(why)
     }
 
-    /// The kernel's state recovery after the server lost the client's session or ID.
+    /// The kernel's state recovery after the server lost the client's session or ID. Each step
+    /// may be tried again from the start: it ends only once all of it went through.
     fn recover(&mut self) -> Result<(), Failure> {
-        let before = std::mem::take(&mut self.server_scope);
+        let before = self.server_scope.clone();
         self.session = None;
         self.exchange_id()?;
         if self.server_scope != before {
@@ -241,27 +258,65 @@ impl StatefulClient {
             return Err(Failure::Lost(why));
         }
         self.create_session()?;
-        let held = self.held.take().expect("a held file");
-        let open = self.reclaim_open(&held.fh)?;
-        let lock = self.lock(&held.fh, open, true)?;
-        self.held = Some(Held {
-            fh: held.fh,
-            open,
-            lock,
-        });
-        self.reclaim_complete()
+        if let Some(fh) = self.held.as_ref().map(|held| held.fh.clone()) {
+            let open = self.reclaim_open(&fh)?;
+            let lock = self.lock(&fh, open, true)?;
+            self.held = Some(Held { fh, open, lock });
+        }
+        self.reclaim_complete()?;
+        self.needs_recovery = false;
+        Ok(())
     }
 
     fn reclaim_open(&mut self, fh: &[u8]) -> Result<StateId, Failure> {
-        let mut open = Encoder::default();
-        open.u32(0).u32(SHARE_BOTH_NO_DELEG).u32(0);
-        self.open_owner(&mut open);
+        let mut open = self.open_args();
         // OPEN4_NOCREATE; CLAIM_PREVIOUS, no delegation held.
         open.u32(0).u32(1).u32(0);
         let reply = self.call(vec![(OpCode::Putfh, opaque(fh)), (OpCode::Open, open)])?;
         let mut results = Results::sequenced(&reply)?;
         results.next(OpCode::Putfh)?;
-        reclaimed(open_result(results.next(OpCode::Open)?), OpCode::Open)
+        reclaimed(results.next(OpCode::Open).and_then(open_result), OpCode::Open)
+    }
+
+    fn open_by_name(&mut self, dir: &str, name: &str) -> Result<(Vec<u8>, StateId), Failure> {
+        let mut open = self.open_args();
+        // OPEN4_CREATE, UNCHECKED4, mode 0644; CLAIM_NULL by name.
+        open.u32(1).u32(0).u32(2).u32(0).u32(2).opaque(&0o644u32.to_be_bytes());
+        open.u32(0).opaque(name.as_bytes());
+        let reply = self.call(vec![
+            (OpCode::Putrootfh, Encoder::default()),
+            (OpCode::Lookup, string(dir)),
+            (OpCode::Open, open),
+            (OpCode::Getfh, Encoder::default()),
+        ])?;
+        let mut results = Results::sequenced(&reply)?;
+        results.next(OpCode::Putrootfh)?;
+        results.next(OpCode::Lookup)?;
+        let open = open_result(results.next(OpCode::Open)?)?;
+        let fh = results.next(OpCode::Getfh)?.opaque()?;
+        Ok((fh, open))
+    }
+
+    fn open_and_close(&mut self, dir: &str, name: &str) -> Result<(), Failure> {
+        let (fh, open) = self.open_by_name(dir, name)?;
+        let mut close = Encoder::default();
+        close.u32(0);
+        open.encode(&mut close);
+        let reply = self.call(vec![(OpCode::Putfh, opaque(&fh)), (OpCode::Close, close)])?;
+        let mut results = Results::sequenced(&reply)?;
+        results.next(OpCode::Putfh)?;
+        results.next(OpCode::Close)?;
+        Ok(())
+    }
+
+    /// OPEN's arguments up to how it opens: read and write, no delegation wanted, this client's
+    /// open owner.
+    fn open_args(&self) -> Encoder {
+        let mut open = Encoder::default();
+        open.u32(0).u32(SHARE_BOTH_NO_DELEG).u32(0);
+        open.u64(self.clientid())
+            .opaque(format!("{}-open", self.owner).as_bytes());
+        open
     }
 
     /// A write lock on all of the file, by a new lock owner of the open `open`.
@@ -276,12 +331,10 @@ impl StatefulClient {
         let reply = self.call(vec![(OpCode::Putfh, opaque(fh)), (OpCode::Lock, lock)])?;
         let mut results = Results::sequenced(&reply)?;
         results.next(OpCode::Putfh)?;
-        let lock = results.next(OpCode::Lock).and_then(|d| Ok(StateId::decode(d)?));
+        let lock = results
+            .next(OpCode::Lock)
+            .and_then(|d| StateId::decode(d).map_err(Failure::from));
         if reclaim { reclaimed(lock, OpCode::Lock) } else { lock }
-    }
-
-    fn open_owner(&self, e: &mut Encoder) {
-        e.u64(self.clientid()).opaque(format!("{}-open", self.owner).as_bytes());
     }
 
     fn clientid(&self) -> u64 {

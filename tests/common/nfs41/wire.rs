@@ -39,7 +39,9 @@ pub enum OpCode {
     Write = 38,
     ExchangeId = 42,
     CreateSession = 43,
+    DestroySession = 44,
     Sequence = 53,
+    DestroyClientid = 57,
     ReclaimComplete = 58,
 }
 
