@@ -38,6 +38,11 @@ async fn fail_over(name: &str, scenario: Scenario) -> Outage {
         outage.succeeded > 0 && outage.succeeded < outage.operations,
         "{outage:?}"
     );
+    assert_eq!(
+        outage.lost,
+        Vec::<String>::new(),
+        "what the clients held survives the move"
+    );
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;
     outage
@@ -148,7 +153,12 @@ async fn a_server_in_its_grace_period_holds_new_clients_until_it_ends() {
 async fn a_stateful_clients_lock_and_acknowledged_writes_survive_the_move() {
     let scenario = Scenario {
         grace: GRACE_ON,
-        stateful: true,
+        clients: &[
+            ClientModel::NewConnection,
+            ClientModel::HeldNormalClose,
+            ClientModel::HeldAbortiveClose,
+            ClientModel::Stateful,
+        ],
         ..Scenario::repaired(ProxyMode::Iptables)
     };
     let outage = fail_over("datapath-stateful", scenario).await;

@@ -43,8 +43,11 @@ pub enum ClientModel {
     HeldAbortiveClose,
     /// An NFSv4.1 client holding a file open and write-locked, writing numbered records with
     /// FILE_SYNC and recovering its state after a move as the Linux kernel does
-    /// ([`super::nfs41`]), from its own reserved port. Run when the scenario asks for it.
+    /// ([`super::nfs41`]), from its own reserved port.
     Stateful,
+    /// An NFSv4.1 client that opens (creates) and closes a new file at each operation: what a new
+    /// OPEN waits for after a move (a grace period holds it).
+    NewOpen,
 }
 
 impl ClientModel {
@@ -57,6 +60,7 @@ impl ClientModel {
             Self::HeldNormalClose => 700,
             Self::HeldAbortiveClose => 701,
             Self::Stateful => 702,
+            Self::NewOpen => 703,
         }
     }
 }
@@ -68,6 +72,7 @@ impl std::fmt::Display for ClientModel {
             Self::HeldNormalClose => "held connection, normal close, same source port (kernel-style)",
             Self::HeldAbortiveClose => "held connection, abortive close (RST), same source port",
             Self::Stateful => "NFSv4.1 with an open file and a lock, FILE_SYNC writes, kernel-style recovery",
+            Self::NewOpen => "NFSv4.1 opening a new file each time, kernel-style recovery",
         })
     }
 }
@@ -113,6 +118,12 @@ impl Operating for HeldClient {
     }
 }
 
+impl Operating for super::stateful::NewFiles {
+    fn operate(&mut self, tick: usize) -> bool {
+        super::stateful::NewFiles::operate(self, tick)
+    }
+}
+
 impl Operating for super::stateful::LockedWriter {
     fn operate(&mut self, tick: usize) -> bool {
         super::stateful::LockedWriter::operate(self, tick)
@@ -130,6 +141,7 @@ fn operating(model: ClientModel, cluster_ip: String, scratch: std::path::PathBuf
         ClientModel::HeldNormalClose => Box::new(HeldClient::new(server, model.port(), Close::Normal)),
         ClientModel::HeldAbortiveClose => Box::new(HeldClient::new(server, model.port(), Close::Abortive)),
         ClientModel::Stateful => Box::new(super::stateful::LockedWriter::start(server, model.port())),
+        ClientModel::NewOpen => Box::new(super::stateful::NewFiles::start(server, model.port())),
     }
 }
 
@@ -173,18 +185,22 @@ impl Client {
         log.iter().find(|op| op.ok && op.started > since).map(|op| op.ended)
     }
 
-    /// Stops it; its operations, once it found nothing wrong.
-    fn finish(self) -> (ClientModel, Vec<Operation>) {
+    /// Stops it: its operations, and what it found wrong.
+    fn finish(self) -> Finished {
         self.stop.store(true, Ordering::Relaxed);
         let verdict = self.thread.join().expect("client thread");
-        if let Err(wrong) = verdict {
-            panic!("the {} client: {wrong}", self.model);
+        Finished {
+            model: self.model,
+            operations: Arc::try_unwrap(self.log).ok().unwrap().into_inner().unwrap(),
+            wrong: verdict.err().map(|wrong| format!("the {} client: {wrong}", self.model)),
         }
-        (
-            self.model,
-            Arc::try_unwrap(self.log).ok().unwrap().into_inner().unwrap(),
-        )
     }
+}
+
+struct Finished {
+    model: ClientModel,
+    operations: Vec<Operation>,
+    wrong: Option<String>,
 }
 
 /// What one client model saw: from its last success before the loss to its first after it,
@@ -230,9 +246,10 @@ pub struct Scenario {
     /// `Some(port)`: the volume is shared as `share` makes it, with this NFS port of its own on
     /// the PV, and each node's server is started only as its agent's drbd-reactor snippet says.
     pub own_port: Option<u16>,
-    /// A stateful NFSv4.1 client ([`ClientModel::Stateful`]) runs beside the others: its
-    /// acknowledged writes must read back, its lock must still be held, its file never lost.
-    pub stateful: bool,
+    /// The clients, the first one the headline: [`ClientModel::ALL`] unless a scenario says.
+    /// A [`ClientModel::Stateful`] one's acknowledged writes must read back, its lock must still
+    /// be held, its file never lost.
+    pub clients: &'static [ClientModel],
 }
 
 impl Scenario {
@@ -245,7 +262,7 @@ impl Scenario {
             proxy_late: None,
             patience: Duration::from_secs(30),
             own_port: None,
-            stateful: false,
+            clients: &ClientModel::ALL,
         }
     }
 }
@@ -263,8 +280,9 @@ impl std::fmt::Display for Scenario {
                 ", the volume's own NFS port {port}, servers started as the agents' snippets say"
             )?;
         }
-        if self.stateful {
-            write!(f, ", with a stateful NFSv4.1 client holding a lock")?;
+        if self.clients != ClientModel::ALL {
+            let clients: Vec<String> = self.clients.iter().map(ToString::to_string).collect();
+            write!(f, ", clients: {}", clients.join("; "))?;
         }
         if let Some(late) = self.proxy_late {
             write!(
@@ -298,6 +316,8 @@ pub struct Outage {
     pub succeeded: usize,
     /// Every client model's own outage.
     pub clients: Vec<ClientOutage>,
+    /// What the clients found taken by the move (a stateful client's lock, file or writes).
+    pub lost: Vec<String>,
     /// What it was measured in.
     pub scenario: Scenario,
 }
@@ -340,7 +360,11 @@ impl std::fmt::Display for Outage {
             ms(CLIENT_PERIOD),
             self.scenario,
         )?;
-        write!(f, "\n{}", self.per_client())
+        write!(f, "\n{}", self.per_client())?;
+        for lost in &self.lost {
+            write!(f, "\n  taken by the move: {lost}")?;
+        }
+        Ok(())
     }
 }
 
@@ -360,11 +384,10 @@ pub async fn client_through_a_fail_over(
     stage.first_write(say).await;
     // Node b's server starts when DRBD promotes it there, as a drbd-reactor promoter's would.
     stage.path.start_promoter(1, &stage.pv);
-    let stateful = scenario.stateful.then_some(ClientModel::Stateful);
-    let clients: Vec<Client> = ClientModel::ALL
-        .into_iter()
-        .chain(stateful)
-        .map(|model| Client::start(model, stage.cluster_ip.clone(), stage.scratch.clone()))
+    let clients: Vec<Client> = scenario
+        .clients
+        .iter()
+        .map(|model| Client::start(*model, stage.cluster_ip.clone(), stage.scratch.clone()))
         .collect();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let timeline = stage.lose_node_a(say).await;
@@ -483,7 +506,12 @@ impl<'a> Stage<'a> {
             "clients mount {} (nfs://{cluster_ip}{}), one of each model: {}",
             self.mount,
             super::datapath::EXPORT,
-            ClientModel::ALL.map(|m| m.to_string()).join("; ")
+            self.scenario
+                .clients
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("; ")
         ));
     }
 
@@ -547,10 +575,10 @@ impl<'a> Stage<'a> {
         while clients.iter().any(|c| through(c).is_none()) && at.programmed.elapsed() < self.scenario.patience {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let reconnected =
-            through(&clients[0]).expect("the new-connection client never worked again after the fail-over");
+        let reconnected = through(&clients[0])
+            .unwrap_or_else(|| panic!("the {} client never worked again after the fail-over", clients[0].model));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let mut finished: Vec<(ClientModel, Vec<Operation>)> = clients.into_iter().map(Client::finish).collect();
+        let finished: Vec<Finished> = clients.into_iter().map(Client::finish).collect();
         let (env, pv, cluster_ip) = (self.env, self.pv.as_str(), self.cluster_ip.as_str());
         assert_eq!(
             env.cluster_ip(pv).await.as_deref(),
@@ -568,12 +596,18 @@ impl<'a> Stage<'a> {
         );
         let clients: Vec<ClientOutage> = finished
             .iter()
-            .map(|(model, ops)| ClientOutage::of(*model, ops, at.failed))
+            .map(|client| ClientOutage::of(client.model, &client.operations, at.failed))
             .collect();
-        let (_, operations) = finished.swap_remove(0);
-        let succeeded = written_and_read_back(cluster_ip, &operations, reconnected);
+        if let Some(client) = finished
+            .iter()
+            .find(|client| client.model == ClientModel::NewConnection)
+        {
+            written_and_read_back(cluster_ip, &client.operations, reconnected);
+        }
+        let operations = &finished[0].operations;
+        let succeeded = operations.iter().filter(|op| op.ok).count();
         let outage = Outage {
-            total: clients[0].total.expect("the new-connection client's outage"),
+            total: clients[0].total.expect("the headline client's outage"),
             fail_over: at.failed_over - at.failed,
             promotion: at.promoted - at.failed_over,
             rewrite: at.rewritten - at.promoted,
@@ -582,11 +616,12 @@ impl<'a> Stage<'a> {
             operations: operations.len(),
             succeeded,
             clients,
+            lost: finished.iter().filter_map(|client| client.wrong.clone()).collect(),
             scenario: self.scenario,
         };
         say(format!(
-            "the clients carried on through the same ClusterIP {cluster_ip}: {} of {} writes worked, all read back",
-            outage.succeeded, outage.operations
+            "the clients carried on through the same ClusterIP {cluster_ip}: {} of {} operations of the {} client worked, every acknowledged write read back",
+            outage.succeeded, outage.operations, self.scenario.clients[0]
         ));
         outage
     }
@@ -613,8 +648,8 @@ async fn start_repair(env: &TestEnv, path: &DataPath, window: &str) -> super::pr
 }
 
 /// Asserts that every write the client was told succeeded is there, and that it kept writing
-/// after `reconnected`; how many succeeded.
-fn written_and_read_back(cluster_ip: &str, operations: &[Operation], reconnected: Instant) -> usize {
+/// after `reconnected`.
+fn written_and_read_back(cluster_ip: &str, operations: &[Operation], reconnected: Instant) {
     let succeeded: Vec<&Operation> = operations.iter().filter(|op| op.ok).collect();
     for op in &succeeded {
         // libnfs binds a reserved port of its own choosing: one whose conntrack entry is still
@@ -633,7 +668,6 @@ fn written_and_read_back(cluster_ip: &str, operations: &[Operation], reconnected
         operations.iter().any(|op| op.ok && op.started > reconnected),
         "the client keeps writing after the fail-over"
     );
-    succeeded.len()
 }
 
 /// Waits up to [`WAIT`] for `probe` to hold, probing every 20 ms: these waits time the outage's
