@@ -123,7 +123,8 @@ async fn main() {
         sizes.proxy_services = n;
     }
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
-    // nfs, mass, tenant, proxy; stateful: P3s alone, which failover includes).
+    // nfs, mass, tenant, proxy; stateful: P3s alone, which failover includes; nfs41: P8s alone,
+    // which a full nfs run includes).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -153,6 +154,9 @@ async fn main() {
     }
     if part("nfs") {
         figures.extend(nfs_outage(&sizes, full).await);
+    }
+    if (part("nfs") && full) || (!only.is_empty() && part("nfs41")) {
+        figures.extend(stateful_nfs_outage().await);
     }
     if part("mass") {
         let pairs = std::env::var("SVC_BENCH_MASS_PAIRS")
@@ -1146,6 +1150,83 @@ async fn nfs_outage(sizes: &Sizes, full: bool) -> Vec<Figure> {
         }
     }
     figures
+}
+
+/// P8s: what NFSv4.1 clients wait for after a move, per operation class (I/O on the file a
+/// client holds open and locked; a new OPEN) and grace setting, with the install guide's ganesha
+/// template (a server scope per volume). Grace on with NFSv4.0 clients beside (their records are
+/// never completed, so the grace period runs its length), grace on with NFSv4.1 clients alone
+/// (ganesha may lift it once every client in its records reclaimed), grace off (no reclaim: the
+/// lock is lost). One run each, full runs only.
+async fn stateful_nfs_outage() -> Vec<Figure> {
+    use ClientModel::{HeldNormalClose, NewConnection, NewOpen, Stateful};
+    use common::datapath::{NfsGrace, ProxyMode};
+    use common::outage::{ClientModel, Scenario};
+    let grace_on = NfsGrace::On {
+        lease_seconds: 10,
+        grace_seconds: 15,
+    };
+    let settings: [(&'static str, NfsGrace, &'static [ClientModel]); 3] = [
+        (
+            "grace on, NFSv4.0 clients beside",
+            grace_on,
+            &[Stateful, NewOpen, NewConnection, HeldNormalClose],
+        ),
+        (
+            "grace on, NFSv4.1 clients alone (early lift)",
+            grace_on,
+            &[Stateful, NewOpen],
+        ),
+        ("grace off", NfsGrace::Off, &[NewOpen, Stateful]),
+    ];
+    let mut figures = Vec::new();
+    for (at, (setting, grace, clients)) in settings.into_iter().enumerate() {
+        let scenario = Scenario {
+            grace,
+            clients,
+            patience: Duration::from_secs(30),
+            ..Scenario::repaired(ProxyMode::Iptables)
+        };
+        let env = common::setup(&format!("bench-nfs41-{at}")).await;
+        let outage = common::outage::client_through_a_fail_over(&env, scenario, &|_| {}, None).await;
+        println!("P8s {setting}: {outage}");
+        env.cleanup().await;
+        let early_lift = at == 1;
+        for (model, class) in [(Stateful, "I/O on its open, locked file"), (NewOpen, "a new OPEN")] {
+            let lost = outage.lost.iter().find(|lost| lost.contains(&model.to_string()));
+            figures.push(nfs41_figure(setting, class, outage.of(model), lost, early_lift));
+        }
+    }
+    figures
+}
+
+/// One P8s row: the outage of one operation class; a stateful client's loss misses its target.
+fn nfs41_figure(
+    setting: &str,
+    class: &str,
+    outage: Option<Duration>,
+    lost: Option<&String>,
+    early_lift: bool,
+) -> Figure {
+    let (target, bound) = if early_lift {
+        ("< 5 s, every known client reclaims".to_owned(), Duration::from_secs(5))
+    } else {
+        ("< 20 s (grace 15 s + fail-over)".to_owned(), Duration::from_secs(20))
+    };
+    let what = match lost {
+        Some(lost) => format!("NFSv4.1 outage, {class}; {setting}; {lost}"),
+        None => format!("NFSv4.1 outage, {class}; {setting}"),
+    };
+    Figure {
+        id: "P8s",
+        what,
+        n: 1,
+        product: outage.map_or(f64::NAN, |o| o.as_secs_f64() * 1000.0),
+        floor: None,
+        unit: "ms",
+        target,
+        met: lost.is_none() && outage.is_some_and(|o| o < bound),
+    }
 }
 
 /// One P8 row: a client model's p50 and worst outage in one scenario; a client that never got
