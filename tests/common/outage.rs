@@ -265,6 +265,11 @@ impl Scenario {
             clients: &ClientModel::ALL,
         }
     }
+
+    /// Whether libnfs (NFSv4.0) clients run: they are new clients at every call.
+    fn has_nfs40_clients(&self) -> bool {
+        self.clients.contains(&ClientModel::NewConnection)
+    }
 }
 
 impl std::fmt::Display for Scenario {
@@ -494,14 +499,18 @@ impl<'a> Stage<'a> {
         }
     }
 
-    /// A file written and read back through the ClusterIP, before anything fails.
+    /// A file written and read back through the ClusterIP, before anything fails, by libnfs
+    /// when the scenario has its clients: an NFSv4.0 client leaves a recovery record that is
+    /// never completed, which would hold a later grace period to its end.
     async fn first_write(&self, say: &dyn Fn(String)) {
         let (cluster_ip, scratch) = (&self.cluster_ip, &self.scratch);
-        until("a write through the ClusterIP", || {
-            ready(nfs_write(cluster_ip, "first", FIRST, scratch).is_ok())
-        })
-        .await;
-        assert_eq!(nfs_read(cluster_ip, "first").as_deref(), Ok(FIRST));
+        if self.scenario.has_nfs40_clients() {
+            until("a write through the ClusterIP", || {
+                ready(nfs_write(cluster_ip, "first", FIRST, scratch).is_ok())
+            })
+            .await;
+            assert_eq!(nfs_read(cluster_ip, "first").as_deref(), Ok(FIRST));
+        }
         say(format!(
             "clients mount {} (nfs://{cluster_ip}{}), one of each model: {}",
             self.mount,
@@ -589,11 +598,13 @@ impl<'a> Stage<'a> {
             env.pv_annotation(pv, MOUNT_ENDPOINT).await.as_deref(),
             Some(self.mount.as_str())
         );
-        assert_eq!(
-            nfs_read(cluster_ip, "first").as_deref(),
-            Ok(FIRST),
-            "the file written before, read after"
-        );
+        if self.scenario.has_nfs40_clients() {
+            assert_eq!(
+                nfs_read(cluster_ip, "first").as_deref(),
+                Ok(FIRST),
+                "the file written before, read after"
+            );
+        }
         let clients: Vec<ClientOutage> = finished
             .iter()
             .map(|client| ClientOutage::of(client.model, &client.operations, at.failed))
