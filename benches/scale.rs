@@ -1166,7 +1166,12 @@ async fn stateful_nfs_outage() -> Vec<Figure> {
         lease_seconds: 10,
         grace_seconds: 15,
     };
-    let settings: [(&'static str, NfsGrace, &'static [ClientModel]); 3] = [
+    // ganesha checks whether it may lift its grace period every half lease (at most 10 s).
+    let short_lease = NfsGrace::On {
+        lease_seconds: 4,
+        grace_seconds: 15,
+    };
+    let settings: [(&'static str, NfsGrace, &'static [ClientModel]); 4] = [
         (
             "grace on, NFSv4.0 clients beside",
             grace_on,
@@ -1175,6 +1180,11 @@ async fn stateful_nfs_outage() -> Vec<Figure> {
         (
             "grace on, NFSv4.1 clients alone (early lift)",
             grace_on,
+            &[Stateful, NewOpen],
+        ),
+        (
+            "grace on, lease 4 s, NFSv4.1 clients alone (early lift)",
+            short_lease,
             &[Stateful, NewOpen],
         ),
         ("grace off", NfsGrace::Off, &[NewOpen, Stateful]),
@@ -1191,7 +1201,7 @@ async fn stateful_nfs_outage() -> Vec<Figure> {
         let outage = common::outage::client_through_a_fail_over(&env, scenario, &|_| {}, None).await;
         println!("P8s {setting}: {outage}");
         env.cleanup().await;
-        let early_lift = at == 1;
+        let early_lift = setting.contains("early lift");
         for (model, class) in [(Stateful, "I/O on its open, locked file"), (NewOpen, "a new OPEN")] {
             let lost = outage.lost.iter().find(|lost| lost.contains(&model.to_string()));
             figures.push(nfs41_figure(setting, class, outage.of(model), lost, early_lift));
