@@ -25,8 +25,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use wire::{
-    Connection, Failure, NFS4_OK, NFS4ERR_BADSESSION, NFS4ERR_DEADSESSION, NFS4ERR_DENIED, NFS4ERR_GRACE,
-    NFS4ERR_NO_GRACE, NFS4ERR_RECLAIM_BAD, NFS4ERR_STALE_CLIENTID, OpCode, Results, StateId,
+    Connection, Failure, NFS4_OK, NFS4ERR_BADSESSION, NFS4ERR_COMPLETE_ALREADY, NFS4ERR_DEADSESSION, NFS4ERR_DENIED,
+    NFS4ERR_GRACE, NFS4ERR_NO_GRACE, NFS4ERR_RECLAIM_BAD, NFS4ERR_STALE_CLIENTID, OpCode, Results, StateId,
 };
 use xdr::{Decoder, Encoder, Malformed};
 
@@ -100,8 +100,10 @@ impl StatefulClient {
         }
     }
 
-    /// EXCHANGE_ID, CREATE_SESSION and RECLAIM_COMPLETE: what a mount does.
+    /// EXCHANGE_ID, CREATE_SESSION and RECLAIM_COMPLETE: what a mount does (again from the
+    /// start when tried again).
     pub fn mount(&mut self) -> Result<(), Failure> {
+        self.destroy_session()?;
         self.exchange_id()?;
         self.create_session()?;
         self.reclaim_complete()
@@ -130,17 +132,24 @@ impl StatefulClient {
     /// DESTROY_SESSION and DESTROY_CLIENTID, as the kernel's last unmount of a server does: the
     /// server forgets the client, and its recovery record with it.
     pub fn unmount(&mut self) -> Result<(), Failure> {
-        let Some(session) = self.session.take() else {
+        let clientid = self.clientid();
+        self.destroy_session()?;
+        let mut args = Encoder::default();
+        args.u64(clientid);
+        let reply = self.call(vec![(OpCode::DestroyClientid, args)])?;
+        Results::new(&reply)?.next(OpCode::DestroyClientid)?;
+        Ok(())
+    }
+
+    /// DESTROY_SESSION of the session there is, if any: a client ID with a session left is busy.
+    fn destroy_session(&mut self) -> Result<(), Failure> {
+        let Some(session) = self.session.take().filter(|s| s.id != [0; 16]) else {
             return Ok(());
         };
         let mut id = Encoder::default();
         id.fixed(&session.id);
         let reply = self.call(vec![(OpCode::DestroySession, id)])?;
         Results::new(&reply)?.next(OpCode::DestroySession)?;
-        let mut clientid = Encoder::default();
-        clientid.u64(session.clientid);
-        let reply = self.call(vec![(OpCode::DestroyClientid, clientid)])?;
-        Results::new(&reply)?.next(OpCode::DestroyClientid)?;
         Ok(())
     }
 
@@ -385,12 +394,19 @@ impl StatefulClient {
         Ok(())
     }
 
+    /// RECLAIM_COMPLETE; one the server already has (a mount tried again) is done, as the kernel
+    /// takes it.
     fn reclaim_complete(&mut self) -> Result<(), Failure> {
         let mut args = Encoder::default();
         args.bool(false);
         let reply = self.call(vec![(OpCode::ReclaimComplete, args)])?;
-        Results::sequenced(&reply)?.next(OpCode::ReclaimComplete)?;
-        Ok(())
+        match Results::sequenced(&reply)?.next_status(OpCode::ReclaimComplete)? {
+            NFS4_OK | NFS4ERR_COMPLETE_ALREADY => Ok(()),
+            status => Err(Failure::Status {
+                op: OpCode::ReclaimComplete,
+                status,
+            }),
+        }
     }
 
     /// One COMPOUND, after a SEQUENCE once there is a session; connects first if need be.

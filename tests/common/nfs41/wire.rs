@@ -21,6 +21,7 @@ pub const NFS4ERR_STALE_CLIENTID: u32 = 10022;
 pub const NFS4ERR_NO_GRACE: u32 = 10033;
 pub const NFS4ERR_RECLAIM_BAD: u32 = 10034;
 pub const NFS4ERR_BADSESSION: u32 = 10052;
+pub const NFS4ERR_COMPLETE_ALREADY: u32 = 10054;
 pub const NFS4ERR_DEADSESSION: u32 = 10078;
 
 /// Operation numbers (RFC 8881, section 16.2).
