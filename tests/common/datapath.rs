@@ -506,6 +506,11 @@ impl DataPath {
         self.links[index].promoter = Some(promoted);
     }
 
+    /// Whether node `index` has a promoter waiting to start its NFS server.
+    pub fn promoter_waiting(&self, index: usize) -> bool {
+        self.links[index].promoter.is_some()
+    }
+
     /// Where node `index`'s agent writes drbd-reactor's snippets (`--promoter-snippets-dir`).
     pub fn snippets_dir(&self, index: usize) -> PathBuf {
         let dir = self.nodes[index].dir.join("drbd-reactor.d");
@@ -534,8 +539,20 @@ impl DataPath {
                 &["netns", "exec", &link.netns, "iptables", "-I", chain, "-j", "DROP"],
             );
         }
+        // Killed, not stopped: a powered-off node's server runs no shutdown, which would remove
+        // its clients' recovery records from the replicated volume.
         if let Some(mut server) = link.server.take() {
-            stop(&mut server);
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+    }
+
+    /// Node `index` is reachable again after [`Self::fail`]: its namespace lets packets through.
+    /// Its NFS server stays stopped until its promoter starts one.
+    pub fn restore(&mut self, index: usize) {
+        let netns = &self.links[index].netns;
+        for chain in ["INPUT", "OUTPUT"] {
+            must("ip", &["netns", "exec", netns, "iptables", "-D", chain, "-j", "DROP"]);
         }
     }
 

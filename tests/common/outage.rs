@@ -335,19 +335,24 @@ impl Outage {
 
     /// One line per client model.
     pub fn per_client(&self) -> String {
-        self.clients
-            .iter()
-            .map(|c| match c.total {
-                Some(total) => format!("  {}: {} ms", c.model, total.as_millis()),
-                None => format!(
-                    "  {}: still failing {} s after kube-proxy's new rule",
-                    c.model,
-                    self.scenario.patience.as_secs()
-                ),
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        per_client(&self.clients, self.scenario.patience)
     }
+}
+
+/// One line per client model's outage.
+fn per_client(clients: &[ClientOutage], patience: Duration) -> String {
+    clients
+        .iter()
+        .map(|c| match c.total {
+            Some(total) => format!("  {}: {} ms", c.model, total.as_millis()),
+            None => format!(
+                "  {}: still failing {} s after kube-proxy's new rule",
+                c.model,
+                patience.as_secs()
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 impl std::fmt::Display for Outage {
@@ -389,12 +394,7 @@ pub async fn client_through_a_fail_over(
     stage.first_write(say).await;
     // Node b's server starts when DRBD promotes it there, as a drbd-reactor promoter's would.
     stage.path.start_promoter(1, &stage.pv);
-    let clients: Vec<Client> = scenario
-        .clients
-        .iter()
-        .map(|model| Client::start(*model, stage.cluster_ip.clone(), stage.scratch.clone()))
-        .collect();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let clients = stage.start_clients().await;
     let timeline = stage.lose_node_a(say).await;
     let outage = stage.measure(clients, timeline, say).await;
     if let Some(prometheus) = prometheus {
@@ -407,16 +407,69 @@ pub async fn client_through_a_fail_over(
     outage
 }
 
+/// What the clients saw of a run of fail-overs: each move's (from, to) outage per client model,
+/// and what they found taken by the moves.
+pub struct Moves {
+    pub outages: Vec<((usize, usize), Vec<ClientOutage>)>,
+    pub lost: Vec<String>,
+}
+
+/// Like [`client_through_a_fail_over`], through a run of `moves` (node indexes): each loses its
+/// `from` node silently and DRBD promotes `to`; the lost node comes back, and its fail-over taint
+/// goes, before the next move: about 7 s after the last, inside the new server's grace period.
+/// The scenario's clients run through all of them; what they hold is checked once, at the end
+/// (a check after each move would wait for each grace period to end).
+pub async fn clients_through_fail_overs(
+    env: &TestEnv,
+    scenario: Scenario,
+    moves: &[(usize, usize)],
+    say: &dyn Fn(String),
+) -> Moves {
+    let mut stage = Stage::set(env, scenario, say, None).await;
+    stage.first_write(say).await;
+    let clients = stage.start_clients().await;
+    let mut outages = Vec::new();
+    for (i, &(from, to)) in moves.iter().enumerate() {
+        if !stage.path.promoter_waiting(to) {
+            stage.path.start_promoter(to, &stage.pv);
+        }
+        if i > 0 {
+            // What the agents move: a consumer of the volume on the node to lose, as node a has.
+            let node = &stage.path.nodes[from].name;
+            env.running_pod(&format!("nfs-server-{i}"), node, "data", json!({}), no_labels())
+                .await;
+        }
+        let at = stage.lose(from, to, say).await;
+        outages.push(((from, to), stage.wait_for(&clients, &at).await));
+        say(format!(
+            "move {} of {}: {}",
+            i + 1,
+            moves.len(),
+            per_client(&outages[i].1, scenario.patience)
+        ));
+        if i + 1 < moves.len() {
+            stage.bring_back(from, to).await;
+        }
+    }
+    let lost = clients.into_iter().filter_map(|client| client.finish().wrong).collect();
+    assert_eq!(
+        env.cluster_ip(&stage.pv).await.as_deref(),
+        Some(stage.cluster_ip.as_str()),
+        "the ClusterIP never changes"
+    );
+    stage.tear_down().await;
+    Moves { outages, lost }
+}
+
 /// The data path of one fail-over and the processes on it.
 struct Stage<'a> {
     env: &'a TestEnv,
     scenario: Scenario,
     path: DataPath,
     pv: String,
-    /// Node b's address: the new NFS server.
-    b: String,
     controller: super::process::Process,
-    agents: Vec<super::process::Process>,
+    /// Each node's agent, while it runs.
+    agents: Vec<Option<super::process::Process>>,
     repair: Option<super::process::Process>,
     mount: String,
     cluster_ip: String,
@@ -464,7 +517,7 @@ impl<'a> Stage<'a> {
         for (i, node) in path.nodes.iter().enumerate() {
             let snippets = path.snippets_dir(i).display().to_string();
             let args = ["--reconcile-interval", "1s", "--promoter-snippets-dir", &snippets];
-            agents.push(env.start_agent(node, &args).await);
+            agents.push(Some(env.start_agent(node, &args).await));
         }
         path.promoted(0);
         let repair = match scenario.repair {
@@ -489,7 +542,6 @@ impl<'a> Stage<'a> {
             scenario,
             path,
             pv,
-            b,
             controller,
             agents,
             repair,
@@ -527,32 +579,45 @@ impl<'a> Stage<'a> {
     /// Node a lost silently, the agents fail it over, DRBD promotes node b (whose promoter, started
     /// before, starts its NFS server), the slice moves, kube-proxy rewrites its rule (late, if the scenario says).
     async fn lose_node_a(&mut self, say: &dyn Fn(String)) -> Timeline {
+        self.lose(0, 1, say).await
+    }
+
+    /// Node `from` lost silently, the agents fail it over, DRBD promotes node `to` (whose
+    /// promoter, started before, starts its NFS server), the slice moves, kube-proxy rewrites its
+    /// rule (late, if the scenario says).
+    async fn lose(&mut self, from: usize, to: usize, say: &dyn Fn(String)) -> Timeline {
         let (env, pv) = (self.env, self.pv.as_str());
+        let (lost_node, new_ip) = (self.path.nodes[from].name.clone(), self.path.nodes[to].ip.clone());
         if self.scenario.proxy_late.is_some() {
             self.path.pause_proxy();
         }
-        self.agents.remove(0).stop().await;
-        self.path.nodes[0].kubelet.stop();
-        self.path.fail(0);
+        self.agents[from]
+            .take()
+            .expect("the lost node's agent runs")
+            .stop()
+            .await;
+        self.path.nodes[from].kubelet.stop();
+        self.path.fail(from);
         // From here no operation can succeed until another server answers at the ClusterIP.
         let failed = Instant::now();
-        lost(&self.path.nodes, &[pv], 0, None);
-        say("node a lost: its namespace drops every packet; its kubelet, agent and NFS server stopped; DRBD peers disconnected".into());
-        until("the fail-over taint on node a", || async {
-            env.taints(&self.path.nodes[0].name)
-                .await
-                .iter()
-                .any(|t| t == LOST_QUORUM)
+        lost(&self.path.nodes, &[pv], from, None);
+        say(format!(
+            "node {lost_node} lost: its namespace drops every packet; its kubelet, agent and NFS server stopped; DRBD peers disconnected"
+        ));
+        until("the fail-over taint on the lost node", || async {
+            env.taints(&lost_node).await.iter().any(|t| t == LOST_QUORUM)
         })
         .await;
         let failed_over = Instant::now();
-        lost(&self.path.nodes, &[pv], 0, Some(1));
-        self.path.promoted(1);
+        lost(&self.path.nodes, &[pv], from, Some(to));
+        self.path.promoted(to);
         let promoted = Instant::now();
-        say("agents failed node a over; DRBD promoted node b and its promoter started the NFS server there".into());
-        let b = self.b.clone();
-        until("the EndpointSlice at node b", || async {
-            slice_addresses(env, pv).await == [b.clone()]
+        say(format!(
+            "agents failed node {lost_node} over; DRBD promoted node {} and its promoter started the NFS server there",
+            self.path.nodes[to].name
+        ));
+        until("the EndpointSlice at the new primary", || async {
+            slice_addresses(env, pv).await == [new_ip.clone()]
         })
         .await;
         let rewritten = Instant::now();
@@ -564,8 +629,8 @@ impl<'a> Stage<'a> {
                 late.as_millis()
             ));
         }
-        until("kube-proxy's rule to node b", || {
-            ready(self.path.programmed(&env.ns, pv, &self.b))
+        until("kube-proxy's rule to the new primary", || {
+            ready(self.path.programmed(&env.ns, pv, &new_ip))
         })
         .await;
         Timeline {
@@ -577,14 +642,56 @@ impl<'a> Stage<'a> {
         }
     }
 
-    /// Waits for every client to get through (or the scenario's patience to end), checks that the
-    /// address held and every acknowledged write is there, and puts the figures together.
-    async fn measure(&self, clients: Vec<Client>, at: Timeline, say: &dyn Fn(String)) -> Outage {
+    /// Node `index` comes back after its loss: its packets flow, its kubelet and agent run, its
+    /// DRBD reconnects as a Secondary of node `primary`, its promoter waits for its next
+    /// promotion; once its agents took the fail-over taint off it.
+    async fn bring_back(&mut self, index: usize, primary: usize) {
+        let (env, pv) = (self.env, self.pv.clone());
+        self.path.restore(index);
+        self.path.nodes[index].kubelet.resume();
+        healthy(&self.path.nodes, &[&pv], primary);
+        self.path.start_promoter(index, &pv);
+        let snippets = self.path.snippets_dir(index).display().to_string();
+        let args = ["--reconcile-interval", "1s", "--promoter-snippets-dir", &snippets];
+        self.agents[index] = Some(env.start_agent(&self.path.nodes[index], &args).await);
+        let node = self.path.nodes[index].name.clone();
+        until("the fail-over taint off the returned node", || async {
+            !env.taints(&node).await.iter().any(|t| t == LOST_QUORUM)
+        })
+        .await;
+    }
+
+    /// A client of each of the scenario's models at the ClusterIP, once they have run a while.
+    async fn start_clients(&self) -> Vec<Client> {
+        let clients = self
+            .scenario
+            .clients
+            .iter()
+            .map(|model| Client::start(*model, self.cluster_ip.clone(), self.scratch.clone()))
+            .collect();
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        clients
+    }
+
+    /// Waits for every client to get through after the loss `at` (or the scenario's patience to
+    /// end), and what each saw of it.
+    async fn wait_for(&self, clients: &[Client], at: &Timeline) -> Vec<ClientOutage> {
         let through = |client: &Client| client.first_success_after(at.failed);
         while clients.iter().any(|c| through(c).is_none()) && at.programmed.elapsed() < self.scenario.patience {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let reconnected = through(&clients[0])
+        clients
+            .iter()
+            .map(|client| ClientOutage::of(client.model, &client.log.lock().unwrap(), at.failed))
+            .collect()
+    }
+
+    /// Waits for every client to get through (or the scenario's patience to end), checks that the
+    /// address held and every acknowledged write is there, and puts the figures together.
+    async fn measure(&self, clients: Vec<Client>, at: Timeline, say: &dyn Fn(String)) -> Outage {
+        self.wait_for(&clients, &at).await;
+        let reconnected = clients[0]
+            .first_success_after(at.failed)
             .unwrap_or_else(|| panic!("the {} client never worked again after the fail-over", clients[0].model));
         tokio::time::sleep(Duration::from_secs(1)).await;
         let finished: Vec<Finished> = clients.into_iter().map(Client::finish).collect();
@@ -640,7 +747,13 @@ impl<'a> Stage<'a> {
     /// The processes stopped, the data path removed; no packet of it tried to leave the machine.
     async fn tear_down(self) {
         let fenced = fenced_packets();
-        for process in self.agents.into_iter().chain([self.controller]).chain(self.repair) {
+        for process in self
+            .agents
+            .into_iter()
+            .flatten()
+            .chain([self.controller])
+            .chain(self.repair)
+        {
             process.stop().await;
         }
         drop(self.path);

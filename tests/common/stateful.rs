@@ -66,29 +66,34 @@ impl LockedWriter {
         self.another_client_finds_it_locked()
     }
 
-    /// A second client (another owner, any port) asks for a conflicting lock: DENIED, once the
-    /// server is out of its grace period. It unmounts after, as the kernel's last unmount does,
-    /// so that no record of it holds a later grace period.
     fn another_client_finds_it_locked(&self) -> Result<(), String> {
-        let mut probe = StatefulClient::new(self.server, None, "svc-e2e-lock-probe");
-        let deadline = Instant::now() + PATIENCE;
-        let locked = loop {
-            match probe.mount().and_then(|()| probe.sees_locked(DIR, FILE)) {
-                Ok(locked) => break locked,
-                Err(failure) if Instant::now() > deadline => {
-                    return Err(format!("another client cannot test the lock: {failure:?}"));
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(500)),
+        locked_for_others(self.server)
+    }
+}
+
+/// A second client (another owner, any port) asks for a lock conflicting with the writer's:
+/// DENIED, once the server is out of its grace period. It unmounts after, as the kernel's last
+/// unmount does, so that no record of it holds a later grace period.
+pub fn locked_for_others(server: SocketAddr) -> Result<(), String> {
+    let mut probe = StatefulClient::new(server, None, "svc-e2e-lock-probe");
+    until_it_works("mount the lock probe", || probe.mount());
+    let deadline = Instant::now() + PATIENCE;
+    let locked = loop {
+        match probe.sees_locked(DIR, FILE) {
+            Ok(locked) => break locked,
+            Err(failure) if Instant::now() > deadline => {
+                return Err(format!("another client cannot test the lock: {failure:?}"));
             }
-        };
-        if let Err(failure) = probe.unmount() {
-            return Err(format!("the lock probe cannot unmount: {failure:?}"));
+            Err(_) => std::thread::sleep(Duration::from_millis(500)),
         }
-        if locked {
-            Ok(())
-        } else {
-            Err("another client finds the file unlocked: the lock was lost".into())
-        }
+    };
+    if let Err(failure) = probe.unmount() {
+        return Err(format!("the lock probe cannot unmount: {failure:?}"));
+    }
+    if locked {
+        Ok(())
+    } else {
+        Err("another client finds the file unlocked: the lock was lost".into())
     }
 }
 
