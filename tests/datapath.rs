@@ -13,7 +13,7 @@ mod common;
 use std::time::Duration;
 
 use common::datapath::{NfsGrace, ProxyMode, leftovers, service_chain_reaches};
-use common::outage::{ClientModel, Outage, Scenario, client_through_a_fail_over};
+use common::outage::{ClientModel, Outage, Scenario, client_through_a_fail_over, clients_through_fail_overs};
 
 /// Grace on, as a production server should run it, with the rule grace ≥ lease; shorter than
 /// ganesha's defaults (lease 60 s, grace 90 s) so that the test waits 15 s, not 90.
@@ -166,6 +166,36 @@ async fn a_stateful_clients_lock_and_acknowledged_writes_survive_the_move() {
         outage.of(ClientModel::Stateful).is_some(),
         "the stateful client carried on after the move:\n{outage}"
     );
+}
+
+/// What a client holds survives a run of moves, each inside the last new server's grace period:
+/// node a lost (b serves), a back, b lost (c serves, b still in its grace period), b back, c lost
+/// (a serves again). The stateful client must come through each move and lose nothing.
+#[tokio::test]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn a_stateful_clients_lock_survives_moves_inside_grace_periods() {
+    let _alone = DATA_PATH.lock().await;
+    let env = common::setup("datapath-moves").await;
+    let scenario = Scenario {
+        grace: GRACE_ON,
+        clients: &[ClientModel::Stateful],
+        ..Scenario::repaired(ProxyMode::Iptables)
+    };
+    let say = |line: String| eprintln!("{line}");
+    let moves = clients_through_fail_overs(&env, scenario, &[(0, 1), (1, 2), (2, 0)], &say).await;
+    assert_eq!(
+        moves.lost,
+        Vec::<String>::new(),
+        "what the client held survives every move"
+    );
+    for (nodes, outages) in &moves.outages {
+        assert!(
+            outages.iter().all(|outage| outage.total.is_some()),
+            "move {nodes:?}: every client carried on"
+        );
+    }
+    assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
+    env.cleanup().await;
 }
 
 /// How the harness tells that kube-proxy's nftables rules moved (kube-proxy 1.36's service chain).
