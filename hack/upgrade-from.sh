@@ -19,6 +19,11 @@ binary=$dir/shared-volume-controller
 if [[ -x $binary ]]; then
   exit 0
 fi
+if ! git cat-file -e "$UPGRADE_FROM^{commit}" 2>/dev/null &&
+  [[ $(git rev-parse --is-shallow-repository) == true ]]; then
+  # A shallow clone lacks the history: fetch it from where the clone came from.
+  git fetch --quiet --unshallow origin || true
+fi
 if ! git cat-file -e "$UPGRADE_FROM^{commit}" 2>/dev/null; then
   echo "hack/upgrade-from.sh: commit $UPGRADE_FROM is not in this clone;" \
     "a shallow clone lacks it: git fetch --unshallow" >&2
