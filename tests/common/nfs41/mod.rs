@@ -74,7 +74,7 @@ pub struct StatefulClient {
     /// yet: the next operation recovers first.
     needs_recovery: bool,
     /// The server scope of the last EXCHANGE_ID.
-    pub server_scope: Vec<u8>,
+    server_scope: Vec<u8>,
     /// Why the held file was lost, once it was.
     pub lost: Option<String>,
 }
@@ -120,13 +120,7 @@ impl StatefulClient {
     /// Opens (creating) and closes `dir/name`, as an application's `open` + `close`: what a new
     /// OPEN comes to, recovering from a server change as the kernel does.
     pub fn open_new(&mut self, dir: &str, name: &str) -> Written {
-        if let Some(why) = &self.lost {
-            return Written::Lost(why.clone());
-        }
-        match self.in_session().and_then(|()| self.open_and_close(dir, name)) {
-            Ok(()) => Written::Acknowledged,
-            Err(failure) => self.after(failure),
-        }
+        self.as_the_kernel(|client| client.open_and_close(dir, name))
     }
 
     /// DESTROY_SESSION and DESTROY_CLIENTID, as the kernel's last unmount of a server does: the
@@ -156,10 +150,16 @@ impl StatefulClient {
     /// Writes `record` at `offset` of the held file, as an application's `pwrite` + `fsync`,
     /// recovering from a server change as the kernel does.
     pub fn write(&mut self, offset: u64, record: &[u8]) -> Written {
+        self.as_the_kernel(|client| client.write_once(offset, record))
+    }
+
+    /// One operation of the application: refused once the held file is lost, after a recovery
+    /// when the server lost the client's state, and its failure taken as the kernel takes it.
+    fn as_the_kernel(&mut self, operation: impl FnOnce(&mut Self) -> Result<(), Failure>) -> Written {
         if let Some(why) = &self.lost {
             return Written::Lost(why.clone());
         }
-        match self.in_session().and_then(|()| self.write_once(offset, record)) {
+        match self.in_session().and_then(|()| operation(self)) {
             Ok(()) => Written::Acknowledged,
             Err(failure) => self.after(failure),
         }
