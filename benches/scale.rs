@@ -1171,26 +1171,30 @@ async fn stateful_nfs_outage() -> Vec<Figure> {
         lease_seconds: 4,
         grace_seconds: 15,
     };
-    let settings: [(&'static str, NfsGrace, &'static [ClientModel]); 4] = [
+    // (what, grace, clients, whether the grace period may lift early: every client is NFSv4.1)
+    let settings: [(&'static str, NfsGrace, &'static [ClientModel], bool); 4] = [
         (
             "grace on, NFSv4.0 clients beside",
             grace_on,
             &[Stateful, NewOpen, NewConnection, HeldNormalClose],
+            false,
         ),
         (
             "grace on, NFSv4.1 clients alone (early lift)",
             grace_on,
             &[Stateful, NewOpen],
+            true,
         ),
         (
             "grace on, lease 4 s, NFSv4.1 clients alone (early lift)",
             short_lease,
             &[Stateful, NewOpen],
+            true,
         ),
-        ("grace off", NfsGrace::Off, &[NewOpen, Stateful]),
+        ("grace off", NfsGrace::Off, &[NewOpen, Stateful], false),
     ];
     let mut figures = Vec::new();
-    for (at, (setting, grace, clients)) in settings.into_iter().enumerate() {
+    for (at, (setting, grace, clients, early_lift)) in settings.into_iter().enumerate() {
         let scenario = Scenario {
             grace,
             clients,
@@ -1201,9 +1205,12 @@ async fn stateful_nfs_outage() -> Vec<Figure> {
         let outage = common::outage::client_through_a_fail_over(&env, scenario, &|_| {}, None).await;
         println!("P8s {setting}: {outage}");
         env.cleanup().await;
-        let early_lift = setting.contains("early lift");
         for (model, class) in [(Stateful, "I/O on its open, locked file"), (NewOpen, "a new OPEN")] {
-            let lost = outage.lost.iter().find(|lost| lost.contains(&model.to_string()));
+            let lost = outage
+                .lost
+                .iter()
+                .find(|(taken_from, _)| *taken_from == model)
+                .map(|(_, lost)| lost);
             figures.push(nfs41_figure(setting, class, outage.of(model), lost, early_lift));
         }
     }

@@ -40,7 +40,7 @@ async fn fail_over(name: &str, scenario: Scenario) -> Outage {
     );
     assert_eq!(
         outage.lost,
-        Vec::<String>::new(),
+        Vec::<(ClientModel, String)>::new(),
         "what the clients held survives the move"
     );
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
@@ -185,7 +185,7 @@ async fn a_stateful_clients_lock_survives_moves_inside_grace_periods() {
     let moves = clients_through_fail_overs(&env, scenario, &[(0, 1), (1, 2), (2, 0)], &say).await;
     assert_eq!(
         moves.lost,
-        Vec::<String>::new(),
+        Vec::<(ClientModel, String)>::new(),
         "what the client held survives every move"
     );
     for (nodes, outages) in &moves.outages {

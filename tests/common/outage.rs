@@ -192,7 +192,7 @@ impl Client {
         Finished {
             model: self.model,
             operations: Arc::try_unwrap(self.log).ok().unwrap().into_inner().unwrap(),
-            wrong: verdict.err().map(|wrong| format!("the {} client: {wrong}", self.model)),
+            wrong: verdict.err(),
         }
     }
 }
@@ -201,6 +201,13 @@ struct Finished {
     model: ClientModel,
     operations: Vec<Operation>,
     wrong: Option<String>,
+}
+
+impl Finished {
+    /// What the client found taken from it, if anything.
+    fn taken(self) -> Option<(ClientModel, String)> {
+        Some((self.model, self.wrong?))
+    }
 }
 
 /// What one client model saw: from its last success before the loss to its first after it,
@@ -322,7 +329,7 @@ pub struct Outage {
     /// Every client model's own outage.
     pub clients: Vec<ClientOutage>,
     /// What the clients found taken by the move (a stateful client's lock, file or writes).
-    pub lost: Vec<String>,
+    pub lost: Vec<(ClientModel, String)>,
     /// What it was measured in.
     pub scenario: Scenario,
 }
@@ -371,8 +378,8 @@ impl std::fmt::Display for Outage {
             self.scenario,
         )?;
         write!(f, "\n{}", self.per_client())?;
-        for lost in &self.lost {
-            write!(f, "\n  taken by the move: {lost}")?;
+        for (model, lost) in &self.lost {
+            write!(f, "\n  taken by the move from the {model} client: {lost}")?;
         }
         Ok(())
     }
@@ -411,7 +418,7 @@ pub async fn client_through_a_fail_over(
 /// and what they found taken by the moves.
 pub struct Moves {
     pub outages: Vec<((usize, usize), Vec<ClientOutage>)>,
-    pub lost: Vec<String>,
+    pub lost: Vec<(ClientModel, String)>,
 }
 
 /// Like [`client_through_a_fail_over`], through a run of `moves` (node indexes): each loses its
@@ -451,7 +458,11 @@ pub async fn clients_through_fail_overs(
             stage.bring_back(from, to).await;
         }
     }
-    let lost = clients.into_iter().filter_map(|client| client.finish().wrong).collect();
+    let lost = clients
+        .into_iter()
+        .map(Client::finish)
+        .filter_map(Finished::taken)
+        .collect();
     assert_eq!(
         env.cluster_ip(&stage.pv).await.as_deref(),
         Some(stage.cluster_ip.as_str()),
@@ -734,7 +745,7 @@ impl<'a> Stage<'a> {
             operations: operations.len(),
             succeeded,
             clients,
-            lost: finished.iter().filter_map(|client| client.wrong.clone()).collect(),
+            lost: finished.into_iter().filter_map(Finished::taken).collect(),
             scenario: self.scenario,
         };
         say(format!(
