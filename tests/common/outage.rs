@@ -525,10 +525,8 @@ impl<'a> Stage<'a> {
         let mut agents = Vec::new();
         // Decisions every second: the fail-over holds for DRBD's detection window (1.5 s with the
         // simulated links' ping-int 1 s) plus one reconcile interval while node a's heartbeat lasts.
-        for (i, node) in path.nodes.iter().enumerate() {
-            let snippets = path.snippets_dir(i).display().to_string();
-            let args = ["--reconcile-interval", "1s", "--promoter-snippets-dir", &snippets];
-            agents.push(Some(env.start_agent(node, &args).await));
+        for i in 0..path.nodes.len() {
+            agents.push(Some(agent_on(env, &path, i).await));
         }
         path.promoted(0);
         let repair = match scenario.repair {
@@ -654,17 +652,14 @@ impl<'a> Stage<'a> {
     }
 
     /// Node `index` comes back after its loss: its packets flow, its kubelet and agent run, its
-    /// DRBD reconnects as a Secondary of node `primary`, its promoter waits for its next
-    /// promotion; once its agents took the fail-over taint off it.
+    /// DRBD reconnects as a Secondary of node `primary`; once its agents took the fail-over taint
+    /// off it. (A move to it starts its promoter, as for any node.)
     async fn bring_back(&mut self, index: usize, primary: usize) {
         let (env, pv) = (self.env, self.pv.clone());
         self.path.restore(index);
         self.path.nodes[index].kubelet.resume();
         healthy(&self.path.nodes, &[&pv], primary);
-        self.path.start_promoter(index, &pv);
-        let snippets = self.path.snippets_dir(index).display().to_string();
-        let args = ["--reconcile-interval", "1s", "--promoter-snippets-dir", &snippets];
-        self.agents[index] = Some(env.start_agent(&self.path.nodes[index], &args).await);
+        self.agents[index] = Some(agent_on(env, &self.path, index).await);
         let node = self.path.nodes[index].name.clone();
         until("the fail-over taint off the returned node", || async {
             !env.taints(&node).await.iter().any(|t| t == LOST_QUORUM)
@@ -770,6 +765,14 @@ impl<'a> Stage<'a> {
         drop(self.path);
         assert_eq!(fenced, 0, "no packet of the data path tried to leave the machine");
     }
+}
+
+/// The agent of node `index`, deciding every second and writing drbd-reactor's snippets where
+/// the node's promoter reads them; once it is ready.
+async fn agent_on(env: &TestEnv, path: &DataPath, index: usize) -> super::process::Process {
+    let snippets = path.snippets_dir(index).display().to_string();
+    let args = ["--reconcile-interval", "1s", "--promoter-snippets-dir", &snippets];
+    env.start_agent(&path.nodes[index], &args).await
 }
 
 /// The conntrack repair on the client's node (the host, where kube-proxy runs), as the chart's
