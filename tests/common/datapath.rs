@@ -159,16 +159,20 @@ fn set_param(template: &str, key: &str, value: &str) -> String {
     format!("{}{value}{}", &template[..start], &template[end..])
 }
 
-/// The install guide's `/etc/shared-volume/ganesha.conf.in`: the tests' servers run what users run.
-fn ganesha_template() -> String {
-    let guide = std::fs::read_to_string(INSTALL_GUIDE).expect("the install guide");
-    guide
-        .split("`/etc/shared-volume/ganesha.conf.in`")
-        .nth(1)
-        .and_then(|after| after.split("```").nth(1))
-        .expect("the install guide gives /etc/shared-volume/ganesha.conf.in in a code block")
-        .trim()
-        .to_owned()
+/// The install guide's `/etc/shared-volume/ganesha.conf.in`: the tests' servers run what users
+/// run. Read once per test process.
+fn ganesha_template() -> &'static str {
+    static TEMPLATE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TEMPLATE.get_or_init(|| {
+        let guide = std::fs::read_to_string(INSTALL_GUIDE).expect("the install guide");
+        guide
+            .split("`/etc/shared-volume/ganesha.conf.in`")
+            .nth(1)
+            .and_then(|after| after.split("```").nth(1))
+            .expect("the install guide gives /etc/shared-volume/ganesha.conf.in in a code block")
+            .trim()
+            .to_owned()
+    })
 }
 
 impl std::fmt::Display for NfsGrace {
@@ -448,7 +452,7 @@ impl DataPath {
         let config = state.join("ganesha.conf");
         let text = self
             .grace
-            .applied_to(&ganesha_template())
+            .applied_to(ganesha_template())
             .replace("/srv/@RESOURCE@/export", &self.export_dir.display().to_string())
             .replace(
                 "/srv/@RESOURCE@/.nfs/recovery",
