@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     FORCE_IO_ERROR, LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, fail_over_durations,
-    healthy, lost, no_labels, pod_state, resource, slice_addresses, suspended, teardown, three_nodes, untouched,
-    wait_for_eviction, wait_for_taint,
+    healthy, lost, no_labels, pod_state, resource, suspended, teardown, three_nodes, untouched, wait_for_eviction,
+    wait_for_slice_at, wait_for_taint,
 };
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually};
@@ -28,10 +28,7 @@ async fn the_primarys_node_fails_and_the_endpoints_follow_the_new_primary() {
     let cluster_ip = env.cluster_ip(&pv).await.unwrap();
     let told = env.claim_condition_becomes("data", "True", "Served").await;
     assert!(told.contains(&mount) && told.contains(&nodes[0].endpoint()), "{told}");
-    eventually("the slice at node a", WAIT, || async {
-        (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
-    })
-    .await;
+    wait_for_slice_at(&env, &pv, &nodes[0]).await;
     let mut agents = agents_with_heartbeats(&env, &nodes).await;
     let lost = node_a_is_lost_and_failed_over(&env, &nodes, &pv, &attachment, &mut agents).await;
     let rewrite = node_b_is_promoted_and_serves(&env, &nodes, &pv).await;
@@ -143,10 +140,7 @@ async fn node_a_is_lost_and_failed_over(
 async fn node_b_is_promoted_and_serves(env: &TestEnv, nodes: &[SimNode], pv: &str) -> Duration {
     let promoted_at = Instant::now();
     lost(nodes, &[pv], 0, Some(1));
-    eventually("the slice at node b", WAIT, || async {
-        (slice_addresses(env, pv).await == [nodes[1].ip.clone()]).then_some(())
-    })
-    .await;
+    wait_for_slice_at(env, pv, &nodes[1]).await;
     let rewrite = promoted_at.elapsed();
     let on_b = format!("on node {}", nodes[1].name);
     env.claim_condition_says("data", "True", "ServedAfterMove", &on_b).await;

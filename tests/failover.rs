@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
-    resource, slice_addresses, teardown, three_nodes, untouched, wait_for_eviction, wait_for_taint, with_diskless_peer,
+    resource, teardown, three_nodes, untouched, wait_for_eviction, wait_for_slice_at, wait_for_taint,
+    with_diskless_peer,
 };
 use common::kubelet::Kubelet;
 use common::partition::staggered_partition;
@@ -168,10 +169,7 @@ async fn an_isolated_primary_is_failed_over_and_the_endpoints_follow() {
     let (env, nodes, pv) = app_on_node_a("failover-isolated").await;
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     let controller = env.start_namespace_controller().await;
-    eventually("the slice at node a", WAIT, || async {
-        (slice_addresses(&env, &pv).await == [nodes[0].ip.clone()]).then_some(())
-    })
-    .await;
+    wait_for_slice_at(&env, &pv, &nodes[0]).await;
     let cluster_ip = env.cluster_ip(&pv).await;
     let mut agents = vec![controller];
     for node in &nodes {
@@ -202,10 +200,7 @@ async fn an_isolated_primary_is_failed_over_and_the_endpoints_follow() {
         "fail-over took {evicted:?}, expected about the detection window + report interval + one round"
     );
     lost(&nodes, &[&pv], 0, Some(1));
-    eventually("the slice at node b", WAIT, || async {
-        (slice_addresses(&env, &pv).await == [nodes[1].ip.clone()]).then_some(())
-    })
-    .await;
+    wait_for_slice_at(&env, &pv, &nodes[1]).await;
     assert_eq!(env.cluster_ip(&pv).await, cluster_ip, "the ClusterIP never changes");
     teardown(env, agents).await;
 }

@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use common::audit::{Write, every_write};
-use common::drbd::{LOST_QUORUM, NODE_LABEL, SimNode, WAIT, healthy, lost, no_labels, pod_state, wait_for_taint};
+use common::drbd::{
+    FAKE_DRBDSETUP, LOST_QUORUM, NODE_LABEL, SimNode, TEST_AGENT_TIMINGS, WAIT, healthy, lost, no_labels, pod_state,
+    wait_for_slice_at, wait_for_taint,
+};
 use common::helm::{packaged_chart, run};
 use common::process::Process;
 use common::release_pods::ReleasePods;
@@ -22,7 +25,6 @@ use serde_json::json;
 
 const CLAIMS: [&str; 2] = ["data", "logs"];
 const UPGRADE_PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/how-to/upgrade.md");
-const FAKE_DRBDSETUP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
 
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
@@ -108,16 +110,14 @@ impl EarlierCommit {
 /// The test's values, the same for both versions (the upgrade keeps them): this namespace's
 /// claims and nodes alone, the simulated DRBD, and the short timings the other tests use.
 fn test_values(env: &TestEnv) -> Vec<String> {
-    vec![
+    let mut values = vec![
         format!("controller.flags.watch-namespace={}", env.ns),
         format!("agent.flags.node-selector={NODE_LABEL}={}", env.id),
         format!("agent.flags.drbdsetup-path={FAKE_DRBDSETUP}"),
-        "agent.flags.drbd-status-interval=1s".into(),
-        "agent.flags.fail-over-timeout=1s".into(),
-        "agent.flags.reconcile-interval=2s".into(),
-        "agent.flags.operations-timeout=10s".into(),
-        "agent.flags.grace-period-seconds=5".into(),
-    ]
+    ];
+    let timings = TEST_AGENT_TIMINGS.iter();
+    values.extend(timings.map(|(flag, value)| format!("agent.flags.{}={value}", flag.trim_start_matches("--"))));
+    values
 }
 
 fn install(env: &TestEnv, release: &str, chart: &Path) {
@@ -164,21 +164,9 @@ async fn claims_served_from(env: &TestEnv, nodes: &[SimNode], primary: usize) ->
 /// A pod on `node` for each claim, named after the node.
 async fn pods_on(env: &TestEnv, node: &SimNode) {
     for claim in CLAIMS {
-        let pod = format!("{claim}-on-{}", short(env, node));
+        let pod = format!("{claim}-on-{}", env.short_name(node));
         env.running_pod(&pod, &node.name, claim, json!({}), no_labels()).await;
     }
-}
-
-fn short<'a>(env: &TestEnv, node: &'a SimNode) -> &'a str {
-    node.name.trim_start_matches(&format!("{}-", env.id))
-}
-
-async fn wait_for_slice_at(env: &TestEnv, pv: &str, node: &SimNode) {
-    let what = format!("{pv}'s EndpointSlice at {}", node.name);
-    eventually(&what, WAIT, || async {
-        (common::drbd::slice_addresses(env, pv).await == [node.ip.clone()]).then_some(())
-    })
-    .await;
 }
 
 /// Node `from` crashes (its agent and kubelet with it); the agents fail it over; DRBD promotes
@@ -196,7 +184,7 @@ async fn fail_over(
     lost(nodes, &resources, from, None);
     wait_for_taint(env, &nodes[from].name, LOST_QUORUM, true).await;
     for claim in CLAIMS {
-        let pod = format!("{claim}-on-{}", short(env, &nodes[from]));
+        let pod = format!("{claim}-on-{}", env.short_name(&nodes[from]));
         eventually(&format!("pod {pod} force-deleted"), WAIT, || async {
             pod_state(env, &pod).await.is_none().then_some(())
         })

@@ -19,6 +19,16 @@ use super::{TestEnv, eventually, serving};
 
 /// Label on every Node a test creates: `svc-test=<test id>`.
 pub const NODE_LABEL: &str = "svc-test";
+/// The simulated `drbdsetup` every agent of the tests runs.
+pub const FAKE_DRBDSETUP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
+/// The agent's timings in the tests, unless a test sets its own: decisions within seconds.
+pub const TEST_AGENT_TIMINGS: [(&str, &str); 5] = [
+    ("--drbd-status-interval", "1s"),
+    ("--fail-over-timeout", "1s"),
+    ("--reconcile-interval", "2s"),
+    ("--operations-timeout", "10s"),
+    ("--grace-period-seconds", "5"),
+];
 
 pub struct SimNode {
     /// Kubernetes node name, also the DRBD peer name.
@@ -228,21 +238,13 @@ impl TestEnv {
     /// DaemonSet's pod comes up whatever the API server or DRBD is doing).
     pub fn spawn_agent_with_env(&self, node: &SimNode, extra: &[&str], env: &[(&str, &str)]) -> Process {
         let simulation = self.simulated_drbd_args(node);
-        let defaults = [
-            ("--drbd-status-interval", "1s"),
-            ("--fail-over-timeout", "1s"),
-            ("--reconcile-interval", "2s"),
-            ("--operations-timeout", "10s"),
-            ("--grace-period-seconds", "5"),
-        ];
         let mut args = vec!["agent", "--node-name", &node.name];
         args.extend(simulation.iter().map(String::as_str));
-        for (flag, value) in defaults.into_iter().filter(|(flag, _)| !extra.contains(flag)) {
+        for (flag, value) in TEST_AGENT_TIMINGS.into_iter().filter(|(flag, _)| !extra.contains(flag)) {
             args.extend([flag, value]);
         }
         args.extend_from_slice(extra);
-        let short = node.name.trim_start_matches(&format!("{}-", self.id));
-        let log_name = format!("{}-agent-{short}", self.ns);
+        let log_name = format!("{}-agent-{}", self.ns, self.short_name(node));
         let mut env = env.to_vec();
         env.push(node.fake_drbd_env());
         // As the chart's agent, unless the test gives a kubeconfig of its own.
@@ -257,10 +259,9 @@ impl TestEnv {
     /// The agent flags that point it at `node`'s simulated DRBD, this test's nodes and this
     /// namespace's Leases.
     pub fn simulated_drbd_args(&self, node: &SimNode) -> Vec<String> {
-        let drbdsetup = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
         [
             "--drbdsetup-path",
-            drbdsetup,
+            FAKE_DRBDSETUP,
             "--drbd-proc-path",
             node.dir.join("proc").to_str().unwrap(),
             "--node-selector",
@@ -270,6 +271,11 @@ impl TestEnv {
         ]
         .map(String::from)
         .to_vec()
+    }
+
+    /// `node`'s name without this test's prefix: `a` for `<id>-a`.
+    pub fn short_name<'a>(&self, node: &'a SimNode) -> &'a str {
+        node.name.trim_start_matches(&format!("{}-", self.id))
     }
 
     /// Loses `node` as Kubernetes sees it: its kubelet stops, and this returns once Kubernetes's
@@ -587,6 +593,15 @@ pub async fn wait_for_eviction(env: &TestEnv, name: &str) {
             None => Some(()),
             Some(pod) => pod.metadata.deletion_timestamp.map(|_| ()),
         }
+    })
+    .await;
+}
+
+/// Waits until `pv`'s EndpointSlice names `node` alone.
+pub async fn wait_for_slice_at(env: &TestEnv, pv: &str, node: &SimNode) {
+    let what = format!("{pv}'s EndpointSlice at {}", node.name);
+    eventually(&what, WAIT, || async {
+        (slice_addresses(env, pv).await == [node.ip.clone()]).then_some(())
     })
     .await;
 }
