@@ -13,7 +13,8 @@ mod common;
 use std::time::Duration;
 
 use common::datapath::{NfsGrace, ProxyMode, leftovers, service_chain_reaches};
-use common::outage::{ClientModel, Outage, Scenario, client_through_a_fail_over, clients_through_fail_overs};
+use common::outage::{ClientModel, Move, Outage, Scenario, client_through_a_fail_over, clients_through_fail_overs};
+use common::stateful::Tally;
 
 /// Grace on, as a production server should run it, with the rule grace ≥ lease; shorter than
 /// ganesha's defaults (lease 60 s, grace 90 s) so that the test waits 15 s, not 90.
@@ -40,7 +41,7 @@ async fn fail_over(name: &str, scenario: Scenario) -> Outage {
     );
     assert_eq!(
         outage.lost,
-        Vec::<(ClientModel, String)>::new(),
+        Vec::<(ClientModel, Tally)>::new(),
         "what the clients held survives the move"
     );
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
@@ -147,7 +148,7 @@ async fn a_server_in_its_grace_period_holds_new_clients_until_it_ends() {
 /// What a client holds survives the move between two nodes of different hostnames, with grace
 /// on: an NFSv4.1 client holding a file open and write-locked reclaims both on the new server
 /// (same server scope), every write it was told reached stable storage reads back, and another
-/// client still finds the file locked.
+/// client finds the file locked before, during and after the move.
 #[tokio::test]
 #[ignore = "needs a control plane and root: run `make test`"]
 async fn a_stateful_clients_lock_and_acknowledged_writes_survive_the_move() {
@@ -158,6 +159,7 @@ async fn a_stateful_clients_lock_and_acknowledged_writes_survive_the_move() {
             ClientModel::HeldNormalClose,
             ClientModel::HeldAbortiveClose,
             ClientModel::Stateful,
+            ClientModel::LockTester,
         ],
         ..Scenario::repaired(ProxyMode::Iptables)
     };
@@ -168,31 +170,48 @@ async fn a_stateful_clients_lock_and_acknowledged_writes_survive_the_move() {
     );
 }
 
-/// What a client holds survives a run of moves, each inside the last new server's grace period:
-/// node a lost (b serves), a back, b lost (c serves, b still in its grace period), b back, c lost
-/// (a serves again). The stateful client must come through each move and lose nothing.
+/// What clients hold survives a run of moves of each kind: a planned move from a to b (a drain:
+/// the server stopped in order, DRBD demoted and promoted), b lost right after, inside b's grace
+/// period (c serves), b back, c lost inside c's grace period (a serves again). Two clients hold a
+/// file open and locked, one writing, one idle (it renews its lease at the kernel's pace); a third
+/// asks for conflicting locks throughout; a fourth opens new files. Nothing is lost: every lock
+/// held and never granted to another, every acknowledged write read back after each recovery and
+/// at the end, no stale handle; and the writer gets through each move, every client the last.
 #[tokio::test]
 #[ignore = "needs a control plane and root: run `make test`"]
-async fn a_stateful_clients_lock_survives_moves_inside_grace_periods() {
+async fn what_stateful_clients_hold_survives_a_run_of_moves_of_each_kind() {
     let _alone = DATA_PATH.lock().await;
     let env = common::setup("datapath-moves").await;
     let scenario = Scenario {
         grace: GRACE_ON,
-        clients: &[ClientModel::Stateful],
+        clients: &[
+            ClientModel::Stateful,
+            ClientModel::IdleHolder,
+            ClientModel::LockTester,
+            ClientModel::NewOpen,
+        ],
         ..Scenario::repaired(ProxyMode::Iptables)
     };
     let say = |line: String| eprintln!("{line}");
-    let moves = clients_through_fail_overs(&env, scenario, &[(0, 1), (1, 2), (2, 0)], &say).await;
+    let moves = [Move::planned(0, 1), Move::loss(1, 2), Move::loss(2, 0)];
+    let moves = clients_through_fail_overs(&env, scenario, &moves, &say).await;
+    eprintln!("over {} moves: {}", moves.outages.len(), moves.tally);
     assert_eq!(
         moves.lost,
-        Vec::<(ClientModel, String)>::new(),
-        "what the client held survives every move"
+        Vec::<(ClientModel, Tally)>::new(),
+        "what the clients held survives every move"
     );
-    for (nodes, outages) in &moves.outages {
-        assert!(
-            outages.iter().all(|outage| outage.total.is_some()),
-            "move {nodes:?}: every client carried on"
-        );
+    assert_eq!(
+        (moves.tally.locks, moves.tally.lost_locks, moves.tally.stale_handles),
+        (2, 0, 0)
+    );
+    assert!(moves.tally.acknowledged > 0, "{}", moves.tally);
+    for (step, outages) in &moves.outages {
+        assert!(outages[0].total.is_some(), "{step}: the writer carried on");
+    }
+    let (last, outages) = moves.outages.last().unwrap();
+    for outage in outages {
+        assert!(outage.total.is_some(), "{last}: {} carried on", outage.model);
     }
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;

@@ -132,6 +132,14 @@ pub enum NfsGrace {
 }
 
 impl NfsGrace {
+    /// The servers' lease.
+    pub fn lease(self) -> Duration {
+        match self {
+            Self::Off => Duration::from_secs(10),
+            Self::On { lease_seconds, .. } => Duration::from_secs(lease_seconds.into()),
+        }
+    }
+
     /// The install guide's template with this grace setting in its `NFSv4` block.
     fn applied_to(self, template: &str) -> String {
         match self {
@@ -238,16 +246,22 @@ fn quietly(program: &str, args: &[&str]) {
 
 /// Sends SIGTERM, and SIGKILL after two seconds.
 fn stop(child: &mut Child) {
+    stop_within(child, Duration::from_secs(2));
+}
+
+/// Sends SIGTERM, and SIGKILL after `patience`; whether it had ended by itself.
+fn stop_within(child: &mut Child, patience: Duration) -> bool {
     quietly("kill", &["-TERM", &child.id().to_string()]);
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + patience;
     while Instant::now() < deadline {
         if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
+            return true;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     let _ = child.kill();
     let _ = child.wait();
+    false
 }
 
 impl NodeLink {
@@ -549,6 +563,18 @@ impl DataPath {
             let _ = server.kill();
             let _ = server.wait();
         }
+    }
+
+    /// Node `index`'s NFS server stops as systemd stops its unit when drbd-reactor demotes the
+    /// resource there (SIGTERM: ganesha shuts down in order, keeping its clients' records).
+    pub fn stop_server(&mut self, index: usize) {
+        let link = &mut self.links[index];
+        let mut server = link.server.take().expect("an NFS server on that node");
+        assert!(
+            stop_within(&mut server, Duration::from_secs(20)),
+            "the NFS server of {} did not shut down within 20 s of SIGTERM",
+            link.netns
+        );
     }
 
     /// Node `index` is reachable again after [`Self::fail`]: its namespace lets packets through.

@@ -14,13 +14,14 @@ use super::datapath::{DataPath, NfsGrace, ProxyMode, fenced_packets, nfs_read, n
 use super::drbd::{LOST_QUORUM, healthy, lost, no_labels, slice_addresses};
 use super::held::{Close, HeldClient};
 use super::prometheus::{Panels, Prometheus};
+use super::stateful::{IDLE_FILE, IdleHolder, LockTester, LockedWriter, NewFiles, Tally, WRITER_FILE};
 use super::{MOUNT_ENDPOINT, TestEnv, serving};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// The client's pace, and its bounds (the network rule: client loops are bounded).
 const CLIENT_PERIOD: Duration = Duration::from_millis(100);
-const CLIENT_MAX_OPERATIONS: usize = 1_000;
-const CLIENT_MAX_TIME: Duration = Duration::from_secs(120);
+const CLIENT_MAX_OPERATIONS: usize = 6_000;
+const CLIENT_MAX_TIME: Duration = Duration::from_secs(600);
 
 /// One client operation: when it started and ended, and whether it worked.
 #[derive(Clone, Copy)]
@@ -48,6 +49,12 @@ pub enum ClientModel {
     /// An NFSv4.1 client that opens (creates) and closes a new file at each operation: what a new
     /// OPEN waits for after a move (a grace period holds it).
     NewOpen,
+    /// An NFSv4.1 client holding another file open and locked, idle: it renews its lease at the
+    /// kernel's pace only, and so learns of a move late.
+    IdleHolder,
+    /// An NFSv4.1 client asking at each operation for a lock conflicting with the holders'
+    /// (LOCKT): what a new LOCK waits for, and the proof that no holder's lock was lost.
+    LockTester,
 }
 
 impl ClientModel {
@@ -61,6 +68,8 @@ impl ClientModel {
             Self::HeldAbortiveClose => 701,
             Self::Stateful => 702,
             Self::NewOpen => 703,
+            Self::IdleHolder => 704,
+            Self::LockTester => 705,
         }
     }
 }
@@ -73,25 +82,31 @@ impl std::fmt::Display for ClientModel {
             Self::HeldAbortiveClose => "held connection, abortive close (RST), same source port",
             Self::Stateful => "NFSv4.1 with an open file and a lock, FILE_SYNC writes, kernel-style recovery",
             Self::NewOpen => "NFSv4.1 opening a new file each time, kernel-style recovery",
+            Self::IdleHolder => "NFSv4.1 with an open file and a lock, idle, renewing its lease at the kernel's pace",
+            Self::LockTester => "NFSv4.1 asking for a lock conflicting with the holders' each time",
         })
     }
 }
 
-/// A client doing one operation every [`CLIENT_PERIOD`] until stopped: for
+/// A client doing one operation every [`CLIENT_PERIOD`] (or at its own pace) until stopped: for
 /// [`ClientModel::NewConnection`], writing `tick-<n>` files; for the held models, a NULL call; for
-/// the stateful one, record `n` of its locked file. Its thread ends with what it found wrong.
+/// the stateful ones, what [`super::stateful`] says. Its thread ends with what it found taken.
 struct Client {
     model: ClientModel,
     stop: Arc<AtomicBool>,
     log: Arc<Mutex<Vec<Operation>>>,
-    thread: std::thread::JoinHandle<Result<(), String>>,
+    thread: std::thread::JoinHandle<Tally>,
 }
 
 /// How one client model does its operations, and what it checks once stopped.
 trait Operating: Send {
     fn operate(&mut self, tick: usize) -> bool;
-    fn verify(self: Box<Self>) -> Result<(), String> {
-        Ok(())
+    /// How long until the next operation.
+    fn pause(&self) -> Duration {
+        CLIENT_PERIOD
+    }
+    fn verify(self: Box<Self>) -> Tally {
+        Tally::default()
     }
 }
 
@@ -118,44 +133,76 @@ impl Operating for HeldClient {
     }
 }
 
-impl Operating for super::stateful::NewFiles {
+impl Operating for NewFiles {
     fn operate(&mut self, tick: usize) -> bool {
-        super::stateful::NewFiles::operate(self, tick)
+        NewFiles::operate(self, tick)
     }
 }
 
-impl Operating for super::stateful::LockedWriter {
+impl Operating for LockedWriter {
     fn operate(&mut self, tick: usize) -> bool {
-        super::stateful::LockedWriter::operate(self, tick)
+        LockedWriter::operate(self, tick)
     }
 
-    fn verify(self: Box<Self>) -> Result<(), String> {
-        super::stateful::LockedWriter::verify(*self)
+    fn verify(self: Box<Self>) -> Tally {
+        LockedWriter::verify(*self)
     }
 }
 
-fn operating(model: ClientModel, cluster_ip: String, scratch: std::path::PathBuf) -> Box<dyn Operating> {
+impl Operating for IdleHolder {
+    fn operate(&mut self, _tick: usize) -> bool {
+        IdleHolder::operate(self)
+    }
+
+    fn pause(&self) -> Duration {
+        IdleHolder::pause(self, CLIENT_PERIOD)
+    }
+
+    fn verify(self: Box<Self>) -> Tally {
+        IdleHolder::verify(*self)
+    }
+}
+
+impl Operating for LockTester {
+    fn operate(&mut self, tick: usize) -> bool {
+        LockTester::operate(self, tick)
+    }
+
+    fn verify(self: Box<Self>) -> Tally {
+        LockTester::verify(*self)
+    }
+}
+
+fn operating(
+    model: ClientModel,
+    scenario: &Scenario,
+    cluster_ip: String,
+    scratch: std::path::PathBuf,
+) -> Box<dyn Operating> {
     let server = format!("{cluster_ip}:2049").parse().unwrap();
     match model {
         ClientModel::NewConnection => Box::new(NewConnections { cluster_ip, scratch }),
         ClientModel::HeldNormalClose => Box::new(HeldClient::new(server, model.port(), Close::Normal)),
         ClientModel::HeldAbortiveClose => Box::new(HeldClient::new(server, model.port(), Close::Abortive)),
-        ClientModel::Stateful => Box::new(super::stateful::LockedWriter::start(server, model.port())),
-        ClientModel::NewOpen => Box::new(super::stateful::NewFiles::start(server, model.port())),
+        ClientModel::Stateful => Box::new(LockedWriter::start(server, model.port())),
+        ClientModel::NewOpen => Box::new(NewFiles::start(server, model.port())),
+        ClientModel::IdleHolder => Box::new(IdleHolder::start(server, model.port(), scenario.grace.lease())),
+        ClientModel::LockTester => Box::new(LockTester::start(server, model.port(), scenario.held_files())),
     }
 }
 
 impl Client {
-    fn start(model: ClientModel, cluster_ip: String, scratch: std::path::PathBuf) -> Self {
+    fn start(model: ClientModel, scenario: Scenario, cluster_ip: String, scratch: std::path::PathBuf) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(Vec::new()));
         let thread = {
             let (stop, log) = (stop.clone(), log.clone());
             std::thread::spawn(move || {
-                let mut client = operating(model, cluster_ip, scratch);
+                let mut client = operating(model, &scenario, cluster_ip, scratch);
                 let started = Instant::now();
+                let stopped = || stop.load(Ordering::Relaxed) || started.elapsed() > CLIENT_MAX_TIME;
                 for tick in 0..CLIENT_MAX_OPERATIONS {
-                    if stop.load(Ordering::Relaxed) || started.elapsed() > CLIENT_MAX_TIME {
+                    if stopped() {
                         break;
                     }
                     let started = Instant::now();
@@ -166,7 +213,10 @@ impl Client {
                         ok,
                         tick,
                     });
-                    std::thread::sleep(CLIENT_PERIOD);
+                    let next = Instant::now() + client.pause();
+                    while Instant::now() < next && !stopped() {
+                        std::thread::sleep(CLIENT_PERIOD);
+                    }
                 }
                 client.verify()
             })
@@ -185,14 +235,14 @@ impl Client {
         log.iter().find(|op| op.ok && op.started > since).map(|op| op.ended)
     }
 
-    /// Stops it: its operations, and what it found wrong.
+    /// Stops it: its operations, and what it found taken.
     fn finish(self) -> Finished {
         self.stop.store(true, Ordering::Relaxed);
-        let verdict = self.thread.join().expect("client thread");
+        let tally = self.thread.join().expect("client thread");
         Finished {
             model: self.model,
             operations: Arc::try_unwrap(self.log).ok().unwrap().into_inner().unwrap(),
-            wrong: verdict.err(),
+            tally,
         }
     }
 }
@@ -200,13 +250,13 @@ impl Client {
 struct Finished {
     model: ClientModel,
     operations: Vec<Operation>,
-    wrong: Option<String>,
+    tally: Tally,
 }
 
 impl Finished {
     /// What the client found taken from it, if anything.
-    fn taken(self) -> Option<(ClientModel, String)> {
-        Some((self.model, self.wrong?))
+    fn taken(&self) -> Option<(ClientModel, Tally)> {
+        (!self.tally.lost_nothing()).then(|| (self.model, self.tally.clone()))
     }
 }
 
@@ -257,6 +307,18 @@ pub struct Scenario {
     /// A [`ClientModel::Stateful`] one's acknowledged writes must read back, its lock must still
     /// be held, its file never lost.
     pub clients: &'static [ClientModel],
+}
+
+impl Scenario {
+    /// The files the scenario's clients hold locked.
+    fn held_files(&self) -> Vec<&'static str> {
+        let held = |model: &ClientModel| match model {
+            ClientModel::Stateful => Some(WRITER_FILE),
+            ClientModel::IdleHolder => Some(IDLE_FILE),
+            _ => None,
+        };
+        self.clients.iter().filter_map(held).collect()
+    }
 }
 
 impl Scenario {
@@ -329,7 +391,7 @@ pub struct Outage {
     /// Every client model's own outage.
     pub clients: Vec<ClientOutage>,
     /// What the clients found taken by the move (a stateful client's lock, file or writes).
-    pub lost: Vec<(ClientModel, String)>,
+    pub lost: Vec<(ClientModel, Tally)>,
     /// What it was measured in.
     pub scenario: Scenario,
 }
@@ -342,24 +404,24 @@ impl Outage {
 
     /// One line per client model.
     pub fn per_client(&self) -> String {
-        per_client(&self.clients, self.scenario.patience)
+        per_client(&self.clients, &still_failing(self.scenario.patience))
     }
 }
 
-/// One line per client model's outage.
-fn per_client(clients: &[ClientOutage], patience: Duration) -> String {
+/// One line per client model's outage; `none` says what a client not through was.
+fn per_client(clients: &[ClientOutage], none: &str) -> String {
     clients
         .iter()
         .map(|c| match c.total {
             Some(total) => format!("  {}: {} ms", c.model, total.as_millis()),
-            None => format!(
-                "  {}: still failing {} s after kube-proxy's new rule",
-                c.model,
-                patience.as_secs()
-            ),
+            None => format!("  {}: {none}", c.model),
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+fn still_failing(patience: Duration) -> String {
+    format!("still failing {} s after kube-proxy's new rule", patience.as_secs())
 }
 
 impl std::fmt::Display for Outage {
@@ -414,62 +476,113 @@ pub async fn client_through_a_fail_over(
     outage
 }
 
-/// What the clients saw of a run of fail-overs: each move's (from, to) outage per client model,
-/// and what they found taken by the moves.
-pub struct Moves {
-    pub outages: Vec<((usize, usize), Vec<ClientOutage>)>,
-    pub lost: Vec<(ClientModel, String)>,
+/// One move of the volume's primary between nodes (indexes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Move {
+    pub from: usize,
+    pub to: usize,
+    /// Planned (a drain): the old primary's NFS server stops as systemd stops it, DRBD demotes it
+    /// and promotes `to`. Otherwise the node `from` is lost silently and the agents fail it over.
+    pub planned: bool,
 }
 
-/// Like [`client_through_a_fail_over`], through a run of `moves` (node indexes): each loses its
-/// `from` node silently and DRBD promotes `to`; the lost node comes back, and its fail-over taint
-/// goes, before the next move: about 7 s after the last, inside the new server's grace period.
-/// The scenario's clients run through all of them; what they hold is checked once, at the end
-/// (a check after each move would wait for each grace period to end).
+impl Move {
+    pub const fn planned(from: usize, to: usize) -> Self {
+        Self {
+            from,
+            to,
+            planned: true,
+        }
+    }
+
+    pub const fn loss(from: usize, to: usize) -> Self {
+        Self {
+            from,
+            to,
+            planned: false,
+        }
+    }
+}
+
+impl std::fmt::Display for Move {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let how = if self.planned { "planned move" } else { "node lost" };
+        write!(f, "{how} {} → {}", self.from, self.to)
+    }
+}
+
+/// What the clients saw of a run of moves: each move's outage per client model (`None` for a
+/// client not through before the next move), and what the moves took from the stateful clients.
+pub struct Moves {
+    pub outages: Vec<(Move, Vec<ClientOutage>)>,
+    pub lost: Vec<(ClientModel, Tally)>,
+    /// All the stateful clients' tallies together.
+    pub tally: Tally,
+}
+
+/// Like [`client_through_a_fail_over`], through a run of `moves`. After a loss the node comes
+/// back, and its fail-over taint goes, before the next move. The next move follows once the
+/// headline client got through: about 7 s after a loss, inside the new server's grace period.
+/// The scenario's clients run through all of them; what they hold is tallied at the end, and by
+/// the stateful clients themselves along the way (a writer reads back its records after each
+/// recovery; a lock tester asks for conflicting locks throughout).
 pub async fn clients_through_fail_overs(
     env: &TestEnv,
     scenario: Scenario,
-    moves: &[(usize, usize)],
+    moves: &[Move],
     say: &dyn Fn(String),
 ) -> Moves {
     let mut stage = Stage::set(env, scenario, say, None).await;
     stage.first_write(say).await;
     let clients = stage.start_clients().await;
     let mut outages = Vec::new();
-    for (i, &(from, to)) in moves.iter().enumerate() {
-        if !stage.path.promoter_waiting(to) {
-            stage.path.start_promoter(to, &stage.pv);
+    for (i, &step) in moves.iter().enumerate() {
+        if !stage.path.promoter_waiting(step.to) {
+            stage.path.start_promoter(step.to, &stage.pv);
         }
-        if i > 0 {
+        if i > 0 && !step.planned {
             // What the agents move: a consumer of the volume on the node to lose, as node a has.
-            let node = &stage.path.nodes[from].name;
+            let node = &stage.path.nodes[step.from].name;
             env.running_pod(&format!("nfs-server-{i}"), node, "data", json!({}), no_labels())
                 .await;
         }
-        let at = stage.lose(from, to, say).await;
-        outages.push(((from, to), stage.wait_for(&clients, &at).await));
+        let at = if step.planned {
+            stage.hand_over(step.from, step.to, say).await
+        } else {
+            stage.lose(step.from, step.to, say).await
+        };
+        let last = i + 1 == moves.len();
+        let waited_for = if last { &clients[..] } else { &clients[..1] };
+        stage.wait_for(waited_for, &at).await;
+        outages.push((step, stage.outages(&clients, &at)));
+        let none = if last {
+            still_failing(scenario.patience)
+        } else {
+            "not through before the next move".to_owned()
+        };
         say(format!(
-            "move {} of {}: {}",
+            "move {} of {} ({step}):\n{}",
             i + 1,
             moves.len(),
-            per_client(&outages[i].1, scenario.patience)
+            per_client(&outages[i].1, &none)
         ));
-        if i + 1 < moves.len() {
-            stage.bring_back(from, to).await;
+        if !last && !step.planned {
+            stage.bring_back(step.from, step.to).await;
         }
     }
-    let lost = clients
-        .into_iter()
-        .map(Client::finish)
-        .filter_map(Finished::taken)
-        .collect();
+    let finished: Vec<Finished> = clients.into_iter().map(Client::finish).collect();
+    let lost: Vec<(ClientModel, Tally)> = finished.iter().filter_map(Finished::taken).collect();
+    let mut tally = Tally::default();
+    for client in &finished {
+        tally.add(&client.tally);
+    }
     assert_eq!(
         env.cluster_ip(&stage.pv).await.as_deref(),
         Some(stage.cluster_ip.as_str()),
         "the ClusterIP never changes"
     );
     stage.tear_down().await;
-    Moves { outages, lost }
+    Moves { outages, lost, tally }
 }
 
 /// The data path of one fail-over and the processes on it.
@@ -667,25 +780,71 @@ impl<'a> Stage<'a> {
         .await;
     }
 
-    /// A client of each of the scenario's models at the ClusterIP, once they have run a while.
+    /// A planned move from node `from` to node `to`, as a drain makes drbd-reactor do it: the
+    /// promoter stops the NFS server (SIGTERM) and DRBD demotes `from`; DRBD promotes `to`, whose
+    /// promoter starts its server; the agents move the slice, kube-proxy its rule.
+    async fn hand_over(&mut self, from: usize, to: usize, say: &dyn Fn(String)) -> Timeline {
+        let (env, pv) = (self.env, self.pv.clone());
+        let new_ip = self.path.nodes[to].ip.clone();
+        self.path.stop_server(from);
+        let failed = Instant::now();
+        healthy(&self.path.nodes, &[&pv], to);
+        self.path.promoted(to);
+        let promoted = Instant::now();
+        say(format!(
+            "planned move: node {}'s NFS server stopped and DRBD demoted there; DRBD promoted node {} and its promoter started the NFS server",
+            self.path.nodes[from].name, self.path.nodes[to].name
+        ));
+        until("the EndpointSlice at the new primary", || async {
+            slice_addresses(env, &pv).await == [new_ip.clone()]
+        })
+        .await;
+        let rewritten = Instant::now();
+        until("kube-proxy's rule to the new primary", || {
+            ready(self.path.programmed(&env.ns, &pv, &new_ip))
+        })
+        .await;
+        Timeline {
+            failed,
+            failed_over: failed,
+            promoted,
+            rewritten,
+            programmed: Instant::now(),
+        }
+    }
+
+    /// A client of each of the scenario's models at the ClusterIP, in the scenario's order; started
+    /// one at a time, the lock holders first, each once the one before has worked (a lock tester
+    /// once the holders have their locks); once they have run a while.
     async fn start_clients(&self) -> Vec<Client> {
-        let clients = self
-            .scenario
-            .clients
-            .iter()
-            .map(|model| Client::start(*model, self.cluster_ip.clone(), self.scratch.clone()))
-            .collect();
+        let models = self.scenario.clients;
+        let mut order: Vec<usize> = (0..models.len()).collect();
+        order.sort_by_key(|&i| !matches!(models[i], ClientModel::Stateful | ClientModel::IdleHolder));
+        let mut started: Vec<Option<Client>> = models.iter().map(|_| None).collect();
+        for i in order {
+            let client = Client::start(models[i], self.scenario, self.cluster_ip.clone(), self.scratch.clone());
+            let what = format!("the {} client's first success", models[i]);
+            super::eventually_every(&what, WAIT, Duration::from_millis(20), || {
+                ready(client.log.lock().unwrap().iter().any(|op| op.ok).then_some(()))
+            })
+            .await;
+            started[i] = Some(client);
+        }
+        let clients: Vec<Client> = started.into_iter().flatten().collect();
         tokio::time::sleep(Duration::from_secs(2)).await;
         clients
     }
 
-    /// Waits for every client to get through after the loss `at` (or the scenario's patience to
-    /// end), and what each saw of it.
-    async fn wait_for(&self, clients: &[Client], at: &Timeline) -> Vec<ClientOutage> {
+    /// Waits for `clients` to get through after the loss `at` (or the scenario's patience to end).
+    async fn wait_for(&self, clients: &[Client], at: &Timeline) {
         let through = |client: &Client| client.first_success_after(at.failed);
         while clients.iter().any(|c| through(c).is_none()) && at.programmed.elapsed() < self.scenario.patience {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// What each client saw of the loss `at` so far.
+    fn outages(&self, clients: &[Client], at: &Timeline) -> Vec<ClientOutage> {
         clients
             .iter()
             .map(|client| ClientOutage::of(client.model, &client.log.lock().unwrap(), at.failed))
@@ -740,7 +899,7 @@ impl<'a> Stage<'a> {
             operations: operations.len(),
             succeeded,
             clients,
-            lost: finished.into_iter().filter_map(Finished::taken).collect(),
+            lost: finished.iter().filter_map(Finished::taken).collect(),
             scenario: self.scenario,
         };
         say(format!(

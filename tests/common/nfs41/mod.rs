@@ -3,7 +3,8 @@
 //!
 //! - a stable client owner and boot verifier; EXCHANGE_ID, CREATE_SESSION (one slot, replies
 //!   cached), RECLAIM_COMPLETE; every COMPOUND after it starts with SEQUENCE, which renews the
-//!   lease;
+//!   lease; an idle client renews with a SEQUENCE alone, at the kernel's pace if its caller keeps
+//!   it ([`renewal_period`]);
 //! - one connection from a fixed reserved source port, reopened from it after a timeout;
 //! - an OPEN with a share reservation (read and write, no delegation wanted), a byte-range write
 //!   LOCK over the whole file, and FILE_SYNC WRITEs under the lock's stateid;
@@ -26,7 +27,8 @@ use std::time::Duration;
 
 use wire::{
     Connection, Failure, NFS4_OK, NFS4ERR_BADSESSION, NFS4ERR_COMPLETE_ALREADY, NFS4ERR_DEADSESSION, NFS4ERR_DENIED,
-    NFS4ERR_GRACE, NFS4ERR_NO_GRACE, NFS4ERR_RECLAIM_BAD, NFS4ERR_STALE_CLIENTID, OpCode, Results, StateId,
+    NFS4ERR_GRACE, NFS4ERR_NO_GRACE, NFS4ERR_RECLAIM_BAD, NFS4ERR_STALE, NFS4ERR_STALE_CLIENTID, OpCode, Results,
+    StateId,
 };
 use xdr::{Decoder, Encoder, Malformed};
 
@@ -58,8 +60,32 @@ pub enum Written {
     Acknowledged,
     /// Not this time (no answer, or the server is in its grace period): the application retries.
     NotYet,
-    /// The open file is gone for the application: EIO, a stale handle, or its locks lost.
-    Lost(String),
+    /// The open file is gone for the application.
+    Lost(Loss),
+}
+
+/// How the application lost its open file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Loss {
+    /// The server no longer knows the file handle (`NFS4ERR_STALE`, ESTALE to the application).
+    StaleHandle(String),
+    /// Its locks (and open) are gone: EIO on the file from then on.
+    Locks(String),
+}
+
+impl std::fmt::Display for Loss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::StaleHandle(why) => write!(f, "a stale file handle: {why}"),
+            Self::Locks(why) => f.write_str(why),
+        }
+    }
+}
+
+/// How often the Linux client renews an idle lease: every two thirds of it, at least every 5 s
+/// (`nfs4_renew_state`).
+pub fn renewal_period(lease: Duration) -> Duration {
+    (lease * 2 / 3).max(Duration::from_secs(5))
 }
 
 pub struct StatefulClient {
@@ -75,8 +101,10 @@ pub struct StatefulClient {
     needs_recovery: bool,
     /// The server scope of the last EXCHANGE_ID.
     server_scope: Vec<u8>,
-    /// Why the held file was lost, once it was.
-    pub lost: Option<String>,
+    /// How the held file was lost, once it was.
+    pub lost: Option<Loss>,
+    /// How many times the client recovered its state on a new server.
+    pub recoveries: usize,
 }
 
 impl StatefulClient {
@@ -97,6 +125,7 @@ impl StatefulClient {
             needs_recovery: false,
             server_scope: Vec::new(),
             lost: None,
+            recoveries: 0,
         }
     }
 
@@ -153,11 +182,17 @@ impl StatefulClient {
         self.as_the_kernel(|client| client.write_once(offset, record))
     }
 
+    /// Renews the lease with a SEQUENCE alone, as the kernel's lease renewal of an idle mount
+    /// does, recovering from a server change as the kernel does.
+    pub fn renew(&mut self) -> Written {
+        self.as_the_kernel(|client| client.call(Vec::new()).map(drop))
+    }
+
     /// One operation of the application: refused once the held file is lost, after a recovery
     /// when the server lost the client's state, and its failure taken as the kernel takes it.
     fn as_the_kernel(&mut self, operation: impl FnOnce(&mut Self) -> Result<(), Failure>) -> Written {
-        if let Some(why) = &self.lost {
-            return Written::Lost(why.clone());
+        if let Some(loss) = &self.lost {
+            return Written::Lost(loss.clone());
         }
         match self.in_session().and_then(|()| operation(self)) {
             Ok(()) => Written::Acknowledged,
@@ -177,6 +212,15 @@ impl StatefulClient {
         let d = results.next(OpCode::Read)?;
         let _eof = d.bool()?;
         Ok(d.opaque()?)
+    }
+
+    /// LOCKT as an application's `fcntl(F_GETLK)` sends it, recovering from a server change as
+    /// the kernel does: `Some(true)` when another owner holds a conflicting lock, `None` when the
+    /// server gave no answer yet (unreachable, or in its grace period).
+    pub fn lock_test(&mut self, dir: &str, name: &str) -> Option<bool> {
+        let mut locked = false;
+        let tested = self.as_the_kernel(|client| client.sees_locked(dir, name).map(|l| locked = l));
+        (tested == Written::Acknowledged).then_some(locked)
     }
 
     /// Whether another owner holds a lock conflicting with a write lock on all of `dir/name`
@@ -237,8 +281,9 @@ impl StatefulClient {
                 self.needs_recovery = true;
                 Written::NotYet
             }
-            Failure::Lost(why) => self.lose(why),
-            failure => self.lose(format!("{failure:?}")),
+            Failure::Lost(why) => self.lose(Loss::Locks(why)),
+            failure if failure.status() == Some(NFS4ERR_STALE) => self.lose(Loss::StaleHandle(format!("{failure:?}"))),
+            failure => self.lose(Loss::Locks(format!("{failure:?}"))),
         }
     }
 
@@ -247,9 +292,9 @@ impl StatefulClient {
         if self.needs_recovery { self.recover() } else { Ok(()) }
     }
 
-    fn lose(&mut self, why: String) -> Written {
-        self.lost = Some(why.clone());
-        Written::Lost(why)
+    fn lose(&mut self, loss: Loss) -> Written {
+        self.lost = Some(loss.clone());
+        Written::Lost(loss)
     }
 
     /// The kernel's state recovery after the server lost the client's session or ID. Each step
@@ -274,6 +319,7 @@ impl StatefulClient {
         }
         self.reclaim_complete()?;
         self.needs_recovery = false;
+        self.recoveries += 1;
         Ok(())
     }
 

@@ -15,6 +15,7 @@ const COMPOUND: u32 = 1;
 const AUTH_SYS: u32 = 1;
 
 pub const NFS4_OK: u32 = 0;
+pub const NFS4ERR_STALE: u32 = 70;
 pub const NFS4ERR_DENIED: u32 = 10010;
 pub const NFS4ERR_GRACE: u32 = 10013;
 pub const NFS4ERR_STALE_CLIENTID: u32 = 10022;
