@@ -38,6 +38,7 @@ pub const CONNTRACK_REPAIR_DURATION: &str = "storageos_shared_volume_conntrack_r
 pub const CONNTRACK_FAILURES: &str = "storageos_shared_volume_conntrack_failures_total";
 pub const CONNTRACK_SWEEPS: &str = "storageos_shared_volume_conntrack_sweeps_total";
 pub const CONNTRACK_SWEEPING: &str = "storageos_shared_volume_conntrack_volumes_sweeping";
+pub const CONNTRACK_TCP_LOOSE: &str = "storageos_shared_volume_conntrack_tcp_loose";
 pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
 pub const AGENT_CACHED_OBJECTS: &str = "storageos_drbd_agent_cached_objects";
 pub const AGENT_PROMOTER_SNIPPETS: &str = "storageos_drbd_agent_promoter_snippets";
@@ -381,6 +382,8 @@ pub struct ConntrackMetrics {
     pub sweeps: IntCounter,
     /// Volumes swept now (their endpoint moved within the sweep window).
     pub sweeping: IntGauge,
+    /// The node's `nf_conntrack_tcp_loose`: 1 on, 0 off, -1 unreadable.
+    pub tcp_loose: IntGauge,
 }
 
 impl ConntrackMetrics {
@@ -407,6 +410,11 @@ impl ConntrackMetrics {
                 registry,
                 CONNTRACK_SWEEPING,
                 "Volumes whose endpoint moved within the sweep window, swept now.",
+            )?,
+            tcp_loose: int_gauge(
+                registry,
+                CONNTRACK_TCP_LOOSE,
+                "The node's nf_conntrack_tcp_loose: 1 on (a deleted flow's next segment is tracked anew), 0 off, -1 unreadable.",
             )?,
         })
     }

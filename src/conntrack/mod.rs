@@ -47,6 +47,15 @@ pub async fn run(
         .list(false, NFS_PORT)
         .await
         .context("cannot read this node's conntrack table")?;
+    let loose = tcp_loose(std::fs::read_to_string(TCP_LOOSE).ok().as_deref());
+    metrics.tcp_loose.set(loose.map_or(-1, i64::from));
+    match loose {
+        Some(true) => {}
+        Some(false) => tracing::warn!(
+            "{TCP_LOOSE} is 0: after the repair deletes a stranded flow, the client's next segment is not the start of a connection, so the kernel marks it INVALID instead of sending it through the new rules, and the client follows only once it reconnects; set net.netfilter.nf_conntrack_tcp_loose=1 (the kernel's default)"
+        ),
+        None => tracing::warn!("cannot read {TCP_LOOSE}: the repair assumes it is 1 (the kernel's default)"),
+    }
     tracing::info!(
         node = %args.node_name,
         sweep_period = %args.sweep_period,
@@ -58,7 +67,7 @@ pub async fn run(
         table,
         metrics,
         window: *args.sweep_for,
-        slices: Slices::default(),
+        slices: Slices::new(*args.sweep_for),
         sweeps: Sweeps::default(),
         listing: None,
         started: false,
@@ -85,6 +94,19 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// Whether the kernel tracks a flow picked up mid-connection: what a deleted entry's next segment
+/// needs to go through the new rules.
+const TCP_LOOSE: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_loose";
+
+/// `nf_conntrack_tcp_loose` as the file reads: on, off, or unknown.
+fn tcp_loose(file: Option<&str>) -> Option<bool> {
+    match file?.trim() {
+        "0" => Some(false),
+        "" => None,
+        _ => Some(true),
+    }
 }
 
 /// The product's EndpointSlices, and nothing else.
@@ -116,7 +138,8 @@ impl Repair {
                 self.slice(&slice);
             }
             watcher::Event::InitDone => {
-                for gone in self.slices.keep_only(&self.listing.take().unwrap_or_default()) {
+                let listed = self.listing.take().unwrap_or_default();
+                for gone in self.slices.keep_only(&listed, Instant::now()) {
                     self.sweeps.forget(&gone);
                 }
                 let first = !self.started;
@@ -125,7 +148,7 @@ impl Repair {
             }
             watcher::Event::Apply(slice) => self.slice(&slice),
             watcher::Event::Delete(slice) => {
-                self.slices.forget(&key(&slice));
+                self.slices.forget(&key(&slice), Instant::now());
                 self.sweeps.forget(&key(&slice));
             }
         }
@@ -136,7 +159,7 @@ impl Repair {
     fn slice(&mut self, slice: &EndpointSlice) {
         let key = key(slice);
         let now = Instant::now();
-        match self.slices.seen(&key, slice) {
+        match self.slices.seen(&key, slice, now) {
             Seen::Moved(served) => {
                 tracing::info!(
                     slice = %key,
@@ -210,4 +233,17 @@ impl Repair {
 
 fn key(slice: &EndpointSlice) -> String {
     format!("{}/{}", slice.namespace().unwrap_or_default(), slice.name_any())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tcp_loose_is_read_as_the_kernel_writes_it() {
+        assert_eq!(tcp_loose(Some("1\n")), Some(true));
+        assert_eq!(tcp_loose(Some("0\n")), Some(false));
+        assert_eq!(tcp_loose(Some("")), None);
+        assert_eq!(tcp_loose(None), None);
+    }
 }

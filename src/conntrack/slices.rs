@@ -1,14 +1,16 @@
 //! What each of the product's EndpointSlices says, remembered between watch events, so that a
-//! change of backend reads as a move (pure).
+//! change of backend reads as a move (pure). A slice deleted is remembered for the sweep window:
+//! made again with other backends, it is a move too.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt;
 
 use super::sweep::Served;
-use crate::names::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MOUNT_ENDPOINT_ANNOTATION};
+use crate::names::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MOUNT_ENDPOINT_ANNOTATION, SLICE_SERVICE_NAME_LABEL};
 use crate::volume::NfsEndpoint;
 
 /// What one watch event of a slice means to the repair.
@@ -24,14 +26,26 @@ pub enum Seen {
     Unusable(String),
 }
 
-/// The slices seen, by `namespace/name`.
-#[derive(Debug, Default)]
+/// The slices seen, by `namespace/name`, and those deleted within the window.
+#[derive(Debug)]
 pub struct Slices {
     known: BTreeMap<String, Served>,
+    /// What a deleted slice last said, and when it went.
+    gone: BTreeMap<String, (Served, Instant)>,
+    window: Duration,
 }
 
 impl Slices {
-    pub fn seen(&mut self, key: &str, slice: &EndpointSlice) -> Seen {
+    /// Deleted slices are remembered for `window` (the sweep window).
+    pub fn new(window: Duration) -> Self {
+        Self {
+            known: BTreeMap::new(),
+            gone: BTreeMap::new(),
+            window,
+        }
+    }
+
+    pub fn seen(&mut self, key: &str, slice: &EndpointSlice, now: Instant) -> Seen {
         let served = match served(slice) {
             Ok(served) => served,
             Err(why) => {
@@ -39,29 +53,56 @@ impl Slices {
                 return Seen::Unusable(why);
             }
         };
-        match self.known.insert(key.to_owned(), served.clone()) {
+        let window = self.window;
+        self.gone
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < window);
+        let before = self.known.insert(key.to_owned(), served.clone());
+        match before.or_else(|| self.gone.remove(key).map(|(served, _)| served)) {
             None => Seen::First(served),
             Some(before) if before.backends.iter().any(|b| !served.backends.contains(b)) => Seen::Moved(served),
             Some(_) => Seen::Same,
         }
     }
 
-    pub fn forget(&mut self, key: &str) {
-        self.known.remove(key);
+    /// The slice was deleted at `now`.
+    pub fn forget(&mut self, key: &str, now: Instant) {
+        if let Some(served) = self.known.remove(key) {
+            self.gone.insert(key.to_owned(), (served, now));
+        }
     }
 
     /// Forgets every slice but `kept` (after a relist: the others were deleted meanwhile).
-    pub fn keep_only(&mut self, kept: &std::collections::BTreeSet<String>) -> Vec<String> {
+    pub fn keep_only(&mut self, kept: &std::collections::BTreeSet<String>, now: Instant) -> Vec<String> {
         let gone: Vec<String> = self.known.keys().filter(|k| !kept.contains(*k)).cloned().collect();
         for key in &gone {
-            self.known.remove(key);
+            self.forget(key, now);
         }
         gone
     }
 }
 
+/// Whether the controller made `slice` for a claim's Service: owned by the claim, and named for
+/// the Service it serves (as the controller names both). Another slice carrying the product's
+/// label is someone else's, and never drives a delete.
+fn made_for_a_claims_service(slice: &EndpointSlice) -> Result<(), String> {
+    let by_claim = slice
+        .owner_references()
+        .iter()
+        .any(|o| o.kind == "PersistentVolumeClaim" && o.api_version == "v1" && o.controller == Some(true));
+    if !by_claim {
+        return Err("not the controller's: no PersistentVolumeClaim controls it".into());
+    }
+    if slice.labels().get(SLICE_SERVICE_NAME_LABEL) != Some(&slice.name_any()) {
+        return Err(format!(
+            "not the controller's: its {SLICE_SERVICE_NAME_LABEL} label is not its own name"
+        ));
+    }
+    Ok(())
+}
+
 /// The mount endpoint the controller stamped on the slice and its ready backends.
 pub fn served(slice: &EndpointSlice) -> Result<Served, String> {
+    made_for_a_claims_service(slice)?;
     let annotations = slice.metadata.annotations.as_ref();
     let Some(mount) = annotations.and_then(|a| a.get(MOUNT_ENDPOINT_ANNOTATION)) else {
         return Err(format!(
@@ -107,7 +148,11 @@ mod tests {
 
     fn slice(annotations: serde_json::Value, address: &str) -> EndpointSlice {
         serde_json::from_value(json!({
-            "metadata": {"name": "pvc-1", "namespace": "apps", "annotations": annotations},
+            "metadata": {
+                "name": "pvc-1", "namespace": "apps", "annotations": annotations,
+                "labels": {SLICE_SERVICE_NAME_LABEL: "pvc-1"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "data", "uid": "u-1", "controller": true}],
+            },
             "addressType": "IPv4",
             "endpoints": [{"addresses": [address], "conditions": {"ready": true}}],
             "ports": [{"name": "nfs", "port": 2049, "protocol": "TCP"}],
@@ -119,25 +164,35 @@ mod tests {
         slice(json!({MOUNT_ENDPOINT_ANNOTATION: "10.96.0.10:2049"}), address)
     }
 
+    const WINDOW: Duration = Duration::from_secs(30);
+
+    /// `seconds` after an instant of the tests.
+    fn at(seconds: u64) -> Instant {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *START.get_or_init(Instant::now) + Duration::from_secs(seconds)
+    }
+
     #[test]
     fn a_new_backend_is_a_move_and_the_same_one_is_not() {
-        let mut slices = Slices::default();
-        let first = slices.seen("apps/pvc-1", &mounted("10.211.1.2"));
+        let mut slices = Slices::new(WINDOW);
+        let first = slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(0));
         assert!(matches!(first, Seen::First(ref s) if s.backends == ["10.211.1.2:2049".parse().unwrap()]));
-        assert_eq!(slices.seen("apps/pvc-1", &mounted("10.211.1.2")), Seen::Same);
-        let moved = slices.seen("apps/pvc-1", &mounted("10.211.2.2"));
+        assert_eq!(slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(0)), Seen::Same);
+        let moved = slices.seen("apps/pvc-1", &mounted("10.211.2.2"), at(0));
         assert!(matches!(moved, Seen::Moved(ref s) if s.mount == "10.96.0.10:2049".parse().unwrap()));
     }
 
     #[test]
     fn a_slice_without_the_mount_endpoint_cannot_be_repaired_and_says_why() {
-        let mut slices = Slices::default();
-        let Seen::Unusable(why) = slices.seen("apps/pvc-1", &slice(json!({}), "10.211.1.2")) else {
+        let mut slices = Slices::new(WINDOW);
+        let Seen::Unusable(why) = slices.seen("apps/pvc-1", &slice(json!({}), "10.211.1.2"), at(0)) else {
             panic!("usable without its mount endpoint")
         };
         assert!(why.contains(MOUNT_ENDPOINT_ANNOTATION), "{why}");
         let bad = slice(json!({MOUNT_ENDPOINT_ANNOTATION: "nowhere"}), "10.211.1.2");
-        assert!(matches!(slices.seen("apps/pvc-1", &bad), Seen::Unusable(why) if why.contains("does not parse")));
+        assert!(
+            matches!(slices.seen("apps/pvc-1", &bad, at(0)), Seen::Unusable(why) if why.contains("does not parse"))
+        );
     }
 
     #[test]
@@ -153,11 +208,47 @@ mod tests {
     }
 
     #[test]
+    fn a_slice_deleted_and_made_again_with_other_backends_is_a_move() {
+        let mut slices = Slices::new(WINDOW);
+        slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(0));
+        slices.forget("apps/pvc-1", at(1));
+        let again = slices.seen("apps/pvc-1", &mounted("10.211.2.2"), at(5));
+        assert!(matches!(again, Seen::Moved(_)), "{again:?}");
+        assert_eq!(slices.seen("apps/pvc-1", &mounted("10.211.2.2"), at(6)), Seen::Same);
+
+        // Once the window is over, a slice made again is a new volume's.
+        slices.forget("apps/pvc-1", at(10));
+        let later = slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(10) + WINDOW);
+        assert!(matches!(later, Seen::First(_)), "{later:?}");
+    }
+
+    #[test]
+    fn a_slice_not_made_for_a_claims_service_is_not_followed() {
+        let mut slices = Slices::new(WINDOW);
+        let mut unowned = mounted("10.211.1.2");
+        unowned.metadata.owner_references = None;
+        let seen = slices.seen("apps/pvc-1", &unowned, at(0));
+        assert!(
+            matches!(seen, Seen::Unusable(ref why) if why.contains("no PersistentVolumeClaim")),
+            "{seen:?}"
+        );
+        let mut misnamed = mounted("10.211.1.2");
+        misnamed
+            .labels_mut()
+            .insert(SLICE_SERVICE_NAME_LABEL.into(), "other".into());
+        let seen = slices.seen("apps/pvc-1", &misnamed, at(0));
+        assert!(
+            matches!(seen, Seen::Unusable(ref why) if why.contains(SLICE_SERVICE_NAME_LABEL)),
+            "{seen:?}"
+        );
+    }
+
+    #[test]
     fn a_relist_forgets_the_slices_it_no_longer_lists() {
-        let mut slices = Slices::default();
-        slices.seen("apps/pvc-1", &mounted("10.211.1.2"));
-        slices.seen("apps/pvc-2", &mounted("10.211.1.2"));
-        let gone = slices.keep_only(&["apps/pvc-2".to_owned()].into());
+        let mut slices = Slices::new(WINDOW);
+        slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(0));
+        slices.seen("apps/pvc-2", &mounted("10.211.1.2"), at(0));
+        let gone = slices.keep_only(&["apps/pvc-2".to_owned()].into(), at(0));
         assert_eq!(gone, ["apps/pvc-1"]);
     }
 }

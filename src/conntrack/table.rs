@@ -1,5 +1,5 @@
 //! The kernel's connection-tracking table, through the `conntrack` tool (conntrack-tools): list
-//! the TCP flows to a port, delete one flow by its original tuple. Parsing is pure; the tool is
+//! the TCP flows to a port, delete one flow by its original tuple and its backend. Parsing is pure; the tool is
 //! run with a timeout.
 
 use std::net::{IpAddr, SocketAddr};
@@ -112,15 +112,14 @@ impl Conntrack {
         Ok(parse_flows(&stdout))
     }
 
-    /// Deletes the one flow with `flow`'s original tuple; how many entries went (0: gone already).
+    /// Deletes the one flow with `flow`'s original tuple bound to `flow`'s backend (its reply
+    /// source); how many entries went (0: gone already). A client that reconnected from the same
+    /// port since the listing has a new entry with the same original tuple bound to another
+    /// backend: the reply source spares it.
     pub async fn delete(&self, flow: &Flow) -> Result<u64, TableError> {
-        let (src, dst) = (flow.orig_src, flow.orig_dst);
-        let (src_ip, dst_ip, sport, dport) = (
-            src.ip().to_string(),
-            dst.ip().to_string(),
-            src.port().to_string(),
-            dst.port().to_string(),
-        );
+        let (src, dst, reply) = (flow.orig_src, flow.orig_dst, flow.reply_src);
+        let [src_ip, dst_ip, reply_ip] = [src, dst, reply].map(|a| a.ip().to_string());
+        let [sport, dport, reply_port] = [src, dst, reply].map(|a| a.port().to_string());
         let args = [
             "-D",
             "-f",
@@ -135,6 +134,10 @@ impl Conntrack {
             &sport,
             "--orig-port-dst",
             &dport,
+            "--reply-src",
+            &reply_ip,
+            "--reply-port-src",
+            &reply_port,
         ];
         // conntrack exits 1 when nothing matched: the flow ended on its own meanwhile.
         let (stderr, _) = self.run(&args, true).await?;
@@ -219,6 +222,122 @@ not a flow
         assert_eq!(flows[3].orig_dst, at("[fd00:96::a]:2049"));
         assert_eq!(flows[3].reply_src, at("[fd00:211::2]:2049"));
         assert!(flows.iter().all(Flow::is_translated));
+    }
+
+    /// A network namespace of the test's own, so that its conntrack table is the test's alone,
+    /// and the `conntrack` tool run inside it; removed on drop.
+    struct OwnTable {
+        netns: String,
+        tool: Conntrack,
+    }
+
+    impl OwnTable {
+        fn new(name: &str) -> Self {
+            let netns = format!("svcct-{name}-{}", std::process::id());
+            let made = std::process::Command::new("ip").args(["netns", "add", &netns]).status();
+            assert!(made.is_ok_and(|s| s.success()), "ip netns add {netns} (needs root)");
+            let script = std::env::temp_dir().join(format!("{netns}.sh"));
+            std::fs::write(
+                &script,
+                format!("#!/bin/sh\nexec ip netns exec {netns} conntrack \"$@\"\n"),
+            )
+            .unwrap();
+            std::process::Command::new("chmod")
+                .arg("+x")
+                .arg(&script)
+                .status()
+                .unwrap();
+            let tool = Conntrack {
+                binary: script.display().to_string(),
+                timeout: Duration::from_secs(5),
+            };
+            Self { netns, tool }
+        }
+
+        /// Makes an ESTABLISHED entry for `flow`, as the kernel would have after a DNAT.
+        fn insert(&self, flow: &Flow) {
+            let (src, dst, reply) = (flow.orig_src, flow.orig_dst, flow.reply_src);
+            let args = [
+                "-I",
+                "-p",
+                "tcp",
+                "-s",
+                &src.ip().to_string(),
+                "-d",
+                &dst.ip().to_string(),
+                "--sport",
+                &src.port().to_string(),
+                "--dport",
+                &dst.port().to_string(),
+                "-r",
+                &reply.ip().to_string(),
+                "-q",
+                &src.ip().to_string(),
+                "--reply-port-src",
+                &reply.port().to_string(),
+                "--reply-port-dst",
+                &src.port().to_string(),
+                "--state",
+                "ESTABLISHED",
+                "-t",
+                "120",
+                "-u",
+                "ASSURED",
+            ];
+            let made = std::process::Command::new(&self.tool.binary)
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                made.status.success(),
+                "conntrack -I: {}",
+                String::from_utf8_lossy(&made.stderr)
+            );
+        }
+    }
+
+    impl Drop for OwnTable {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &self.netns])
+                .status();
+            let _ = std::fs::remove_file(&self.tool.binary);
+        }
+    }
+
+    /// A client that reconnected from its port between the sweep's listing and its delete has a
+    /// fresh entry with the same original tuple, bound to the new backend: the delete must spare
+    /// it (only the entry bound to the old backend is stranded), and still take a stranded one.
+    #[tokio::test]
+    #[ignore = "needs root (a network namespace and its conntrack table): run `make test`"]
+    async fn a_delete_spares_the_fresh_entry_of_a_client_that_reconnected_from_its_port() {
+        let table = OwnTable::new("fresh");
+        let listed = Flow {
+            orig_src: at("10.211.0.1:790"),
+            orig_dst: at("10.96.0.10:2049"),
+            reply_src: at("10.211.1.2:2049"),
+            state: "CLOSE".into(),
+        };
+        let fresh = Flow {
+            reply_src: at("10.211.2.2:2049"),
+            state: "ESTABLISHED".into(),
+            ..listed.clone()
+        };
+        table.insert(&fresh);
+        assert_eq!(
+            table.tool.delete(&listed).await.unwrap(),
+            0,
+            "the fresh entry is not stranded"
+        );
+        let left = table.tool.list(false, 2049).await.unwrap();
+        assert_eq!(left.iter().map(|f| f.reply_src).collect::<Vec<_>>(), [fresh.reply_src]);
+
+        let stranded = Flow {
+            orig_src: at("10.211.0.1:791"),
+            ..listed
+        };
+        table.insert(&stranded);
+        assert_eq!(table.tool.delete(&stranded).await.unwrap(), 1, "a stranded entry goes");
     }
 
     #[test]
