@@ -8,6 +8,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "scale/nfs41.rs"]
+mod nfs41;
 #[path = "scale/proxy.rs"]
 mod proxy;
 #[path = "scale/tenant.rs"]
@@ -43,6 +45,8 @@ struct Sizes {
     /// Runs of P3s per kind of workload (worst of them).
     stateful_crashes: usize,
     nfs_fail_overs: usize,
+    /// Moves in P8c's run (`SVC_BENCH_NFS41_MOVES` overrides).
+    nfs41_moves: usize,
     cold: usize,
     pods: usize,
     /// PVs of DRBD resources on other nodes around the agent of P6 (`SVC_BENCH_FOREIGN_PVS`
@@ -65,6 +69,7 @@ const SMOKE: Sizes = Sizes {
     fail_overs: 1,
     stateful_crashes: 1,
     nfs_fail_overs: 1,
+    nfs41_moves: 6,
     cold: 20,
     pods: 200,
     foreign_pvs: 100,
@@ -80,6 +85,7 @@ const FULL: Sizes = Sizes {
     fail_overs: 3,
     stateful_crashes: 5,
     nfs_fail_overs: 10,
+    nfs41_moves: 12,
     cold: 2000,
     pods: 20000,
     foreign_pvs: 10000,
@@ -113,6 +119,9 @@ async fn main() {
     if let Some(n) = std::env::var("SVC_BENCH_COLD").ok().and_then(|n| n.parse().ok()) {
         sizes.cold = n;
     }
+    if let Some(n) = std::env::var("SVC_BENCH_NFS41_MOVES").ok().and_then(|n| n.parse().ok()) {
+        sizes.nfs41_moves = n;
+    }
     if let Some(n) = std::env::var("SVC_BENCH_MASS").ok().and_then(|n| n.parse().ok()) {
         sizes.mass = n;
     }
@@ -123,8 +132,8 @@ async fn main() {
         sizes.proxy_services = n;
     }
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
-    // nfs, mass, tenant, proxy; stateful: P3s alone, which failover includes; nfs41: P8s alone,
-    // which a full nfs run includes).
+    // nfs, mass, tenant, proxy; stateful: P3s alone, which failover includes; nfs41: P8s and P8c
+    // alone, which a full run's or a chosen nfs part includes; p8c: P8c alone).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -155,8 +164,11 @@ async fn main() {
     if part("nfs") {
         figures.extend(nfs_outage(&sizes, full).await);
     }
-    if (part("nfs") && full) || (!only.is_empty() && part("nfs41")) {
-        figures.extend(stateful_nfs_outage().await);
+    if (part("nfs") && (full || !only.is_empty())) || (!only.is_empty() && part("nfs41")) {
+        figures.extend(nfs41::grace_by_operation_class().await);
+        figures.extend(nfs41::what_a_run_of_moves_takes(sizes.nfs41_moves).await);
+    } else if !only.is_empty() && part("p8c") {
+        figures.extend(nfs41::what_a_run_of_moves_takes(sizes.nfs41_moves).await);
     }
     if part("mass") {
         let pairs = std::env::var("SVC_BENCH_MASS_PAIRS")
@@ -1150,100 +1162,6 @@ async fn nfs_outage(sizes: &Sizes, full: bool) -> Vec<Figure> {
         }
     }
     figures
-}
-
-/// P8s: what NFSv4.1 clients wait for after a move, per operation class (I/O on the file a
-/// client holds open and locked; a new OPEN) and grace setting, with the install guide's ganesha
-/// template (a server scope per volume). Grace on with NFSv4.0 clients beside (their records are
-/// never completed, so the grace period runs its length), grace on with NFSv4.1 clients alone
-/// (ganesha may lift it once every client in its records reclaimed), grace off (no reclaim: the
-/// lock is lost). One run each, full runs only.
-async fn stateful_nfs_outage() -> Vec<Figure> {
-    use ClientModel::{HeldNormalClose, NewConnection, NewOpen, Stateful};
-    use common::datapath::{NfsGrace, ProxyMode};
-    use common::outage::{ClientModel, Scenario};
-    let grace_on = NfsGrace::On {
-        lease_seconds: 10,
-        grace_seconds: 15,
-    };
-    // ganesha checks whether it may lift its grace period every half lease (at most 10 s).
-    let short_lease = NfsGrace::On {
-        lease_seconds: 4,
-        grace_seconds: 15,
-    };
-    // (what, grace, clients, whether the grace period may lift early: every client is NFSv4.1)
-    let settings: [(&'static str, NfsGrace, &'static [ClientModel], bool); 4] = [
-        (
-            "grace on, NFSv4.0 clients beside",
-            grace_on,
-            &[Stateful, NewOpen, NewConnection, HeldNormalClose],
-            false,
-        ),
-        (
-            "grace on, NFSv4.1 clients alone (early lift)",
-            grace_on,
-            &[Stateful, NewOpen],
-            true,
-        ),
-        (
-            "grace on, lease 4 s, NFSv4.1 clients alone (early lift)",
-            short_lease,
-            &[Stateful, NewOpen],
-            true,
-        ),
-        ("grace off", NfsGrace::Off, &[NewOpen, Stateful], false),
-    ];
-    let mut figures = Vec::new();
-    for (at, (setting, grace, clients, early_lift)) in settings.into_iter().enumerate() {
-        let scenario = Scenario {
-            grace,
-            clients,
-            patience: Duration::from_secs(30),
-            ..Scenario::repaired(ProxyMode::Iptables)
-        };
-        let env = common::setup(&format!("bench-nfs41-{at}")).await;
-        let outage = common::outage::client_through_a_fail_over(&env, scenario, &|_| {}, None).await;
-        println!("P8s {setting}: {outage}");
-        env.cleanup().await;
-        for (model, class) in [(Stateful, "I/O on its open, locked file"), (NewOpen, "a new OPEN")] {
-            let lost = outage
-                .lost
-                .iter()
-                .find(|(taken_from, _)| *taken_from == model)
-                .map(|(_, lost)| lost);
-            figures.push(nfs41_figure(setting, class, outage.of(model), lost, early_lift));
-        }
-    }
-    figures
-}
-
-/// One P8s row: the outage of one operation class; a stateful client's loss misses its target.
-fn nfs41_figure(
-    setting: &str,
-    class: &str,
-    outage: Option<Duration>,
-    lost: Option<&String>,
-    early_lift: bool,
-) -> Figure {
-    let (target, bound) = if early_lift {
-        ("< 5 s, every known client reclaims".to_owned(), Duration::from_secs(5))
-    } else {
-        ("< 20 s (grace 15 s + fail-over)".to_owned(), Duration::from_secs(20))
-    };
-    let what = match lost {
-        Some(lost) => format!("NFSv4.1 outage, {class}; {setting}; {lost}"),
-        None => format!("NFSv4.1 outage, {class}; {setting}"),
-    };
-    Figure {
-        id: "P8s",
-        what,
-        n: 1,
-        product: outage.map_or(f64::NAN, |o| o.as_secs_f64() * 1000.0),
-        floor: None,
-        unit: "ms",
-        target,
-        met: lost.is_none() && outage.is_some_and(|o| o < bound),
-    }
 }
 
 /// One P8 row: a client model's p50 and worst outage in one scenario; a client that never got

@@ -264,6 +264,23 @@ fn stop_within(child: &mut Child, patience: Duration) -> bool {
     false
 }
 
+/// Where `ip netns exec` finds a namespace's own `/etc` files.
+fn resolver_dir(netns: &str) -> PathBuf {
+    Path::new("/etc/netns").join(netns)
+}
+
+/// The data path's namespaces' `/etc` folders there are.
+fn resolver_dirs() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/etc/netns") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(PREFIX))
+        .map(|e| e.path())
+        .collect()
+}
+
 impl NodeLink {
     /// A namespace `netns` with `10.211.<k>.2/24` on its end of a veth pair, the host's end
     /// `host_link` with `.1`, and its default route back through the host.
@@ -282,6 +299,11 @@ impl NodeLink {
         must("ip", &["-n", &netns, "link", "set", "eth0", "up"]);
         must("ip", &["-n", &netns, "link", "set", "lo", "up"]);
         must("ip", &["-n", &netns, "route", "add", "default", "via", &host_ip]);
+        // A node resolves nothing outside: what it looks up (ganesha, a client's address) asks
+        // its own loopback, never the host's nameserver through the default route.
+        let etc = resolver_dir(&netns);
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::write(etc.join("resolv.conf"), "nameserver 127.0.0.1\n").unwrap();
         Self {
             netns,
             host_link,
@@ -297,6 +319,7 @@ impl NodeLink {
         }
         quietly("ip", &["link", "del", &self.host_link]);
         quietly("ip", &["netns", "del", &self.netns]);
+        let _ = std::fs::remove_dir_all(resolver_dir(&self.netns));
     }
 }
 
@@ -308,6 +331,9 @@ fn remove_leftovers() {
         if name.starts_with(PREFIX) {
             quietly("ip", &["netns", "del", name]);
         }
+    }
+    for dir in resolver_dirs() {
+        let _ = std::fs::remove_dir_all(dir);
     }
     let links = Command::new("ip").args(["-o", "link", "show"]).output().unwrap();
     for line in String::from_utf8_lossy(&links.stdout).lines() {
@@ -729,6 +755,11 @@ pub fn leftovers() -> Vec<String> {
             .lines()
             .filter(|l| l.starts_with(PREFIX))
             .map(|l| format!("namespace {l}")),
+    );
+    left.extend(
+        resolver_dirs()
+            .into_iter()
+            .map(|dir| format!("resolver {}", dir.display())),
     );
     left.extend(
         text("ip", &["-o", "link", "show"])

@@ -300,6 +300,9 @@ pub struct Scenario {
     pub proxy_late: Option<Duration>,
     /// How long after kube-proxy's new rule the clients are given to get through.
     pub patience: Duration,
+    /// How long the clients carry on once all got through (an idle client renews its lease
+    /// every few seconds: a lease it cannot keep shows only over several renewals).
+    pub linger: Duration,
     /// `Some(port)`: the volume is shared as `share` makes it, with this NFS port of its own on
     /// the PV, and each node's server is started only as its agent's drbd-reactor snippet says.
     pub own_port: Option<u16>,
@@ -330,6 +333,7 @@ impl Scenario {
             repair: Some("30s"),
             proxy_late: None,
             patience: Duration::from_secs(30),
+            linger: Duration::from_secs(1),
             own_port: None,
             clients: &ClientModel::ALL,
         }
@@ -858,7 +862,7 @@ impl<'a> Stage<'a> {
         let reconnected = clients[0]
             .first_success_after(at.failed)
             .unwrap_or_else(|| panic!("the {} client never worked again after the fail-over", clients[0].model));
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(self.scenario.linger).await;
         let finished: Vec<Finished> = clients.into_iter().map(Client::finish).collect();
         let (env, pv, cluster_ip) = (self.env, self.pv.as_str(), self.cluster_ip.as_str());
         assert_eq!(

@@ -243,10 +243,12 @@ impl LockTester {
                 Some(true) => {}
                 Some(false) => {
                     refused = false;
-                    self.tally.lost_locks += 1;
-                    self.tally
-                        .wrong
-                        .push(format!("another client could take the lock on {file} (test {tick})"));
+                    // A lock lost once is counted once, at the first test that could take it.
+                    let first = format!("another client could take the lock on {file} (first at test {tick})");
+                    if !self.tally.wrong.iter().any(|w| w.contains(&format!(" on {file} "))) {
+                        self.tally.lost_locks += 1;
+                        self.tally.wrong.push(first);
+                    }
                 }
                 None => refused = false,
             }

@@ -16,8 +16,8 @@
 //!   period, then RECLAIM_COMPLETE. A server that refuses the reclaim loses the locks too.
 //!
 //! What it leaves out: delegations, the callback channel, trunking (the server owner is not
-//! compared), several slots, UNSTABLE writes and COMMIT, Kerberos, and the kernel's timers: its
-//! retry pace is the caller's, each call given 2 s.
+//! compared), several slots, UNSTABLE writes and COMMIT, Kerberos, and the kernel's timers other
+//! than the idle renewal's period: its retry pace is the caller's, each call given 2 s.
 
 mod wire;
 mod xdr;
