@@ -257,7 +257,244 @@ fn record_resources(metrics: &AgentMetrics, state: &DrbdState) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::source::{DrbdError, MockDrbdSource};
     use super::*;
+
+    const INTERVAL: Duration = Duration::from_secs(5);
+
+    fn resource(name: &str, role: &str) -> Resource {
+        Resource {
+            name: name.into(),
+            role: role.into(),
+            ..Resource::default()
+        }
+    }
+
+    fn shown(quorum: &[&str]) -> Shown {
+        Shown {
+            quorum_enabled: quorum.iter().map(|r| (*r).to_owned()).collect(),
+            ..Shown::default()
+        }
+    }
+
+    fn state(resources: &[Resource], quorum: &[&str]) -> DrbdState {
+        DrbdState::new(resources.to_vec(), shown(quorum))
+    }
+
+    fn failed() -> DrbdError {
+        DrbdError::Failed {
+            command: "drbdsetup status".into(),
+            status: "exit status: 10".into(),
+            stderr: "no such resource".into(),
+            timed_out: false,
+        }
+    }
+
+    fn book(source: MockDrbdSource) -> (DrbdBook, AgentMetrics) {
+        let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
+        let freshness = Freshness::new(INTERVAL, INTERVAL);
+        let book = DrbdBook::new(
+            Arc::new(source),
+            metrics.clone(),
+            freshness,
+            INTERVAL,
+            Locality::default(),
+        );
+        (book, metrics)
+    }
+
+    fn described(resources: &[Resource], created: bool) -> DrbdChange {
+        DrbdChange::State {
+            resources: resources.to_vec(),
+            created,
+            at: Instant::now(),
+        }
+    }
+
+    fn kept(book: &DrbdBook) -> Option<DrbdState> {
+        book.fresh(Duration::from_secs(60)).map(|(state, _)| state)
+    }
+
+    /// Between reads, what events2 describes is taken without a status read, with the settings
+    /// read before; once something was created or destroyed, the settings are read again.
+    #[tokio::test]
+    async fn between_reads_events2_is_taken_and_the_settings_read_again_only_after_a_creation() {
+        let mut source = MockDrbdSource::new();
+        source
+            .expect_read()
+            .times(1)
+            .returning(|| Ok(state(&[resource("r1", "Secondary")], &["r1"])));
+        source.expect_shown().times(1).returning(|| Ok(shown(&["r1", "r2"])));
+        let (mut book, _) = book(source);
+        book.bring_up_to_date().await;
+        assert!(book.quorum_read(), "a full read carries its settings");
+
+        book.heard(described(&[resource("r1", "Primary")], false));
+        book.bring_up_to_date().await;
+        assert!(!book.quorum_read(), "a described state keeps the settings read before");
+        assert_eq!(kept(&book), Some(state(&[resource("r1", "Primary")], &["r1"])));
+
+        let both = [resource("r1", "Primary"), resource("r2", "Secondary")];
+        book.heard(described(&both, true));
+        book.bring_up_to_date().await;
+        assert!(book.quorum_read(), "a creation reads the settings again");
+        assert_eq!(kept(&book), Some(state(&both, &["r1", "r2"])));
+    }
+
+    /// Only the newest description counts, and a creation in any of them is not forgotten.
+    #[tokio::test]
+    async fn only_the_newest_description_is_taken_and_a_creation_in_any_is_kept() {
+        let mut source = MockDrbdSource::new();
+        source.expect_read().times(1).returning(|| Ok(state(&[], &[])));
+        source.expect_shown().times(1).returning(|| Ok(shown(&["r1"])));
+        let (mut book, _) = book(source);
+        book.bring_up_to_date().await;
+        book.heard(described(&[resource("r1", "Secondary")], true));
+        book.heard(described(&[resource("r1", "Primary")], false));
+        book.bring_up_to_date().await;
+        assert_eq!(kept(&book), Some(state(&[resource("r1", "Primary")], &["r1"])));
+    }
+
+    /// What events2 described before the last read started is older than it: passed over. What it
+    /// described while the read ran may be older or newer: DRBD is read again before the next round.
+    #[tokio::test]
+    async fn a_description_older_than_the_read_is_passed_over_and_one_during_it_reads_again() {
+        let mut source = MockDrbdSource::new();
+        let mut reads = 0;
+        source.expect_read().times(2).returning(move || {
+            reads += 1;
+            Ok(state(
+                &[resource("r1", if reads == 1 { "Secondary" } else { "Primary" })],
+                &["r1"],
+            ))
+        });
+        let (mut book, _) = book(source);
+        let before = Instant::now();
+        book.bring_up_to_date().await;
+        book.heard(DrbdChange::State {
+            resources: vec![resource("r1", "Primary")],
+            created: false,
+            at: before,
+        });
+        book.bring_up_to_date().await;
+        assert_eq!(
+            kept(&book),
+            Some(state(&[resource("r1", "Secondary")], &["r1"])),
+            "the older description passed over"
+        );
+
+        let (started, _) = book.last_read.unwrap();
+        book.heard(DrbdChange::State {
+            resources: vec![resource("r1", "Secondary")],
+            created: false,
+            at: started,
+        });
+        book.bring_up_to_date().await;
+        assert_eq!(
+            kept(&book),
+            Some(state(&[resource("r1", "Primary")], &["r1"])),
+            "read again, and the read taken"
+        );
+    }
+
+    /// Where the periodic read and events2 disagree, the read wins, and the disagreement counts.
+    #[tokio::test]
+    async fn where_the_read_and_events2_disagree_the_read_wins_and_it_is_counted() {
+        let mut source = MockDrbdSource::new();
+        let mut reads = 0;
+        source.expect_read().times(2).returning(move || {
+            reads += 1;
+            Ok(state(
+                &[resource("r1", if reads == 1 { "Primary" } else { "Secondary" })],
+                &["r1"],
+            ))
+        });
+        let (mut book, metrics) = book(source);
+        book.bring_up_to_date().await;
+        book.heard(described(&[resource("r1", "Primary")], false));
+        book.bring_up_to_date().await;
+        book.heard(DrbdChange::Unknown);
+        book.bring_up_to_date().await;
+        assert_eq!(kept(&book), Some(state(&[resource("r1", "Secondary")], &["r1"])));
+        assert_eq!(metrics.events2_mismatches.get(), 1);
+    }
+
+    /// A failed read leaves nothing to act on (what was read before may be exactly what changed),
+    /// and is tried again at the status interval, not at once.
+    #[tokio::test]
+    async fn a_failed_read_leaves_no_state_and_is_retried_at_the_interval() {
+        let mut source = MockDrbdSource::new();
+        let mut reads = 0;
+        source.expect_read().times(2).returning(move || {
+            reads += 1;
+            if reads == 1 {
+                Ok(state(&[resource("r1", "Primary")], &["r1"]))
+            } else {
+                Err(failed())
+            }
+        });
+        let (mut book, metrics) = book(source);
+        book.bring_up_to_date().await;
+        book.heard(DrbdChange::Unknown);
+        let attempt = Instant::now();
+        book.bring_up_to_date().await;
+        assert_eq!(kept(&book), None);
+        assert_eq!(book.taken_at(), None);
+        assert_eq!(metrics.drbd_read_errors.get(), 1);
+        assert!(
+            book.next_read() >= attempt + INTERVAL,
+            "the next read waits the interval"
+        );
+        book.bring_up_to_date().await;
+        assert_eq!(
+            kept(&book),
+            None,
+            "no read before the interval, and still nothing to act on"
+        );
+    }
+
+    /// A failed settings read leaves nothing to act on either: the settings decide what is safe.
+    #[tokio::test]
+    async fn a_failed_settings_read_leaves_no_state() {
+        let mut source = MockDrbdSource::new();
+        source
+            .expect_read()
+            .times(1)
+            .returning(|| Ok(state(&[resource("r1", "Primary")], &["r1"])));
+        source.expect_shown().times(1).returning(|| Err(failed()));
+        let (mut book, _) = book(source);
+        book.bring_up_to_date().await;
+        book.heard(described(
+            &[resource("r1", "Primary"), resource("r2", "Secondary")],
+            true,
+        ));
+        book.bring_up_to_date().await;
+        assert_eq!(kept(&book), None);
+        assert!(!book.quorum_read());
+    }
+
+    /// Before a destructive step the settings are read again and kept with the state.
+    #[tokio::test]
+    async fn settings_read_again_before_a_destructive_step_are_kept_with_the_state() {
+        let mut source = MockDrbdSource::new();
+        source
+            .expect_read()
+            .times(1)
+            .returning(|| Ok(state(&[resource("r1", "Primary")], &["r1"])));
+        source.expect_shown().times(1).returning(|| Ok(shown(&[])));
+        let (mut book, _) = book(source);
+        book.bring_up_to_date().await;
+        book.heard(described(&[resource("r1", "Primary")], false));
+        book.bring_up_to_date().await;
+        assert!(!book.quorum_read());
+        assert_eq!(book.read_settings_again().await, Some(shown(&[])));
+        assert!(book.quorum_read());
+        assert_eq!(
+            kept(&book),
+            Some(state(&[resource("r1", "Primary")], &[])),
+            "quorum no longer enabled"
+        );
+    }
 
     #[test]
     fn what_events2_described_while_or_before_a_read_ran_is_not_taken_as_newer() {
