@@ -303,6 +303,17 @@ mod tests {
         (book, metrics)
     }
 
+    /// A drbdsetup read twice, finding `r1` (quorum on) in each role in turn.
+    fn reads_of_r1(roles: [&'static str; 2]) -> MockDrbdSource {
+        let mut source = MockDrbdSource::new();
+        let mut reads = roles.into_iter();
+        source
+            .expect_read()
+            .times(2)
+            .returning(move || Ok(state(&[resource("r1", reads.next().unwrap())], &["r1"])));
+        source
+    }
+
     fn described(resources: &[Resource], created: bool) -> DrbdChange {
         DrbdChange::State {
             resources: resources.to_vec(),
@@ -359,16 +370,7 @@ mod tests {
     /// described while the read ran may be older or newer: DRBD is read again before the next round.
     #[tokio::test]
     async fn a_description_older_than_the_read_is_passed_over_and_one_during_it_reads_again() {
-        let mut source = MockDrbdSource::new();
-        let mut reads = 0;
-        source.expect_read().times(2).returning(move || {
-            reads += 1;
-            Ok(state(
-                &[resource("r1", if reads == 1 { "Secondary" } else { "Primary" })],
-                &["r1"],
-            ))
-        });
-        let (mut book, _) = book(source);
+        let (mut book, _) = book(reads_of_r1(["Secondary", "Primary"]));
         let before = Instant::now();
         book.bring_up_to_date().await;
         book.heard(DrbdChange::State {
@@ -400,16 +402,7 @@ mod tests {
     /// Where the periodic read and events2 disagree, the read wins, and the disagreement counts.
     #[tokio::test]
     async fn where_the_read_and_events2_disagree_the_read_wins_and_it_is_counted() {
-        let mut source = MockDrbdSource::new();
-        let mut reads = 0;
-        source.expect_read().times(2).returning(move || {
-            reads += 1;
-            Ok(state(
-                &[resource("r1", if reads == 1 { "Primary" } else { "Secondary" })],
-                &["r1"],
-            ))
-        });
-        let (mut book, metrics) = book(source);
+        let (mut book, metrics) = book(reads_of_r1(["Primary", "Secondary"]));
         book.bring_up_to_date().await;
         book.heard(described(&[resource("r1", "Primary")], false));
         book.bring_up_to_date().await;

@@ -54,13 +54,27 @@ impl Tally {
         self.wrong.extend(other.wrong.iter().cloned());
     }
 
-    /// A holder's loss of its file, as the client reported it.
-    fn lost(&mut self, loss: &Loss) {
-        match loss {
-            Loss::StaleHandle(_) => self.stale_handles += 1,
-            Loss::Locks(_) => self.lost_locks += 1,
-        }
-        self.wrong.push(format!("its locked file was lost: {loss}"));
+    /// One lock `client` holds on `file`: lost if the client says so, or if another client finds
+    /// the file unlocked.
+    fn still_held(&mut self, client: &StatefulClient, server: SocketAddr, file: &str) {
+        self.locks += 1;
+        let wrong = match &client.lost {
+            Some(loss) => {
+                match loss {
+                    Loss::StaleHandle(_) => self.stale_handles += 1,
+                    Loss::Locks(_) => self.lost_locks += 1,
+                }
+                format!("its locked file was lost: {loss}")
+            }
+            None => match locked_for_others(server, file) {
+                Ok(()) => return,
+                Err(wrong) => {
+                    self.lost_locks += 1;
+                    wrong
+                }
+            },
+        };
+        self.wrong.push(wrong);
     }
 }
 
@@ -156,13 +170,8 @@ impl LockedWriter {
     pub fn verify(mut self) -> Tally {
         self.read_back();
         let mut tally = std::mem::take(&mut self.tally);
-        (tally.locks, tally.acknowledged) = (1, self.acknowledged.len());
-        if let Some(loss) = &self.client.lost {
-            tally.lost(loss);
-        } else if let Err(wrong) = locked_for_others(self.server, WRITER_FILE) {
-            tally.lost_locks += 1;
-            tally.wrong.push(wrong);
-        }
+        tally.acknowledged = self.acknowledged.len();
+        tally.still_held(&self.client, self.server, WRITER_FILE);
         tally
     }
 }
@@ -203,16 +212,8 @@ impl IdleHolder {
     }
 
     pub fn verify(self) -> Tally {
-        let mut tally = Tally {
-            locks: 1,
-            ..Tally::default()
-        };
-        if let Some(loss) = &self.client.lost {
-            tally.lost(loss);
-        } else if let Err(wrong) = locked_for_others(self.server, IDLE_FILE) {
-            tally.lost_locks += 1;
-            tally.wrong.push(wrong);
-        }
+        let mut tally = Tally::default();
+        tally.still_held(&self.client, self.server, IDLE_FILE);
         tally
     }
 }
