@@ -374,6 +374,33 @@ pub struct AgentArgs {
         default_value = "shared-volume-fs@{resource}.service,shared-volume-nfs@{resource}:{port}.service"
     )]
     pub promoter_start: Vec<String>,
+    /// How each unit of a promoter snippet depends on the one before (drbd-reactor's
+    /// `dependencies-as`): with `BindsTo`, an NFS server that dies stops the units after it and
+    /// the promoter's target, and drbd-reactor demotes the resource so that a peer takes over.
+    #[arg(
+        long,
+        env = "PROMOTER_DEPENDENCIES_AS",
+        default_value = "BindsTo",
+        value_parser = ["Wants", "Requires", "Requisite", "BindsTo"]
+    )]
+    pub promoter_dependencies_as: String,
+    /// What systemd does when drbd-reactor cannot demote the resource (its
+    /// `on-drbd-demote-failure`): a node that keeps a Primary it cannot give up blocks every peer.
+    #[arg(
+        long,
+        env = "PROMOTER_DEMOTE_FAILURE",
+        default_value = "reboot-immediate",
+        value_parser = [
+            "none", "reboot", "reboot-force", "reboot-immediate", "poweroff", "poweroff-force",
+            "poweroff-immediate", "exit", "exit-force",
+        ]
+    )]
+    pub promoter_demote_failure: String,
+    /// Whether drbd-reactor runs `drbdadm adjust` on the resource when it starts (its
+    /// `adjust-resource-on-start`). Off: LINSTOR's satellite adjusts the resources it manages,
+    /// from resource files the host's drbdadm does not read.
+    #[arg(long, env = "PROMOTER_ADJUST_ON_START", default_value_t = false, action = clap::ArgAction::Set)]
+    pub promoter_adjust_on_start: bool,
     /// Also fail over pods with volumes that are not safe to fail over (hostPath, other network storage…).
     #[arg(long, env = "FAIL_OVER_UNSAFE_PODS")]
     pub fail_over_unsafe_pods: bool,

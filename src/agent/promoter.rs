@@ -27,12 +27,20 @@ pub struct PromoterSettings {
     pub start: Vec<String>,
     /// The port of a volume that names none of its own (`--nfs-port`).
     pub nfs_port: u16,
+    /// drbd-reactor's `dependencies-as`: how each unit depends on the one before.
+    pub dependencies_as: String,
+    /// drbd-reactor's `on-drbd-demote-failure`: what systemd does when a demotion fails.
+    pub demote_failure: String,
+    /// drbd-reactor's `adjust-resource-on-start`.
+    pub adjust_on_start: bool,
 }
 
-/// The snippet for `resource`: promote it here when possible, then start `start` in order; a
-/// failed demotion reboots the node, as drbd-reactor recommends, so that another node can take over.
-pub fn snippet(resource: &str, port: u16, pv: &str, start: &[String]) -> String {
-    let units: Vec<String> = start
+/// The snippet for `resource`: promote it here when possible, then start the units in order,
+/// each bound to the one before as the settings say; what a failed demotion does, and whether
+/// drbd-reactor adjusts the resource when it starts, as the settings say.
+pub fn snippet(resource: &str, port: u16, pv: &str, settings: &PromoterSettings) -> String {
+    let units: Vec<String> = settings
+        .start
         .iter()
         .map(|unit| {
             let unit = unit
@@ -46,9 +54,14 @@ pub fn snippet(resource: &str, port: u16, pv: &str, start: &[String]) -> String 
          [[promoter]]\n\
          [promoter.resources.{}]\n\
          start = [{}]\n\
-         on-drbd-demote-failure = \"reboot-immediate\"\n",
+         dependencies-as = {}\n\
+         on-drbd-demote-failure = {}\n\
+         adjust-resource-on-start = {}\n",
         toml_string(resource),
         units.join(", "),
+        toml_string(&settings.dependencies_as),
+        toml_string(&settings.demote_failure),
+        settings.adjust_on_start,
     )
 }
 
@@ -66,7 +79,7 @@ pub fn wanted(
             let volume = volumes.get(&r.name)?;
             volume.shared_claim.as_ref()?;
             let port = volume.nfs_port.unwrap_or(settings.nfs_port);
-            Some((r.name.clone(), snippet(&r.name, port, &volume.pv, &settings.start)))
+            Some((r.name.clone(), snippet(&r.name, port, &volume.pv, settings)))
         })
         .collect()
 }
@@ -83,8 +96,10 @@ pub enum Change {
     Remove {
         resource: String,
     },
-    /// Not wanted any more, but the resource is Primary here: removing the snippet would make
-    /// drbd-reactor stop the NFS server of a volume in use. Removed once it is not Primary.
+    /// Not wanted any more, but the resource is Primary here: without its snippet drbd-reactor
+    /// would leave the NFS server of a volume in use running unmanaged (`stop-services-on-exit`
+    /// is off by default), never stopped or demoted on a quorum loss. Removed once it is not
+    /// Primary.
     KeepWhilePrimary {
         resource: String,
     },
@@ -122,6 +137,16 @@ fn resource_of(file_name: &str) -> Option<&str> {
         .strip_prefix(PREFIX)?
         .strip_suffix(SUFFIX)
         .filter(|r| !r.is_empty())
+}
+
+/// Where snippets are written whole before they are renamed into the directory: a folder inside
+/// it (the same filesystem), which drbd-reactor's reload path unit does not watch, so that each
+/// snippet is one change to the directory.
+const STAGING: &str = ".shared-volume-staging";
+
+/// Where `resource`'s snippet is written before it is renamed into `dir`.
+fn staged(dir: &std::path::Path, resource: &str) -> PathBuf {
+    dir.join(STAGING).join(file_name(resource))
 }
 
 fn file_name(resource: &str) -> String {
@@ -169,8 +194,10 @@ impl PromoterSnippets {
             match change {
                 Change::Write { resource, contents } => {
                     let path = self.settings.dir.join(file_name(&resource));
-                    // Written beside and renamed, so that drbd-reactor never reads half a file.
-                    let partial = self.settings.dir.join(format!(".{}.partial", file_name(&resource)));
+                    // Written whole elsewhere and renamed in, so that drbd-reactor never reads
+                    // half a file.
+                    let partial = staged(&self.settings.dir, &resource);
+                    tokio::fs::create_dir_all(self.settings.dir.join(STAGING)).await?;
                     tokio::fs::write(&partial, &contents).await?;
                     tokio::fs::rename(&partial, &path).await?;
                     held += usize::from(!present.contains_key(&resource));
@@ -184,7 +211,7 @@ impl PromoterSnippets {
                 }
                 Change::KeepWhilePrimary { resource } => {
                     if !self.kept.contains(&resource) {
-                        tracing::warn!(%resource, "kept the drbd-reactor promoter snippet of a volume no longer shared here: the resource is Primary on this node, and removing it would stop its NFS server; it goes once the resource is Secondary");
+                        tracing::warn!(%resource, "kept the drbd-reactor promoter snippet of a volume no longer shared here: the resource is Primary on this node, and without the snippet drbd-reactor would leave its NFS server running unmanaged; it goes once the resource is Secondary");
                     }
                     kept.insert(resource);
                 }
@@ -221,6 +248,9 @@ mod tests {
             dir: PathBuf::new(),
             start: vec!["fs@{resource}.service".into(), "nfs@{resource}:{port}.service".into()],
             nfs_port: 2049,
+            dependencies_as: "BindsTo".into(),
+            demote_failure: "reboot-immediate".into(),
+            adjust_on_start: false,
         }
     }
 
@@ -256,7 +286,7 @@ mod tests {
 
     #[test]
     fn a_snippet_is_a_promoter_of_the_resource_starting_the_units_in_order() {
-        let text = snippet("pvc-1", 20491, "pvc-1", &settings().start);
+        let text = snippet("pvc-1", 20491, "pvc-1", &settings());
         let parsed: toml::Value = toml::from_str(&text).expect("valid TOML");
         let resource = &parsed["promoter"][0]["resources"]["pvc-1"];
         let start: Vec<&str> = resource["start"]
@@ -267,6 +297,29 @@ mod tests {
             .collect();
         assert_eq!(start, ["fs@pvc-1.service", "nfs@pvc-1:20491.service"]);
         assert_eq!(resource["on-drbd-demote-failure"].as_str(), Some("reboot-immediate"));
+    }
+
+    /// drbd-reactor's promoter options as its example configuration names them
+    /// (`example/drbd-reactor.toml`, v1.11): a unit that dies stops the chain and so demotes the
+    /// resource (`dependencies-as`, `BindsTo` as LINSTOR CSI sets it), and drbd-reactor leaves
+    /// `drbdadm adjust` to LINSTOR, whose satellite keeps the resource files the host does not have.
+    #[test]
+    fn a_snippet_binds_its_units_and_leaves_the_adjust_to_linstor() {
+        let text = snippet("pvc-1", 20491, "pvc-1", &settings());
+        let parsed: toml::Value = toml::from_str(&text).expect("valid TOML");
+        let resource = &parsed["promoter"][0]["resources"]["pvc-1"];
+        assert_eq!(resource["dependencies-as"].as_str(), Some("BindsTo"));
+        assert_eq!(resource["adjust-resource-on-start"].as_bool(), Some(false));
+    }
+
+    /// A snippet is written in a folder of its own inside the snippets directory, which
+    /// drbd-reactor's reload path unit does not watch, and renamed in whole: one change per snippet.
+    #[test]
+    fn a_snippet_is_staged_outside_the_watched_directory() {
+        let dir = PathBuf::from("/etc/drbd-reactor.d");
+        let staged = staged(&dir, "pvc-1");
+        assert_ne!(staged.parent(), Some(dir.as_path()));
+        assert!(staged.starts_with(&dir), "on the same filesystem, for the rename");
     }
 
     #[test]
