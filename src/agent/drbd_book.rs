@@ -314,6 +314,17 @@ mod tests {
         source
     }
 
+    /// A drbdsetup read once, finding `read`, whose settings are then read once as `show` says.
+    fn read_once_then_show(
+        read: DrbdState,
+        show: impl Fn() -> Result<Shown, DrbdError> + Send + 'static,
+    ) -> MockDrbdSource {
+        let mut source = MockDrbdSource::new();
+        source.expect_read().times(1).returning(move || Ok(read.clone()));
+        source.expect_shown().times(1).returning(show);
+        source
+    }
+
     fn described(resources: &[Resource], created: bool) -> DrbdChange {
         DrbdChange::State {
             resources: resources.to_vec(),
@@ -330,13 +341,10 @@ mod tests {
     /// read before; once something was created or destroyed, the settings are read again.
     #[tokio::test]
     async fn between_reads_events2_is_taken_and_the_settings_read_again_only_after_a_creation() {
-        let mut source = MockDrbdSource::new();
-        source
-            .expect_read()
-            .times(1)
-            .returning(|| Ok(state(&[resource("r1", "Secondary")], &["r1"])));
-        source.expect_shown().times(1).returning(|| Ok(shown(&["r1", "r2"])));
-        let (mut book, _) = book(source);
+        let (mut book, _) = book(read_once_then_show(
+            state(&[resource("r1", "Secondary")], &["r1"]),
+            || Ok(shown(&["r1", "r2"])),
+        ));
         book.bring_up_to_date().await;
         assert!(book.quorum_read(), "a full read carries its settings");
 
@@ -355,10 +363,7 @@ mod tests {
     /// Only the newest description counts, and a creation in any of them is not forgotten.
     #[tokio::test]
     async fn only_the_newest_description_is_taken_and_a_creation_in_any_is_kept() {
-        let mut source = MockDrbdSource::new();
-        source.expect_read().times(1).returning(|| Ok(state(&[], &[])));
-        source.expect_shown().times(1).returning(|| Ok(shown(&["r1"])));
-        let (mut book, _) = book(source);
+        let (mut book, _) = book(read_once_then_show(state(&[], &[]), || Ok(shown(&["r1"]))));
         book.bring_up_to_date().await;
         book.heard(described(&[resource("r1", "Secondary")], true));
         book.heard(described(&[resource("r1", "Primary")], false));
@@ -449,13 +454,10 @@ mod tests {
     /// A failed settings read leaves nothing to act on either: the settings decide what is safe.
     #[tokio::test]
     async fn a_failed_settings_read_leaves_no_state() {
-        let mut source = MockDrbdSource::new();
-        source
-            .expect_read()
-            .times(1)
-            .returning(|| Ok(state(&[resource("r1", "Primary")], &["r1"])));
-        source.expect_shown().times(1).returning(|| Err(failed()));
-        let (mut book, _) = book(source);
+        let (mut book, _) = book(read_once_then_show(
+            state(&[resource("r1", "Primary")], &["r1"]),
+            || Err(failed()),
+        ));
         book.bring_up_to_date().await;
         book.heard(described(
             &[resource("r1", "Primary"), resource("r2", "Secondary")],
@@ -469,13 +471,10 @@ mod tests {
     /// Before a destructive step the settings are read again and kept with the state.
     #[tokio::test]
     async fn settings_read_again_before_a_destructive_step_are_kept_with_the_state() {
-        let mut source = MockDrbdSource::new();
-        source
-            .expect_read()
-            .times(1)
-            .returning(|| Ok(state(&[resource("r1", "Primary")], &["r1"])));
-        source.expect_shown().times(1).returning(|| Ok(shown(&[])));
-        let (mut book, _) = book(source);
+        let (mut book, _) = book(read_once_then_show(
+            state(&[resource("r1", "Primary")], &["r1"]),
+            || Ok(shown(&[])),
+        ));
         book.bring_up_to_date().await;
         book.heard(described(&[resource("r1", "Primary")], false));
         book.bring_up_to_date().await;

@@ -190,14 +190,17 @@ impl PromoterSnippets {
         let present = self.read_present().await?;
         let mut held = present.len();
         let mut kept = BTreeSet::new();
-        for change in plan(&wanted, &present, drbd) {
+        let changes = plan(&wanted, &present, drbd);
+        if changes.iter().any(|c| matches!(c, Change::Write { .. })) {
+            tokio::fs::create_dir_all(self.settings.dir.join(STAGING)).await?;
+        }
+        for change in changes {
             match change {
                 Change::Write { resource, contents } => {
                     let path = self.settings.dir.join(file_name(&resource));
                     // Written whole elsewhere and renamed in, so that drbd-reactor never reads
                     // half a file.
                     let partial = staged(&self.settings.dir, &resource);
-                    tokio::fs::create_dir_all(self.settings.dir.join(STAGING)).await?;
                     tokio::fs::write(&partial, &contents).await?;
                     tokio::fs::rename(&partial, &path).await?;
                     held += usize::from(!present.contains_key(&resource));

@@ -47,15 +47,7 @@ pub async fn run(
         .list(false, NFS_PORT)
         .await
         .context("cannot read this node's conntrack table")?;
-    let loose = tcp_loose(std::fs::read_to_string(TCP_LOOSE).ok().as_deref());
-    metrics.tcp_loose.set(loose.map_or(-1, i64::from));
-    match loose {
-        Some(true) => {}
-        Some(false) => tracing::warn!(
-            "{TCP_LOOSE} is 0: after the repair deletes a stranded flow, the client's next segment is not the start of a connection, so the kernel marks it INVALID instead of sending it through the new rules, and the client follows only once it reconnects; set net.netfilter.nf_conntrack_tcp_loose=1 (the kernel's default)"
-        ),
-        None => tracing::warn!("cannot read {TCP_LOOSE}: the repair assumes it is 1 (the kernel's default)"),
-    }
+    report_tcp_loose(&metrics);
     tracing::info!(
         node = %args.node_name,
         sweep_period = %args.sweep_period,
@@ -99,6 +91,19 @@ pub async fn run(
 /// Whether the kernel tracks a flow picked up mid-connection: what a deleted entry's next segment
 /// needs to go through the new rules.
 const TCP_LOOSE: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_loose";
+
+/// Reads the node's `nf_conntrack_tcp_loose` once, at start: exported, and warned of when off.
+fn report_tcp_loose(metrics: &ConntrackMetrics) {
+    let loose = tcp_loose(std::fs::read_to_string(TCP_LOOSE).ok().as_deref());
+    metrics.tcp_loose.set(loose.map_or(-1, i64::from));
+    match loose {
+        Some(true) => {}
+        Some(false) => tracing::warn!(
+            "{TCP_LOOSE} is 0: after the repair deletes a stranded flow, the client's next segment is not the start of a connection, so the kernel marks it INVALID instead of sending it through the new rules, and the client follows only once it reconnects; set net.netfilter.nf_conntrack_tcp_loose=1 (the kernel's default)"
+        ),
+        None => tracing::warn!("cannot read {TCP_LOOSE}: the repair assumes it is 1 (the kernel's default)"),
+    }
+}
 
 /// `nf_conntrack_tcp_loose` as the file reads: on, off, or unknown.
 fn tcp_loose(file: Option<&str>) -> Option<bool> {

@@ -222,6 +222,8 @@ impl IdleHolder {
 pub struct LockTester {
     client: StatefulClient,
     files: Vec<&'static str>,
+    /// The files another client could lock: each a lost lock, counted once.
+    granted: std::collections::BTreeSet<&'static str>,
     tally: Tally,
 }
 
@@ -231,6 +233,7 @@ impl LockTester {
         Self {
             client: holder(server, port, "lock-tester", None),
             files,
+            granted: Default::default(),
             tally: Tally::default(),
         }
     }
@@ -239,16 +242,15 @@ impl LockTester {
     /// is a lost lock; no answer, as in a grace period, is neither).
     pub fn operate(&mut self, tick: usize) -> bool {
         let mut refused = true;
-        for file in &self.files {
+        for &file in &self.files {
             match self.client.lock_test(DIR, file) {
                 Some(true) => {}
                 Some(false) => {
                     refused = false;
-                    // A lock lost once is counted once, at the first test that could take it.
-                    let first = format!("another client could take the lock on {file} (first at test {tick})");
-                    if !self.tally.wrong.iter().any(|w| w.contains(&format!(" on {file} "))) {
+                    if self.granted.insert(file) {
                         self.tally.lost_locks += 1;
-                        self.tally.wrong.push(first);
+                        let wrong = format!("another client could take the lock on {file} (first at test {tick})");
+                        self.tally.wrong.push(wrong);
                     }
                 }
                 None => refused = false,
