@@ -24,8 +24,8 @@ RUN --mount=type=cache,id=cargo-registry-${TARGETPLATFORM},target=/usr/local/car
 
 # The agent runs drbdsetup against the host's DRBD, so its image carries drbd-utils and runs as
 # root (the DaemonSet grants only what drbdsetup needs). drbd-utils is held to its 9.22 series,
-# whatever Debian point release ships. The conntrack repair runs from this image too: conntrack
-# (conntrack-tools) deletes the connection-tracking entries a move strands.
+# whatever Debian point release ships. The conntrack repair runs from this image too (it talks to
+# the kernel over netlink); conntrack-tools stays for looking at the table by hand.
 FROM debian:bookworm-slim AS agent
 RUN apt-get update \
     && apt-get install -y --no-install-recommends "drbd-utils=9.22.*" "conntrack=1:1.4.*" \

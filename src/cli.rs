@@ -292,9 +292,9 @@ pub struct ConntrackArgs {
     /// The Kubernetes node this runs on (env: NODE_NAME, from the downward API); named in logs.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    /// The conntrack tool (conntrack-tools).
-    #[arg(long, env = "CONNTRACK_PATH", default_value = "conntrack")]
-    pub conntrack_path: String,
+    /// Deprecated and ignored: the table is read through ctnetlink, not the conntrack tool.
+    #[arg(long, env = "CONNTRACK_PATH", help_heading = COMPATIBILITY)]
+    pub conntrack_path: Option<String>,
     /// How often a volume whose endpoint moved is swept while its window lasts.
     #[arg(long, env = "SWEEP_PERIOD", default_value = "250ms")]
     pub sweep_period: Duration,
@@ -303,9 +303,20 @@ pub struct ConntrackArgs {
     /// that finds a flow to the new NFS server ends the window early.
     #[arg(long, env = "SWEEP_FOR", default_value = "30s")]
     pub sweep_for: Duration,
-    /// Bound of one conntrack command.
+    /// Bound of one read or delete of the conntrack table, and of one read of kube-proxy's
+    /// metrics.
     #[arg(long, env = "COMMAND_TIMEOUT", default_value = "10s")]
     pub command_timeout: Duration,
+    /// This node's kube-proxy `/metrics` (its `--metrics-bind-address`): once its last sync of
+    /// rules ended `--kube-proxy-settle` after a move, the next sweep is the move's last. Empty:
+    /// not asked; a sweep ends on a flow to the new server or with its window.
+    #[arg(long, env = "KUBE_PROXY_METRICS", default_value = "http://127.0.0.1:10249/metrics")]
+    pub kube_proxy_metrics: String,
+    /// How long after a move, and after the last change kube-proxy queued, its sync must end for
+    /// its rules to hold the move: above the lag of kube-proxy's watch behind this one's and above
+    /// one sync's duration (kube-proxy's `sync_proxy_rules_duration_seconds`).
+    #[arg(long, env = "KUBE_PROXY_SETTLE", default_value = "2s")]
+    pub kube_proxy_settle: Duration,
 }
 
 #[derive(Debug, Args)]

@@ -41,11 +41,13 @@ pub use cli::{COMPATIBILITY, Cli};
 pub use compat::{apply as apply_legacy_flags, normalize as normalize_legacy_flags};
 pub use telemetry::init as init_logging;
 // For the property tests and the benchmarks: the DRBD parsers, the agent's pure core, the
-// shared-volume model and the endpoint parser.
+// shared-volume model, the endpoint parser and the conntrack table.
 pub use agent::decide::{DecisionSettings, decide};
 pub use agent::drbd::{Connection, Device, DrbdState, Resource, parse_quorum_enabled, parse_status};
 pub use agent::observe::{Snapshot, observe};
 pub use agent::view::Timers;
+pub use conntrack::Flow;
+pub use conntrack::table::{Table as ConntrackTable, TableError as ConntrackError};
 pub use sharedvolume::claim::bound_claim;
 pub use sharedvolume::classify::claim_owner;
 pub use sharedvolume::desired::{self, SharedVolume, is_dns1035_label, service_name};

@@ -39,6 +39,7 @@ pub const CONNTRACK_FAILURES: &str = "storageos_shared_volume_conntrack_failures
 pub const CONNTRACK_SWEEPS: &str = "storageos_shared_volume_conntrack_sweeps_total";
 pub const CONNTRACK_SWEEPING: &str = "storageos_shared_volume_conntrack_volumes_sweeping";
 pub const CONNTRACK_TCP_LOOSE: &str = "storageos_shared_volume_conntrack_tcp_loose";
+pub const CONNTRACK_SWEEPS_ENDED: &str = "storageos_shared_volume_conntrack_sweeps_ended_total";
 pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
 pub const AGENT_CACHED_OBJECTS: &str = "storageos_drbd_agent_cached_objects";
 pub const AGENT_PROMOTER_SNIPPETS: &str = "storageos_drbd_agent_promoter_snippets";
@@ -376,12 +377,14 @@ pub struct ConntrackMetrics {
     /// From a move (its trigger time on the slice, else when this node saw it) to the sweep that
     /// first deleted stranded entries of it on this node.
     pub repair_duration: Histogram,
-    /// conntrack commands that failed (listing or deleting).
+    /// Reads and deletes of the conntrack table that failed.
     pub failures: IntCounter,
     /// Listings of the table.
     pub sweeps: IntCounter,
     /// Volumes swept now (their endpoint moved within the sweep window).
     pub sweeping: IntGauge,
+    /// Sweeps of a moved volume that ended, by why: `kube-proxy`, `flow` or `window`.
+    pub sweeps_ended: IntCounterVec,
     /// The node's `nf_conntrack_tcp_loose`: 1 on, 0 off, -1 unreadable.
     pub tcp_loose: IntGauge,
 }
@@ -400,7 +403,11 @@ impl ConntrackMetrics {
                 "From a volume's endpoint move to the sweep that deleted its stranded conntrack entries on this node.",
                 REPAIR_BUCKETS,
             )?,
-            failures: counter(registry, CONNTRACK_FAILURES, "conntrack commands that failed.")?,
+            failures: counter(
+                registry,
+                CONNTRACK_FAILURES,
+                "Reads and deletes of the conntrack table that failed.",
+            )?,
             sweeps: counter(
                 registry,
                 CONNTRACK_SWEEPS,
@@ -410,6 +417,12 @@ impl ConntrackMetrics {
                 registry,
                 CONNTRACK_SWEEPING,
                 "Volumes whose endpoint moved within the sweep window, swept now.",
+            )?,
+            sweeps_ended: counter_vec(
+                registry,
+                CONNTRACK_SWEEPS_ENDED,
+                "Sweeps of a moved volume that ended: kube-proxy said its rules hold the move, a flow reached the new server, or the window ended.",
+                &["reason"],
             )?,
             tcp_loose: int_gauge(
                 registry,

@@ -5,14 +5,18 @@
 //! follow the move instead of talking to a dead node until the entry times out.
 //!
 //! [`slices`] reads the watch, [`sweep`] decides which flows to delete and for how long to keep
-//! looking, [`table`] lists and deletes flows with the `conntrack` tool.
+//! looking, [`flow`] writes and reads the ctnetlink messages, [`table`] sends them.
 
+mod flow;
+mod proxy_sync;
 mod slices;
 mod sweep;
-mod table;
+pub mod table;
+
+pub use flow::Flow;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use futures::StreamExt;
@@ -26,9 +30,10 @@ use crate::cli::ConntrackArgs;
 use crate::metrics::ConntrackMetrics;
 use crate::names::{NFS_PORT, SLICE_MANAGED_BY_LABEL, SLICE_MANAGER};
 use crate::shutdown::Shutdown;
+use proxy_sync::{ProxyMetrics, ProxySync};
 use slices::{Seen, Slices};
-use sweep::Sweeps;
-use table::Conntrack;
+use sweep::{Moment, Sweep, Sweeps};
+use table::Table;
 
 pub async fn run(
     args: ConntrackArgs,
@@ -38,26 +43,33 @@ pub async fn run(
     shutdown: Shutdown,
 ) -> Result<()> {
     let metrics = ConntrackMetrics::register(&registry)?;
-    let table = Conntrack {
-        binary: args.conntrack_path.clone(),
-        timeout: *args.command_timeout,
-    };
-    // A node where the tool cannot read the table is a misconfigured pod: say so at once.
+    if let Some(path) = &args.conntrack_path {
+        tracing::warn!(
+            conntrack_path = %path,
+            "--conntrack-path is deprecated and ignored: the repair reads the table through ctnetlink"
+        );
+    }
+    let table = Table::host(*args.command_timeout);
+    // A node where the table cannot be read is a misconfigured pod: say so at once.
     table
         .list(false, NFS_PORT)
         .await
         .context("cannot read this node's conntrack table")?;
     report_tcp_loose(&metrics);
+    let proxy = kube_proxy(&args).await?;
     tracing::info!(
         node = %args.node_name,
         sweep_period = %args.sweep_period,
         sweep_for = %args.sweep_for,
+        kube_proxy_metrics = %args.kube_proxy_metrics,
         selector = %selector(),
         "conntrack repair started"
     );
     let mut repair = Repair {
         table,
         metrics,
+        proxy,
+        settle: *args.kube_proxy_settle,
         window: *args.sweep_for,
         slices: Slices::new(*args.sweep_for),
         sweeps: Sweeps::default(),
@@ -86,6 +98,23 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// kube-proxy's metrics endpoint, if one is named; warned of when it does not answer now (the
+/// repair asks again at each sweep).
+async fn kube_proxy(args: &ConntrackArgs) -> Result<Option<ProxyMetrics>> {
+    if args.kube_proxy_metrics.is_empty() {
+        return Ok(None);
+    }
+    let proxy = ProxyMetrics::new(args.kube_proxy_metrics.clone(), *args.command_timeout)?;
+    if let Err(err) = proxy.read(false).await {
+        tracing::warn!(
+            url = %proxy.url(),
+            error = %err,
+            "cannot read kube-proxy's sync times: a moved volume is swept until a flow reaches its new server or --sweep-for ends; point --kube-proxy-metrics at kube-proxy's --metrics-bind-address, or set it empty"
+        );
+    }
+    Ok(Some(proxy))
 }
 
 /// Whether the kernel tracks a flow picked up mid-connection: what a deleted entry's next segment
@@ -120,8 +149,10 @@ fn selector() -> String {
 }
 
 struct Repair {
-    table: Conntrack,
+    table: Table,
     metrics: ConntrackMetrics,
+    proxy: Option<ProxyMetrics>,
+    settle: Duration,
     window: Duration,
     slices: Slices,
     sweeps: Sweeps,
@@ -173,11 +204,11 @@ impl Repair {
                     "the volume's endpoint moved; sweeping its stranded conntrack entries"
                 );
                 self.sweeps
-                    .changed(&key, served, slices::triggered(slice), now, self.window);
+                    .changed(&key, served, slices::triggered(slice), Moment::now(), self.window);
             }
             // After a restart a move may have gone unseen: sweep every volume once more.
             Seen::First(served) if !self.started => {
-                self.sweeps.changed(&key, served, None, now, self.window);
+                self.sweeps.changed(&key, served, None, Moment::now(), self.window);
             }
             Seen::First(_) | Seen::Same => {}
             Seen::Unusable(why) => tracing::debug!(slice = %key, "not repaired: {why}"),
@@ -185,12 +216,14 @@ impl Repair {
     }
 
     /// Lists the flows of each address family being swept, deletes the stranded ones, and
-    /// reports each volume's first repair.
+    /// reports each volume's first repair and the end of its sweep.
     async fn sweep(&mut self) {
         for ipv6 in [false, true] {
             if !self.sweeps.any_of_family(ipv6) {
                 continue;
             }
+            // Before the listing: rules that held the move then made no entry the listing misses.
+            let proxy = self.proxy_sync(ipv6).await;
             self.metrics.sweeps.inc();
             let listed = match self.table.list(ipv6, NFS_PORT).await {
                 Ok(listed) => listed,
@@ -200,29 +233,16 @@ impl Repair {
                     continue;
                 }
             };
-            let mut deleted = Vec::new();
-            for (volume, flow) in self.sweeps.stranded(&listed) {
-                match self.table.delete(&flow).await {
-                    Ok(0) => {}
-                    Ok(count) => {
-                        self.metrics.deleted.inc_by(count);
-                        tracing::info!(
-                            slice = %volume,
-                            client = %flow.orig_src,
-                            mount = %flow.orig_dst,
-                            old_backend = %flow.reply_src,
-                            state = %flow.state,
-                            "deleted a conntrack entry stranded on the old NFS server"
-                        );
-                        deleted.push(volume);
-                    }
-                    Err(err) => {
-                        self.metrics.failures.inc();
-                        tracing::warn!(slice = %volume, client = %flow.orig_src, error = %err, "cannot delete a stranded conntrack entry");
-                    }
-                }
-            }
-            for repaired in self.sweeps.swept(&listed, &deleted, Instant::now(), SystemTime::now()) {
+            let deleted = self.delete(self.sweeps.stranded(&listed)).await;
+            let sweep = Sweep {
+                ipv6,
+                listed: &listed,
+                deleted: &deleted,
+                proxy: proxy.map(|sync| (sync, self.settle)),
+                at: Moment::now(),
+            };
+            let (repaired, ended) = self.sweeps.swept(&sweep);
+            for repaired in repaired {
                 self.metrics.repair_duration.observe(repaired.after.as_secs_f64());
                 tracing::info!(
                     slice = %repaired.volume,
@@ -231,8 +251,57 @@ impl Repair {
                     "clients of the volume on this node were sent to its new NFS server"
                 );
             }
+            for (volume, why) in ended {
+                self.metrics.sweeps_ended.with_label_values(&[why.label()]).inc();
+                tracing::debug!(slice = %volume, ended_by = why.label(), "the volume's sweep ended");
+            }
         }
         self.metrics.sweeping.set(self.sweeps.len() as i64);
+    }
+
+    async fn proxy_sync(&self, ipv6: bool) -> Option<ProxySync> {
+        let read = self.proxy.as_ref()?.read(ipv6).await;
+        read.inspect_err(|err| tracing::debug!(error = %err, "cannot read kube-proxy's sync times"))
+            .ok()
+    }
+
+    /// Deletes the entries of `stranded`; the volumes whose entries went.
+    async fn delete(&mut self, stranded: Vec<(String, Flow)>) -> Vec<String> {
+        if stranded.is_empty() {
+            return Vec::new();
+        }
+        let flows = stranded.iter().map(|(_, flow)| flow.clone()).collect();
+        let answers = match self.table.delete(flows).await {
+            Ok(answers) => answers,
+            Err(err) => {
+                self.metrics.failures.inc();
+                tracing::warn!(error = %err, "cannot delete stranded conntrack entries; trying again next sweep");
+                return Vec::new();
+            }
+        };
+        let mut deleted = Vec::new();
+        for ((volume, flow), answer) in stranded.into_iter().zip(answers) {
+            match answer {
+                Ok(0) => {}
+                Ok(count) => {
+                    self.metrics.deleted.inc_by(count);
+                    tracing::info!(
+                        slice = %volume,
+                        client = %flow.orig_src,
+                        mount = %flow.orig_dst,
+                        old_backend = %flow.reply_src,
+                        state = flow.state,
+                        "deleted a conntrack entry stranded on the old NFS server"
+                    );
+                    deleted.push(volume);
+                }
+                Err(err) => {
+                    self.metrics.failures.inc();
+                    tracing::warn!(slice = %volume, client = %flow.orig_src, error = %err, "cannot delete a stranded conntrack entry");
+                }
+            }
+        }
+        deleted
     }
 }
 

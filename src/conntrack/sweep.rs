@@ -6,14 +6,17 @@
 //! EndpointSlice no longer names its backend, and deleting it sends the client's next packet
 //! through the rules as they are. Until this node's kube-proxy has rewritten those rules, though,
 //! the next packet is translated to the old backend again and a new entry made: so a volume whose
-//! endpoint moved is swept again and again, until a flow to its new backend proves the rules here
-//! are new (deleting what that sweep listed then leaves nothing to come back), or the window ends.
+//! endpoint moved is swept again and again, until kube-proxy says its rules include the move (read
+//! before the sweep's listing, so that listing holds every entry the old rules made), or a flow to
+//! its new backend proves the rules here are new (deleting what that sweep listed then leaves
+//! nothing to come back), or the window ends.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
-use super::table::Flow;
+use super::flow::Flow;
+use super::proxy_sync::ProxySync;
 
 /// What a volume's EndpointSlice says: what clients mount and where the NFS server is.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,11 +46,62 @@ struct Sweeping {
     served: Served,
     /// When this node saw the change, and when the change was triggered if the slice says so
     /// (`endpoints.kubernetes.io/last-change-trigger-time`).
-    seen: Instant,
+    seen: Moment,
     triggered: Option<SystemTime>,
     until: Instant,
     /// Whether a sweep deleted a flow of this change already (its repair time is measured once).
     repaired: bool,
+}
+
+/// A point in time on both clocks: the monotonic one for windows, the wall one to compare with
+/// the times other processes report.
+#[derive(Clone, Copy, Debug)]
+pub struct Moment {
+    pub now: Instant,
+    pub wall: SystemTime,
+}
+
+impl Moment {
+    pub fn now() -> Self {
+        Self {
+            now: Instant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+}
+
+/// What one sweep of one address family saw and did.
+#[derive(Clone, Copy, Debug)]
+pub struct Sweep<'a> {
+    pub ipv6: bool,
+    pub listed: &'a [Flow],
+    /// The volumes of the flows that went.
+    pub deleted: &'a [String],
+    /// kube-proxy's account of this family's rules, read before the listing, and how long after a
+    /// change its sync must end to include it (see [`super::proxy_sync`]).
+    pub proxy: Option<(ProxySync, Duration)>,
+    pub at: Moment,
+}
+
+/// Why a volume is swept no more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// kube-proxy's last sync includes the move.
+    KubeProxy,
+    /// A flow reached the new backend through this node's rules.
+    Flow,
+    /// The window is over.
+    Window,
+}
+
+impl Ended {
+    pub fn label(self) -> &'static str {
+        match self {
+            Ended::KubeProxy => "kube-proxy",
+            Ended::Flow => "flow",
+            Ended::Window => "window",
+        }
+    }
 }
 
 /// A volume's sweep that deleted flows for the first time since its change.
@@ -72,16 +126,16 @@ impl Sweeps {
         volume: &str,
         served: Served,
         triggered: Option<SystemTime>,
-        now: Instant,
+        at: Moment,
         window: Duration,
     ) {
         self.sweeping.insert(
             volume.to_owned(),
             Sweeping {
                 served,
-                seen: now,
+                seen: at,
                 triggered,
-                until: now + window,
+                until: at.now + window,
                 repaired: false,
             },
         );
@@ -116,17 +170,15 @@ impl Sweeps {
             .collect()
     }
 
-    /// After a sweep over `listed` deleted `deleted` (volume names of the flows that went): the
-    /// volumes repaired for the first time, and the end of every volume whose window is over or
-    /// whose new backend `listed` shows reached through this node's rules.
-    pub fn swept(&mut self, listed: &[Flow], deleted: &[String], now: Instant, wall: SystemTime) -> Vec<Repaired> {
+    /// After `sweep`: the volumes repaired for the first time, and those swept no more, why.
+    pub fn swept(&mut self, sweep: &Sweep) -> (Vec<Repaired>, Vec<(String, Ended)>) {
         let mut repaired = Vec::new();
         for (volume, sweeping) in &mut self.sweeping {
-            if !sweeping.repaired && deleted.contains(volume) {
+            if !sweeping.repaired && sweep.deleted.contains(volume) {
                 sweeping.repaired = true;
                 let after = match sweeping.triggered {
-                    Some(triggered) => wall.duration_since(triggered).unwrap_or_default(),
-                    None => now.saturating_duration_since(sweeping.seen),
+                    Some(triggered) => sweep.at.wall.duration_since(triggered).unwrap_or_default(),
+                    None => sweep.at.now.saturating_duration_since(sweeping.seen.now),
                 };
                 repaired.push(Repaired {
                     volume: volume.clone(),
@@ -135,11 +187,31 @@ impl Sweeps {
                 });
             }
         }
-        self.sweeping.retain(|_, sweeping| {
-            let rules_are_new = listed.iter().any(|flow| sweeping.served.reaches_a_backend(flow));
-            now < sweeping.until && !rules_are_new
+        let mut ended = Vec::new();
+        self.sweeping.retain(|volume, sweeping| {
+            let end = sweeping.ended(sweep);
+            ended.extend(end.map(|why| (volume.clone(), why)));
+            end.is_none()
         });
-        repaired
+        (repaired, ended)
+    }
+}
+
+impl Sweeping {
+    fn ended(&self, sweep: &Sweep) -> Option<Ended> {
+        let ours = self.served.mount.is_ipv6() == sweep.ipv6;
+        if ours
+            && let Some((proxy, settle)) = sweep.proxy
+            && proxy.includes(self.seen.wall, settle)
+        {
+            Some(Ended::KubeProxy)
+        } else if ours && sweep.listed.iter().any(|flow| self.served.reaches_a_backend(flow)) {
+            Some(Ended::Flow)
+        } else if sweep.at.now >= self.until {
+            Some(Ended::Window)
+        } else {
+            None
+        }
     }
 }
 
@@ -160,7 +232,8 @@ mod tests {
             orig_src: SocketAddr::new("10.211.0.1".parse().unwrap(), sport),
             orig_dst: at(dst),
             reply_src: at(backend),
-            state: "ESTABLISHED".into(),
+            reply_dst: SocketAddr::new("10.211.0.1".parse().unwrap(), sport),
+            state: "ESTABLISHED",
         }
     }
 
@@ -190,62 +263,108 @@ mod tests {
         );
     }
 
+    const WINDOW: Duration = Duration::from_secs(30);
+    const SETTLE: Duration = Duration::from_secs(2);
+    const VOLUME: &str = "apps/pvc-1";
+
+    /// `start` moved on by `millis` on both clocks.
+    fn later(start: Moment, millis: u64) -> Moment {
+        let by = Duration::from_millis(millis);
+        Moment {
+            now: start.now + by,
+            wall: start.wall + by,
+        }
+    }
+
+    fn sweep<'a>(listed: &'a [Flow], deleted: &'a [String], at: Moment) -> Sweep<'a> {
+        Sweep {
+            ipv6: false,
+            listed,
+            deleted,
+            proxy: None,
+            at,
+        }
+    }
+
+    fn moved() -> (Sweeps, Moment) {
+        let (mut sweeps, start) = (Sweeps::default(), Moment::now());
+        sweeps.changed(VOLUME, moved_to(NEW), None, start, WINDOW);
+        (sweeps, start)
+    }
+
     #[test]
     fn a_volume_is_swept_until_its_window_ends_while_the_old_rules_may_still_answer() {
-        let (mut sweeps, start, wall) = (Sweeps::default(), Instant::now(), SystemTime::now());
-        sweeps.changed("apps/pvc-1", moved_to(NEW), None, start, Duration::from_secs(30));
+        let (mut sweeps, start) = moved();
         let listed = [flow(790, MOUNT, OLD), flow(795, MOUNT, "10.211.3.2:2049")];
         assert_eq!(sweeps.stranded(&listed).len(), 2);
 
-        let deleted = vec!["apps/pvc-1".to_owned(); 2];
-        let repaired = sweeps.swept(&listed, &deleted, start + Duration::from_millis(400), wall);
+        let deleted = vec![VOLUME.to_owned(); 2];
+        let (repaired, ended) = sweeps.swept(&sweep(&listed, &deleted, later(start, 400)));
         assert_eq!(repaired.len(), 1, "one repair per change");
         assert_eq!(repaired[0].after, Duration::from_millis(400));
+        assert!(ended.is_empty());
         // The old rules re-created the flow: it is deleted again, and not counted as a repair again.
         let again = [flow(790, MOUNT, OLD)];
         assert_eq!(sweeps.stranded(&again).len(), 1);
-        let deleted = vec!["apps/pvc-1".to_owned()];
-        assert!(
-            sweeps
-                .swept(&again, &deleted, start + Duration::from_secs(1), wall)
-                .is_empty()
-        );
+        let deleted = vec![VOLUME.to_owned()];
+        let (repaired, _) = sweeps.swept(&sweep(&again, &deleted, later(start, 1000)));
+        assert!(repaired.is_empty());
         assert_eq!(sweeps.len(), 1, "still swept: nothing proves the rules here changed");
-        sweeps.swept(&[], &[], start + Duration::from_secs(30), wall);
+        let (_, ended) = sweeps.swept(&sweep(&[], &[], later(start, 30_000)));
+        assert_eq!(ended, [(VOLUME.to_owned(), Ended::Window)]);
         assert!(sweeps.is_empty(), "the window is over");
     }
 
     #[test]
     fn a_flow_to_the_new_backend_proves_the_rules_changed_and_ends_the_sweep() {
-        let (mut sweeps, start, wall) = (Sweeps::default(), Instant::now(), SystemTime::now());
-        sweeps.changed("apps/pvc-1", moved_to(NEW), None, start, Duration::from_secs(30));
+        let (mut sweeps, start) = moved();
         let listed = [flow(790, MOUNT, OLD), flow(791, MOUNT, NEW)];
         assert_eq!(
             sweeps.stranded(&listed),
-            vec![("apps/pvc-1".to_owned(), flow(790, MOUNT, OLD))],
+            vec![(VOLUME.to_owned(), flow(790, MOUNT, OLD))],
             "what this sweep listed is still deleted"
         );
-        sweeps.swept(
-            &listed,
-            &["apps/pvc-1".to_owned()],
-            start + Duration::from_millis(200),
-            wall,
-        );
-        assert!(sweeps.is_empty());
+        let deleted = [VOLUME.to_owned()];
+        let (_, ended) = sweeps.swept(&sweep(&listed, &deleted, later(start, 200)));
+        assert_eq!(ended, [(VOLUME.to_owned(), Ended::Flow)]);
+    }
+
+    /// A node with no client of the volume never sees a flow to its new backend: kube-proxy's word
+    /// that its rules include the move ends the sweep after one listing, not after the window.
+    #[test]
+    fn kube_proxys_sync_after_the_move_ends_the_sweep_of_a_node_without_clients() {
+        let (mut sweeps, start) = moved();
+        let proxy = |queued: u64, synced: u64| {
+            let sync = ProxySync {
+                queued: later(start, queued).wall,
+                synced: later(start, synced).wall,
+            };
+            Some((sync, SETTLE))
+        };
+        let (_, ended) = sweeps.swept(&Sweep {
+            proxy: proxy(100, 1500),
+            ..sweep(&[], &[], later(start, 250))
+        });
+        assert!(ended.is_empty(), "the sync may not hold the move yet");
+        let (_, ended) = sweeps.swept(&Sweep {
+            proxy: proxy(100, 2100),
+            ipv6: true,
+            ..sweep(&[], &[], later(start, 2250))
+        });
+        assert!(ended.is_empty(), "the other family's rules say nothing of this volume");
+        let (_, ended) = sweeps.swept(&Sweep {
+            proxy: proxy(100, 2100),
+            ..sweep(&[], &[], later(start, 2250))
+        });
+        assert_eq!(ended, [(VOLUME.to_owned(), Ended::KubeProxy)]);
     }
 
     #[test]
     fn the_repair_is_timed_from_the_moves_trigger_when_the_slice_names_it() {
-        let (mut sweeps, start, wall) = (Sweeps::default(), Instant::now(), SystemTime::now());
-        let triggered = wall - Duration::from_millis(900);
-        sweeps.changed(
-            "apps/pvc-1",
-            moved_to(NEW),
-            Some(triggered),
-            start,
-            Duration::from_secs(30),
-        );
-        let repaired = sweeps.swept(&[], &["apps/pvc-1".to_owned()], start, wall);
+        let (mut sweeps, start) = (Sweeps::default(), Moment::now());
+        let triggered = start.wall - Duration::from_millis(900);
+        sweeps.changed(VOLUME, moved_to(NEW), Some(triggered), start, WINDOW);
+        let (repaired, _) = sweeps.swept(&sweep(&[], &[VOLUME.to_owned()], start));
         assert_eq!(repaired[0].after, Duration::from_millis(900));
     }
 }

@@ -1,234 +1,249 @@
-//! The kernel's connection-tracking table, through the `conntrack` tool (conntrack-tools): list
-//! the TCP flows to a port, delete one flow by its original tuple and its backend. Parsing is pure; the tool is
-//! run with a timeout.
+//! The kernel's connection-tracking table through ctnetlink: list the TCP flows to a port in one
+//! read, delete listed entries, make entries (tests and the benchmark). Each call opens its own
+//! socket on a blocking thread, bounded by a timeout; the messages are [`super::flow`]'s.
 
-use std::net::{IpAddr, SocketAddr};
-use std::process::Stdio;
-use std::time::Duration;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-/// One tracked TCP flow: the tuple the client sent (`orig_*`) and the tuple the kernel expects
-/// back, which after kube-proxy's DNAT names the backend the flow is bound to (`reply_src`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Flow {
-    pub orig_src: SocketAddr,
-    pub orig_dst: SocketAddr,
-    pub reply_src: SocketAddr,
-    /// The TCP state as conntrack names it (`ESTABLISHED`, `FIN_WAIT`, `SYN_SENT`, ...).
-    pub state: String,
-}
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 
-impl Flow {
-    /// Whether the kernel rewrote the destination: the flow was load-balanced to `reply_src`.
-    pub fn is_translated(&self) -> bool {
-        self.reply_src != self.orig_dst
-    }
-}
+use super::flow::{self, Flow, Reply};
 
-/// The flows in `conntrack -L` output, one per line; lines that do not read as a TCP flow with
-/// both tuples are passed over.
-pub fn parse_flows(text: &str) -> Vec<Flow> {
-    text.lines().filter_map(parse_flow).collect()
-}
+/// Requests sent in one datagram when deleting or making many entries: their answers fit the
+/// socket's default receive buffer.
+const BATCH: usize = 256;
+/// Room for one datagram of a dump (the kernel fills at most a few pages per read).
+const DATAGRAM: usize = 64 * 1024;
 
-fn parse_flow(line: &str) -> Option<Flow> {
-    let mut words = line.split_whitespace();
-    // `tcp 6 <timeout> <state> src=...`, or with `-o extended` a family first.
-    let mut word = words.next()?;
-    if word == "ipv4" || word == "ipv6" {
-        words.next()?;
-        word = words.next()?;
-    }
-    if word != "tcp" {
-        return None;
-    }
-    let state = words.clone().nth(2).filter(|w| !w.contains('='))?.to_owned();
-    let mut fields = words.filter_map(|w| w.split_once('='));
-    let mut tuple = || -> Option<(SocketAddr, SocketAddr)> {
-        let mut take = |key: &str| fields.find(|(k, _)| *k == key).map(|(_, v)| v);
-        let (src, dst) = (
-            take("src")?.parse::<IpAddr>().ok()?,
-            take("dst")?.parse::<IpAddr>().ok()?,
-        );
-        let (sport, dport) = (take("sport")?.parse().ok()?, take("dport")?.parse().ok()?);
-        Some((SocketAddr::new(src, sport), SocketAddr::new(dst, dport)))
-    };
-    let (orig_src, orig_dst) = tuple()?;
-    let (reply_src, _) = tuple()?;
-    Some(Flow {
-        orig_src,
-        orig_dst,
-        reply_src,
-        state,
-    })
-}
-
-/// How many flows a `conntrack -D` reported deleted ("N flow entries have been deleted").
-pub fn parse_deleted(stderr: &str) -> Option<u64> {
-    stderr
-        .lines()
-        .find(|line| line.contains("flow entries have been deleted") || line.contains("flow entry has been deleted"))
-        .and_then(|line| line.split_whitespace().rev().find_map(|w| w.parse().ok()))
-}
-
-/// The `conntrack` tool.
+/// A conntrack table: the host's, or a network namespace's.
 #[derive(Clone, Debug)]
-pub struct Conntrack {
-    pub binary: String,
+pub struct Table {
+    /// `/run/netns/<name>` to open the socket in; `None`: this process's namespace.
+    pub netns: Option<PathBuf>,
+    /// Bound of one call.
     pub timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
-    #[error("cannot run {binary}: {source} (the image carries conntrack-tools; the pod needs NET_ADMIN)")]
-    Spawn { binary: String, source: std::io::Error },
-    #[error("{binary} {args} took longer than {timeout:?}")]
-    Timeout {
-        binary: String,
-        args: String,
-        timeout: Duration,
-    },
-    #[error("{binary} {args} failed: {stderr}")]
-    Failed {
-        binary: String,
-        args: String,
-        stderr: String,
-    },
+    #[error("cannot open a ctnetlink socket: {0} (the pod needs NET_ADMIN in the host's network namespace)")]
+    Open(io::Error),
+    #[error("ctnetlink {what} failed: {source}")]
+    Io { what: &'static str, source: io::Error },
+    #[error("ctnetlink {what} took longer than {timeout:?}")]
+    Timeout { what: &'static str, timeout: Duration },
+    #[error("ctnetlink {what}: the kernel answered {}", io::Error::from_raw_os_error(-code))]
+    Refused { what: &'static str, code: i32 },
+    #[error("ctnetlink {what}: an answer does not parse: {why}")]
+    Garbled { what: &'static str, why: String },
 }
 
-fn family(ipv6: bool) -> &'static str {
-    if ipv6 { "ipv6" } else { "ipv4" }
-}
+impl Table {
+    /// This process's table (the host's, for the repair's DaemonSet), calls bounded by `timeout`.
+    pub fn host(timeout: Duration) -> Self {
+        Self { netns: None, timeout }
+    }
 
-impl Conntrack {
-    /// The TCP flows whose original destination port is `port`, in one address family.
+    /// The TCP flows whose original destination port is `port`, in one address family: one dump.
     pub async fn list(&self, ipv6: bool, port: u16) -> Result<Vec<Flow>, TableError> {
-        let port = port.to_string();
-        let (_, stdout) = self
-            .run(
-                &["-L", "-f", family(ipv6), "-p", "tcp", "--orig-port-dst", &port],
-                false,
-            )
-            .await?;
-        Ok(parse_flows(&stdout))
+        self.blocking(move |call| call.list(ipv6, port)).await
     }
 
-    /// Deletes the one flow with `flow`'s original tuple bound to `flow`'s backend (its reply
-    /// source); how many entries went (0: gone already). A client that reconnected from the same
-    /// port since the listing has a new entry with the same original tuple bound to another
-    /// backend: the reply source spares it.
-    pub async fn delete(&self, flow: &Flow) -> Result<u64, TableError> {
-        let (src, dst, reply) = (flow.orig_src, flow.orig_dst, flow.reply_src);
-        let [src_ip, dst_ip, reply_ip] = [src, dst, reply].map(|a| a.ip().to_string());
-        let [sport, dport, reply_port] = [src, dst, reply].map(|a| a.port().to_string());
-        let args = [
-            "-D",
-            "-f",
-            family(src.is_ipv6()),
-            "-p",
-            "tcp",
-            "--orig-src",
-            &src_ip,
-            "--orig-dst",
-            &dst_ip,
-            "--orig-port-src",
-            &sport,
-            "--orig-port-dst",
-            &dport,
-            "--reply-src",
-            &reply_ip,
-            "--reply-port-src",
-            &reply_port,
-        ];
-        // conntrack exits 1 when nothing matched: the flow ended on its own meanwhile.
-        let (stderr, _) = self.run(&args, true).await?;
-        Ok(parse_deleted(&stderr).unwrap_or(0))
+    /// Deletes the entries `flows` were listed as; for each, how many went (0: gone already), or
+    /// why it could not.
+    pub async fn delete(&self, flows: Vec<Flow>) -> Result<Vec<Result<u64, TableError>>, TableError> {
+        self.blocking(move |call| call.delete(&flows)).await
     }
 
-    /// Runs the tool; its stderr and stdout. `nothing_is_fine`: an exit status of 1 with "0 flow
-    /// entries" is a success.
-    async fn run(&self, args: &[&str], nothing_is_fine: bool) -> Result<(String, String), TableError> {
-        let joined = args.join(" ");
-        let child = tokio::process::Command::new(&self.binary)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|source| TableError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
-        let output = tokio::time::timeout(self.timeout, child.wait_with_output())
-            .await
-            .map_err(|_| TableError::Timeout {
-                binary: self.binary.clone(),
-                args: joined.clone(),
+    /// Makes an ESTABLISHED entry for each of `flows` that lives `timeout_secs`.
+    pub async fn insert(&self, flows: Vec<Flow>, timeout_secs: u32) -> Result<(), TableError> {
+        self.blocking(move |call| call.insert(&flows, timeout_secs)).await
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut Call) -> Result<T, TableError> + Send + 'static,
+    ) -> Result<T, TableError> {
+        let (netns, timeout) = (self.netns.clone(), self.timeout);
+        let done = tokio::task::spawn_blocking(move || work(&mut Call::open(netns, timeout)?)).await;
+        done.map_err(|err| TableError::Io {
+            what: "call",
+            source: io::Error::other(err),
+        })?
+    }
+}
+
+/// One socket and the deadline of the call it serves.
+struct Call {
+    socket: Socket,
+    deadline: Instant,
+    timeout: Duration,
+    sequence: u32,
+}
+
+impl Call {
+    fn open(netns: Option<PathBuf>, timeout: Duration) -> Result<Self, TableError> {
+        let socket = match netns {
+            None => open_socket(),
+            Some(path) => std::thread::spawn(move || {
+                let namespace = std::fs::File::open(&path)?;
+                // SAFETY: setns on this short-lived thread alone; the fd is open for the call.
+                if unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                open_socket()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the namespace thread panicked"))),
+        }
+        .map_err(TableError::Open)?;
+        socket2::SockRef::from(&socket)
+            .set_read_timeout(Some(timeout))
+            .map_err(TableError::Open)?;
+        Ok(Self {
+            socket,
+            deadline: Instant::now() + timeout,
+            timeout,
+            sequence: 0,
+        })
+    }
+
+    fn list(&mut self, ipv6: bool, port: u16) -> Result<Vec<Flow>, TableError> {
+        const WHAT: &str = "dump";
+        let request = flow::dump_request(ipv6, port, self.next());
+        self.send(WHAT, &request)?;
+        let mut flows = Vec::new();
+        loop {
+            for reply in self.receive(WHAT)? {
+                match reply {
+                    // The kernel's filter, again: an older kernel ignores it.
+                    Reply::Flow(Some(flow)) if flow.orig_dst.port() == port && flow.orig_dst.is_ipv6() == ipv6 => {
+                        flows.push(flow)
+                    }
+                    Reply::Flow(_) => {}
+                    Reply::Done => return Ok(flows),
+                    Reply::Ack { code: 0, .. } => {}
+                    Reply::Ack { code, .. } => return Err(TableError::Refused { what: WHAT, code }),
+                }
+            }
+        }
+    }
+
+    fn delete(&mut self, flows: &[Flow]) -> Result<Vec<Result<u64, TableError>>, TableError> {
+        let answers = self.batch("delete", flows, flow::delete_request)?;
+        Ok(answers
+            .into_iter()
+            .map(|code| match code {
+                0 => Ok(1),
+                code if code == -libc::ENOENT => Ok(0),
+                code => Err(TableError::Refused { what: "delete", code }),
+            })
+            .collect())
+    }
+
+    fn insert(&mut self, flows: &[Flow], timeout_secs: u32) -> Result<(), TableError> {
+        let answers = self.batch("insert", flows, |flow, sequence| {
+            flow::new_request(flow, timeout_secs, sequence)
+        })?;
+        match answers.into_iter().find(|code| *code != 0) {
+            Some(code) => Err(TableError::Refused { what: "insert", code }),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends one acknowledged request per flow, [`BATCH`] to a datagram; each one's answer code.
+    fn batch(
+        &mut self,
+        what: &'static str,
+        flows: &[Flow],
+        request: impl Fn(&Flow, u32) -> Vec<u8>,
+    ) -> Result<Vec<i32>, TableError> {
+        let mut answers = Vec::with_capacity(flows.len());
+        for chunk in flows.chunks(BATCH) {
+            let first = self.sequence + 1;
+            let datagram: Vec<u8> = chunk.iter().flat_map(|f| request(f, self.next())).collect();
+            self.send(what, &datagram)?;
+            let mut codes = vec![None; chunk.len()];
+            while codes.iter().any(Option::is_none) {
+                for reply in self.receive(what)? {
+                    if let Reply::Ack { sequence, code } = reply
+                        && let Some(slot) = codes.get_mut(sequence.wrapping_sub(first) as usize)
+                    {
+                        *slot = Some(code);
+                    }
+                }
+            }
+            answers.extend(codes.into_iter().flatten());
+        }
+        Ok(answers)
+    }
+
+    fn next(&mut self) -> u32 {
+        self.sequence += 1;
+        self.sequence
+    }
+
+    fn send(&self, what: &'static str, datagram: &[u8]) -> Result<(), TableError> {
+        self.socket
+            .send(datagram, 0)
+            .map(drop)
+            .map_err(|source| TableError::Io { what, source })
+    }
+
+    fn receive(&self, what: &'static str) -> Result<Vec<Reply>, TableError> {
+        if Instant::now() > self.deadline {
+            return Err(TableError::Timeout {
+                what,
                 timeout: self.timeout,
-            })?
-            .map_err(|source| TableError::Spawn {
-                binary: self.binary.clone(),
-                source,
-            })?;
-        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-        let matched_nothing = nothing_is_fine && output.status.code() == Some(1) && parse_deleted(&stderr) == Some(0);
-        if !output.status.success() && !matched_nothing {
-            return Err(TableError::Failed {
-                binary: self.binary.clone(),
-                args: joined,
-                stderr: stderr.trim().to_owned(),
             });
         }
-        Ok((stderr, String::from_utf8_lossy(&output.stdout).into_owned()))
+        let mut datagram = Vec::with_capacity(DATAGRAM);
+        match self.socket.recv(&mut datagram, 0) {
+            Ok(_) => flow::replies(&datagram).map_err(|why| TableError::Garbled { what, why }),
+            Err(err) if matches!(err.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                Err(TableError::Timeout {
+                    what,
+                    timeout: self.timeout,
+                })
+            }
+            Err(source) => Err(TableError::Io { what, source }),
+        }
     }
+}
+
+fn open_socket() -> io::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_NETFILTER)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    socket.set_cap_ack(true)?;
+    Ok(socket)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const LISTED: &str = "\
-tcp      6 86390 ESTABLISHED src=10.211.0.1 dst=10.96.0.10 sport=790 dport=2049 src=10.211.1.2 dst=10.211.0.1 sport=2049 dport=790 [ASSURED] mark=0 use=1
-tcp      6 110 FIN_WAIT src=10.211.0.1 dst=10.96.0.10 sport=791 dport=2049 src=10.211.1.2 dst=10.211.0.1 sport=2049 dport=791 [ASSURED] mark=0 use=1
-tcp      6 118 SYN_SENT src=10.211.0.1 dst=10.96.0.10 sport=792 dport=2049 [UNREPLIED] src=10.211.2.2 dst=10.211.0.1 sport=2049 dport=792 mark=0 use=1
-ipv6     10 tcp      6 299 ESTABLISHED src=fd00::1 dst=fd00:96::a sport=800 dport=2049 src=fd00:211::2 dst=fd00::1 sport=2049 dport=800 [ASSURED] mark=0 use=1
-udp      17 29 src=10.0.0.1 dst=10.96.0.10 sport=53 dport=2049 [UNREPLIED] src=10.96.0.10 dst=10.0.0.1 sport=2049 dport=53 mark=0 use=1
-not a flow
-";
-
-    fn at(text: &str) -> SocketAddr {
+    fn at(text: &str) -> std::net::SocketAddr {
         text.parse().unwrap()
     }
 
-    #[test]
-    fn flows_are_read_with_both_tuples_and_their_state() {
-        let flows = parse_flows(LISTED);
-        assert_eq!(flows.len(), 4, "{flows:?}");
-        assert_eq!(
-            flows[0],
-            Flow {
-                orig_src: at("10.211.0.1:790"),
-                orig_dst: at("10.96.0.10:2049"),
-                reply_src: at("10.211.1.2:2049"),
-                state: "ESTABLISHED".into(),
-            }
-        );
-        assert_eq!(flows[1].state, "FIN_WAIT");
-        assert_eq!(
-            flows[2].reply_src,
-            at("10.211.2.2:2049"),
-            "an unreplied flow has its reply tuple too"
-        );
-        assert_eq!(flows[3].orig_dst, at("[fd00:96::a]:2049"));
-        assert_eq!(flows[3].reply_src, at("[fd00:211::2]:2049"));
-        assert!(flows.iter().all(Flow::is_translated));
+    fn bound(client: &str, backend: &str) -> Flow {
+        Flow {
+            orig_src: at(client),
+            orig_dst: at("10.96.0.10:2049"),
+            reply_src: at(backend),
+            reply_dst: at(client),
+            state: "ESTABLISHED",
+        }
     }
 
-    /// A network namespace of the test's own, so that its conntrack table is the test's alone,
-    /// and the `conntrack` tool run inside it; removed on drop.
+    /// A network namespace of the test's own, so that its conntrack table is the test's alone;
+    /// removed on drop.
     struct OwnTable {
         netns: String,
-        tool: Conntrack,
+        table: Table,
     }
 
     impl OwnTable {
@@ -236,63 +251,15 @@ not a flow
             let netns = format!("svcct-{name}-{}", std::process::id());
             let made = std::process::Command::new("ip").args(["netns", "add", &netns]).status();
             assert!(made.is_ok_and(|s| s.success()), "ip netns add {netns} (needs root)");
-            let script = std::env::temp_dir().join(format!("{netns}.sh"));
-            std::fs::write(
-                &script,
-                format!("#!/bin/sh\nexec ip netns exec {netns} conntrack \"$@\"\n"),
-            )
-            .unwrap();
-            std::process::Command::new("chmod")
-                .arg("+x")
-                .arg(&script)
-                .status()
-                .unwrap();
-            let tool = Conntrack {
-                binary: script.display().to_string(),
+            let table = Table {
+                netns: Some(PathBuf::from("/run/netns").join(&netns)),
                 timeout: Duration::from_secs(5),
             };
-            Self { netns, tool }
+            Self { netns, table }
         }
 
-        /// Makes an ESTABLISHED entry for `flow`, as the kernel would have after a DNAT.
-        fn insert(&self, flow: &Flow) {
-            let (src, dst, reply) = (flow.orig_src, flow.orig_dst, flow.reply_src);
-            let args = [
-                "-I",
-                "-p",
-                "tcp",
-                "-s",
-                &src.ip().to_string(),
-                "-d",
-                &dst.ip().to_string(),
-                "--sport",
-                &src.port().to_string(),
-                "--dport",
-                &dst.port().to_string(),
-                "-r",
-                &reply.ip().to_string(),
-                "-q",
-                &src.ip().to_string(),
-                "--reply-port-src",
-                &reply.port().to_string(),
-                "--reply-port-dst",
-                &src.port().to_string(),
-                "--state",
-                "ESTABLISHED",
-                "-t",
-                "120",
-                "-u",
-                "ASSURED",
-            ];
-            let made = std::process::Command::new(&self.tool.binary)
-                .args(args)
-                .output()
-                .unwrap();
-            assert!(
-                made.status.success(),
-                "conntrack -I: {}",
-                String::from_utf8_lossy(&made.stderr)
-            );
+        async fn listed(&self) -> Vec<Flow> {
+            self.table.list(false, 2049).await.unwrap()
         }
     }
 
@@ -301,8 +268,31 @@ not a flow
             let _ = std::process::Command::new("ip")
                 .args(["netns", "del", &self.netns])
                 .status();
-            let _ = std::fs::remove_file(&self.tool.binary);
         }
+    }
+
+    #[tokio::test]
+    #[ignore = "needs root (a network namespace and its conntrack table): run `make test`"]
+    async fn a_listing_is_the_tcp_flows_to_the_port_with_both_tuples_and_their_state() {
+        let own = OwnTable::new("list");
+        let nfs = bound("10.211.0.1:790", "10.211.1.2:2049");
+        let masqueraded = Flow {
+            reply_dst: at("10.211.0.254:61000"),
+            ..bound("10.244.0.7:791", "10.211.1.2:2049")
+        };
+        let elsewhere = Flow {
+            orig_dst: at("10.96.0.11:80"),
+            ..bound("10.211.0.1:792", "10.211.1.3:8080")
+        };
+        own.table
+            .insert(vec![nfs.clone(), masqueraded.clone(), elsewhere], 120)
+            .await
+            .unwrap();
+        let mut listed = own.listed().await;
+        listed.sort_by_key(|f| f.orig_src);
+        assert_eq!(listed.len(), 2, "only the flows to 2049: {listed:?}");
+        assert_eq!(listed, [nfs, masqueraded]);
+        assert!(own.table.list(true, 2049).await.unwrap().is_empty(), "another family");
     }
 
     /// A client that reconnected from its port between the sweep's listing and its delete has a
@@ -311,48 +301,19 @@ not a flow
     #[tokio::test]
     #[ignore = "needs root (a network namespace and its conntrack table): run `make test`"]
     async fn a_delete_spares_the_fresh_entry_of_a_client_that_reconnected_from_its_port() {
-        let table = OwnTable::new("fresh");
-        let listed = Flow {
-            orig_src: at("10.211.0.1:790"),
-            orig_dst: at("10.96.0.10:2049"),
-            reply_src: at("10.211.1.2:2049"),
-            state: "CLOSE".into(),
-        };
-        let fresh = Flow {
-            reply_src: at("10.211.2.2:2049"),
-            state: "ESTABLISHED".into(),
-            ..listed.clone()
-        };
-        table.insert(&fresh);
-        assert_eq!(
-            table.tool.delete(&listed).await.unwrap(),
-            0,
-            "the fresh entry is not stranded"
-        );
-        let left = table.tool.list(false, 2049).await.unwrap();
+        let own = OwnTable::new("fresh");
+        let listed = bound("10.211.0.1:790", "10.211.1.2:2049");
+        let fresh = bound("10.211.0.1:790", "10.211.2.2:2049");
+        own.table.insert(vec![fresh.clone()], 120).await.unwrap();
+        let deleted = own.table.delete(vec![listed.clone()]).await.unwrap();
+        assert_eq!(deleted[0].as_ref().unwrap(), &0, "the fresh entry is not stranded");
+        let left = own.listed().await;
         assert_eq!(left.iter().map(|f| f.reply_src).collect::<Vec<_>>(), [fresh.reply_src]);
 
-        let stranded = Flow {
-            orig_src: at("10.211.0.1:791"),
-            ..listed
-        };
-        table.insert(&stranded);
-        assert_eq!(table.tool.delete(&stranded).await.unwrap(), 1, "a stranded entry goes");
-    }
-
-    #[test]
-    fn the_deleted_count_is_read_from_the_summary() {
-        assert_eq!(
-            parse_deleted("conntrack v1.4.7 (conntrack-tools): 3 flow entries have been deleted.\n"),
-            Some(3)
-        );
-        assert_eq!(
-            parse_deleted("conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.\n"),
-            Some(0)
-        );
-        assert_eq!(
-            parse_deleted("conntrack v1.4.7 (conntrack-tools): operation failed\n"),
-            None
-        );
+        let stranded = bound("10.211.0.1:791", "10.211.1.2:2049");
+        own.table.insert(vec![stranded.clone()], 120).await.unwrap();
+        let stranded = own.listed().await.into_iter().find(|f| f.orig_src == stranded.orig_src);
+        let deleted = own.table.delete(vec![stranded.unwrap()]).await.unwrap();
+        assert_eq!(deleted[0].as_ref().unwrap(), &1, "a stranded entry goes");
     }
 }

@@ -942,7 +942,16 @@ async fn agent_on(env: &TestEnv, path: &DataPath, index: usize) -> super::proces
 /// account, sweeping a moved volume for `window`; once it is ready.
 async fn start_repair(env: &TestEnv, path: &DataPath, window: &str) -> super::process::Process {
     let name = format!("{}-conntrack", env.ns);
-    let args = ["conntrack", "--node-name", path.proxy_node(), "--sweep-for", window];
+    let metrics = format!("http://{}/metrics", path.proxy_metrics());
+    let args = [
+        "conntrack",
+        "--node-name",
+        path.proxy_node(),
+        "--sweep-for",
+        window,
+        "--kube-proxy-metrics",
+        &metrics,
+    ];
     let repair = env.start_as("conntrack", &name, &args, &[]);
     repair.wait_ready().await;
     repair
