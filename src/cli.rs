@@ -307,14 +307,15 @@ pub struct ConntrackArgs {
     /// metrics.
     #[arg(long, env = "COMMAND_TIMEOUT", default_value = "10s")]
     pub command_timeout: Duration,
-    /// This node's kube-proxy `/metrics` (its `--metrics-bind-address`): once its last sync of
-    /// rules ended `--kube-proxy-settle` after a move, the next sweep is the move's last. Empty:
-    /// not asked; a sweep ends on a flow to the new server or with its window.
+    /// This node's kube-proxy `/metrics` (its `--metrics-bind-address`): once it holds no change
+    /// for a sync, has synced after its last queued change and `--kube-proxy-settle` has passed
+    /// since a move, the next sweep is the move's last. Empty: not asked; a sweep ends on a flow
+    /// to the new server or with its window.
     #[arg(long, env = "KUBE_PROXY_METRICS", default_value = "http://127.0.0.1:10249/metrics")]
     pub kube_proxy_metrics: String,
-    /// How long after a move, and after the last change kube-proxy queued, its sync must end for
-    /// its rules to hold the move: above the lag of kube-proxy's watch behind this one's and above
-    /// one sync's duration (kube-proxy's `sync_proxy_rules_duration_seconds`).
+    /// How far kube-proxy's watch may be behind this one's: after a move, kube-proxy's word is
+    /// trusted from then on. A node without clients of the volume sweeps it once at the move and
+    /// once then.
     #[arg(long, env = "KUBE_PROXY_SETTLE", default_value = "2s")]
     pub kube_proxy_settle: Duration,
 }

@@ -10,10 +10,12 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::datapath::{NfsGrace, ProxyMode, leftovers, service_chain_reaches};
 use common::outage::{ClientModel, Move, Outage, Scenario, client_through_a_fail_over, clients_through_fail_overs};
+use common::quiet_move::a_move_no_client_here_mounts;
 use common::stateful::Tally;
 
 /// Grace on, as a production server should run it, with the rule grace ≥ lease; shorter than
@@ -124,6 +126,28 @@ async fn the_repair_outlasts_a_kube_proxy_that_rewrites_its_rules_late() {
     };
     let outage = fail_over("datapath-race", scenario).await;
     every_client_followed_within(&outage, FOLLOWS_WITHIN + late);
+}
+
+/// A node where no client mounts a moved volume has nothing to repair: the repair lists its table
+/// at the move and once more when kube-proxy can have taken it, and kube-proxy's word ends the
+/// sweep long before its 30 s window (until kube-proxy was asked, such a node listed its table
+/// every 250 ms for the whole window).
+#[tokio::test]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn a_node_without_clients_of_a_moved_volume_lists_its_table_twice() {
+    let _alone = DATA_PATH.lock().await;
+    let env = common::setup("datapath-quiet").await;
+    let within = Duration::from_secs(10);
+    let quiet = a_move_no_client_here_mounts(&env, ProxyMode::Iptables, within).await;
+    eprintln!("{quiet:?}");
+    let quiet = quiet.unwrap_or_else(|| panic!("the move's sweep still runs {within:?} after the move"));
+    assert_eq!(quiet.ended, BTreeMap::from([("kube-proxy", 1.0)]), "{quiet:?}");
+    assert!(
+        quiet.listings <= 3.0,
+        "two listings, a third if a tick fell short: {quiet:?}"
+    );
+    assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
+    env.cleanup().await;
 }
 
 #[tokio::test]

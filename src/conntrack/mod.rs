@@ -30,9 +30,9 @@ use crate::cli::ConntrackArgs;
 use crate::metrics::ConntrackMetrics;
 use crate::names::{NFS_PORT, SLICE_MANAGED_BY_LABEL, SLICE_MANAGER};
 use crate::shutdown::Shutdown;
-use proxy_sync::{ProxyMetrics, ProxySync};
+use proxy_sync::{ProxyMetrics, ProxyPoller};
 use slices::{Seen, Slices};
-use sweep::{Moment, Sweep, Sweeps};
+use sweep::{Moment, ProxyWord, Sweep, Sweeps};
 use table::Table;
 
 pub async fn run(
@@ -68,8 +68,9 @@ pub async fn run(
     let mut repair = Repair {
         table,
         metrics,
-        proxy,
+        proxy: proxy.map(ProxyPoller::new),
         settle: *args.kube_proxy_settle,
+        period: *args.sweep_period,
         window: *args.sweep_for,
         slices: Slices::new(*args.sweep_for),
         sweeps: Sweeps::default(),
@@ -107,7 +108,7 @@ async fn kube_proxy(args: &ConntrackArgs) -> Result<Option<ProxyMetrics>> {
         return Ok(None);
     }
     let proxy = ProxyMetrics::new(args.kube_proxy_metrics.clone(), *args.command_timeout)?;
-    if let Err(err) = proxy.read(false).await {
+    if let Err(err) = proxy.read().await {
         tracing::warn!(
             url = %proxy.url(),
             error = %err,
@@ -151,8 +152,9 @@ fn selector() -> String {
 struct Repair {
     table: Table,
     metrics: ConntrackMetrics,
-    proxy: Option<ProxyMetrics>,
+    proxy: Option<ProxyPoller>,
     settle: Duration,
+    period: Duration,
     window: Duration,
     slices: Slices,
     sweeps: Sweeps,
@@ -218,12 +220,12 @@ impl Repair {
     /// Lists the flows of each address family being swept, deletes the stranded ones, and
     /// reports each volume's first repair and the end of its sweep.
     async fn sweep(&mut self) {
+        // Read before the listing: rules that held the move then made no entry the listing misses.
+        let reading = self.proxy.as_mut().map(ProxyPoller::poll).unwrap_or_default();
         for ipv6 in [false, true] {
-            if !self.sweeps.any_of_family(ipv6) {
+            if !self.sweeps.any_due(ipv6, Instant::now()) {
                 continue;
             }
-            // Before the listing: rules that held the move then made no entry the listing misses.
-            let proxy = self.proxy_sync(ipv6).await;
             self.metrics.sweeps.inc();
             let listed = match self.table.list(ipv6, NFS_PORT).await {
                 Ok(listed) => listed,
@@ -238,7 +240,11 @@ impl Repair {
                 ipv6,
                 listed: &listed,
                 deleted: &deleted,
-                proxy: proxy.map(|sync| (sync, self.settle)),
+                proxy: reading[usize::from(ipv6)].map(|sync| ProxyWord {
+                    sync,
+                    settle: self.settle,
+                    lag: self.period,
+                }),
                 at: Moment::now(),
             };
             let (repaired, ended) = self.sweeps.swept(&sweep);
@@ -257,12 +263,6 @@ impl Repair {
             }
         }
         self.metrics.sweeping.set(self.sweeps.len() as i64);
-    }
-
-    async fn proxy_sync(&self, ipv6: bool) -> Option<ProxySync> {
-        let read = self.proxy.as_ref()?.read(ipv6).await;
-        read.inspect_err(|err| tracing::debug!(error = %err, "cannot read kube-proxy's sync times"))
-            .ok()
     }
 
     /// Deletes the entries of `stranded`; the volumes whose entries went.

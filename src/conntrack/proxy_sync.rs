@@ -1,50 +1,71 @@
 //! What this node's kube-proxy says of its rules, from its `/metrics`: when it last queued a
-//! change and when it last finished writing its rules, per address family. Read before a sweep, it
-//! tells the repair that the rules already send the volume's clients to the new server, so the
-//! sweep that follows is the last one (a node with no client stops after one sweep).
+//! change, when it last finished writing its rules (per address family), and how many changes it
+//! holds that no sync has taken yet. Read before a sweep, it tells the repair that the rules
+//! already send the volume's clients to the new server, so the sweep that follows is the last one.
 //!
-//! kube-proxy queues a sync for every EndpointSlice change it receives and writes all pending
-//! changes in the next one. Its timestamps do not name the changes, so the rule is one of time:
-//! its last sync ended at least `settle` after this node saw the move and after the last change it
-//! queued. That holds when kube-proxy's watch is no more than `settle` behind the repair's and one
-//! sync takes less than `settle`; past that, a client connecting through the old rules just
-//! before the sweep ends is left on the old server until its entry times out.
+//! kube-proxy counts a change pending from when its watch delivers it until a sync takes it, and
+//! stamps the queue time as it arrives; so when nothing is pending and its last sync ended after
+//! its last queued change, every change it has received is in its rules. Its timestamps do not
+//! name the changes, so whether it has received this move is a matter of time: the repair trusts
+//! that kube-proxy's watch is no more than `settle` behind its own. Past that, a client connecting
+//! through the old rules just before the sweep ends is left on the old server until its entry
+//! times out.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-/// kube-proxy's gauges, in seconds since the epoch, labelled by `ip_family`.
+/// kube-proxy's timestamps, in seconds since the epoch, labelled by `ip_family`.
 const QUEUED: &str = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds";
 const SYNCED: &str = "kubeproxy_sync_proxy_rules_last_timestamp_seconds";
+/// Its changes received and not yet taken by a sync, of both families.
+const PENDING: [&str; 2] = [
+    "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+    "kubeproxy_sync_proxy_rules_service_changes_pending",
+];
 
-/// kube-proxy's last queued change and last finished sync, for one address family.
+/// What kube-proxy said of one address family's rules, and when it was asked.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ProxySync {
     pub queued: SystemTime,
     pub synced: SystemTime,
+    pub pending: u64,
+    pub read: SystemTime,
 }
 
 impl ProxySync {
-    /// Whether the rules kube-proxy wrote last include a change this node saw at `seen`.
+    /// Whether kube-proxy's rules include a change this node saw at `seen`: its watch has had
+    /// `settle` to deliver it, nothing it received waits for a sync, and its last sync ended after
+    /// its last queued change.
     pub fn includes(&self, seen: SystemTime, settle: Duration) -> bool {
-        self.synced >= seen.max(self.queued) + settle
+        self.read >= seen + settle && self.pending == 0 && self.synced >= self.queued
     }
 }
 
-/// The two gauges of one family in kube-proxy's `/metrics` text, if both are there.
-pub fn parse(text: &str, ipv6: bool) -> Option<ProxySync> {
+/// One family's account in kube-proxy's `/metrics` text read at `read`, if all of it is there.
+pub fn parse(text: &str, ipv6: bool, read: SystemTime) -> Option<ProxySync> {
     let family = if ipv6 { "IPv6" } else { "IPv4" };
     let label = format!("ip_family=\"{family}\"");
-    let gauge = |name: &str| {
+    let sample = |name: &str, labelled: bool| {
         text.lines()
-            .filter(|line| line.starts_with(name) && line[name.len()..].starts_with('{'))
-            .filter(|line| line.contains(&label))
+            .filter(|line| line.starts_with(name))
+            .filter(|line| match &line[name.len()..] {
+                rest if labelled => rest.starts_with('{') && rest.contains(&label),
+                rest => rest.starts_with(' '),
+            })
             .find_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-            .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
+            .filter(|value| value.is_finite() && *value >= 0.0)
+    };
+    let time = |name: &str| {
+        sample(name, true)
+            .filter(|seconds| *seconds > 0.0)
             .map(|seconds| SystemTime::UNIX_EPOCH + Duration::from_secs_f64(seconds))
     };
+    let pending = PENDING.iter().map(|name| sample(name, false)).sum::<Option<f64>>()?;
     Some(ProxySync {
-        queued: gauge(QUEUED)?,
-        synced: gauge(SYNCED)?,
+        queued: time(QUEUED)?,
+        synced: time(SYNCED)?,
+        pending: pending as u64,
+        read,
     })
 }
 
@@ -65,8 +86,9 @@ impl ProxyMetrics {
         &self.url
     }
 
-    /// kube-proxy's account of one family's rules, or why it cannot be had.
-    pub async fn read(&self, ipv6: bool) -> Result<ProxySync, String> {
+    /// kube-proxy's account of each family's rules, or why it cannot be had.
+    pub async fn read(&self) -> Result<Reading, String> {
+        let read = SystemTime::now();
         let response = self.client.get(&self.url).send().await.map_err(|e| e.to_string())?;
         let text = response
             .error_for_status()
@@ -74,7 +96,50 @@ impl ProxyMetrics {
             .text()
             .await
             .map_err(|e| e.to_string())?;
-        parse(&text, ipv6).ok_or_else(|| format!("no {SYNCED} and {QUEUED} for this family"))
+        let reading = [parse(&text, false, read), parse(&text, true, read)];
+        if reading == [None, None] {
+            return Err(format!("no {SYNCED}, {QUEUED} and changes pending"));
+        }
+        Ok(reading)
+    }
+}
+
+/// What one read of kube-proxy's metrics said of each family: IPv4, IPv6.
+pub type Reading = [Option<ProxySync>; 2];
+
+/// Reads kube-proxy's metrics beside the sweeps and never holds one up (a kube-proxy that hangs
+/// would): each sweep takes the last reading that completed, made before its listing as the rule
+/// needs, and starts the next.
+#[derive(Debug)]
+pub struct ProxyPoller {
+    metrics: ProxyMetrics,
+    latest: Arc<Mutex<Reading>>,
+    in_flight: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl ProxyPoller {
+    pub fn new(metrics: ProxyMetrics) -> Self {
+        Self {
+            metrics,
+            latest: Arc::default(),
+            in_flight: None,
+        }
+    }
+
+    /// The last reading that completed; a new one is started unless one is under way.
+    pub fn poll(&mut self) -> Reading {
+        let reading = *self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.in_flight.as_ref().is_none_or(|read| read.is_finished()) {
+            let (metrics, latest) = (self.metrics.clone(), self.latest.clone());
+            self.in_flight = Some(tokio::spawn(async move {
+                let reading = metrics.read().await.unwrap_or_else(|err| {
+                    tracing::debug!(error = %err, "cannot read kube-proxy's sync times");
+                    [None, None]
+                });
+                *latest.lock().unwrap_or_else(PoisonError::into_inner) = reading;
+            }));
+        }
+        reading
     }
 }
 
@@ -89,6 +154,9 @@ kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"} 1.7
 kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv6\"} 1.7644e+09
 kubeproxy_sync_proxy_rules_last_timestamp_seconds_extra{ip_family=\"IPv4\"} 9
 kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.7645000025e+09
+kubeproxy_sync_proxy_rules_endpoint_changes_pending 1
+kubeproxy_sync_proxy_rules_endpoint_changes_total 40
+kubeproxy_sync_proxy_rules_service_changes_pending 2
 ";
 
     fn at(seconds: f64) -> SystemTime {
@@ -97,28 +165,40 @@ kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"} 1.76450000
 
     #[test]
     fn the_gauges_of_the_family_are_read() {
-        let sync = parse(METRICS, false).unwrap();
+        let read = at(1.8e9);
+        let sync = parse(METRICS, false, read).unwrap();
         assert_eq!(sync.queued, at(1.7645e9));
         assert_eq!(sync.synced, at(1.7645000025e9));
-        assert_eq!(parse(METRICS, true), None, "no sync of IPv6 rules yet");
-        assert_eq!(parse("", false), None);
+        assert_eq!(sync.pending, 3, "endpoint and service changes");
+        assert_eq!(sync.read, read);
+        assert_eq!(parse(METRICS, true, read), None, "no sync of IPv6 rules yet");
+        let unversioned = METRICS.replace("service_changes_pending", "other");
+        assert_eq!(parse(&unversioned, false, read), None, "nothing says what waits");
+        assert_eq!(parse("", false, read), None);
     }
 
     #[test]
-    fn the_rules_include_a_change_once_a_sync_ended_settle_after_it_and_after_the_last_queued() {
+    fn the_rules_include_a_change_once_settled_with_nothing_pending_and_synced_after_the_last_queued() {
         let settle = Duration::from_secs(2);
         let seen = at(100.0);
-        let sync = |queued, synced| ProxySync {
+        let sync = |queued, synced, pending, read| ProxySync {
             queued: at(queued),
             synced: at(synced),
+            pending,
+            read: at(read),
         };
-        assert!(sync(100.1, 102.5).includes(seen, settle));
-        assert!(!sync(99.0, 101.0).includes(seen, settle), "too soon after the move");
+        assert!(sync(100.1, 100.3, 0, 102.0).includes(seen, settle));
         assert!(
-            !sync(101.0, 102.5).includes(seen, settle),
-            "a change queued since may be ours, received late"
+            !sync(100.1, 100.3, 0, 101.0).includes(seen, settle),
+            "kube-proxy's watch may not have delivered the move yet"
         );
-        assert!(!sync(103.0, 102.5).includes(seen, settle), "a sync is pending");
-        assert!(!sync(90.0, 95.0).includes(seen, settle), "an old sync");
+        assert!(
+            !sync(100.1, 100.3, 1, 102.0).includes(seen, settle),
+            "a change waits for a sync"
+        );
+        assert!(
+            !sync(101.0, 100.3, 0, 102.0).includes(seen, settle),
+            "a sync that took the last change is under way"
+        );
     }
 }

@@ -6,7 +6,8 @@
 //! EndpointSlice no longer names its backend, and deleting it sends the client's next packet
 //! through the rules as they are. Until this node's kube-proxy has rewritten those rules, though,
 //! the next packet is translated to the old backend again and a new entry made: so a volume whose
-//! endpoint moved is swept again and again, until kube-proxy says its rules include the move (read
+//! endpoint moved is swept again and again (a node with no client of it: at the move and once more
+//! when kube-proxy can have taken it), until kube-proxy says its rules include the move (read
 //! before the sweep's listing, so that listing holds every entry the old rules made), or a flow to
 //! its new backend proves the rules here are new (deleting what that sweep listed then leaves
 //! nothing to come back), or the window ends.
@@ -49,6 +50,8 @@ struct Sweeping {
     seen: Moment,
     triggered: Option<SystemTime>,
     until: Instant,
+    /// When it is swept next (at the first tick from then).
+    next: Instant,
     /// Whether a sweep deleted a flow of this change already (its repair time is measured once).
     repaired: bool,
 }
@@ -77,10 +80,19 @@ pub struct Sweep<'a> {
     pub listed: &'a [Flow],
     /// The volumes of the flows that went.
     pub deleted: &'a [String],
-    /// kube-proxy's account of this family's rules, read before the listing, and how long after a
-    /// change its sync must end to include it (see [`super::proxy_sync`]).
-    pub proxy: Option<(ProxySync, Duration)>,
+    /// kube-proxy's account of this family's rules, read before the listing.
+    pub proxy: Option<ProxyWord>,
     pub at: Moment,
+}
+
+/// kube-proxy's account of one family's rules, and how to take it.
+#[derive(Clone, Copy, Debug)]
+pub struct ProxyWord {
+    pub sync: ProxySync,
+    /// How far kube-proxy's watch may be behind this one's (see [`super::proxy_sync`]).
+    pub settle: Duration,
+    /// How old a reading may be when a sweep takes it: one sweep period.
+    pub lag: Duration,
 }
 
 /// Why a volume is swept no more.
@@ -136,6 +148,7 @@ impl Sweeps {
                 seen: at,
                 triggered,
                 until: at.now + window,
+                next: at.now,
                 repaired: false,
             },
         );
@@ -154,9 +167,11 @@ impl Sweeps {
         self.sweeping.is_empty()
     }
 
-    /// Whether any volume of this address family is being swept.
-    pub fn any_of_family(&self, ipv6: bool) -> bool {
-        self.sweeping.values().any(|s| s.served.mount.is_ipv6() == ipv6)
+    /// Whether a volume of this address family is due for a sweep at `now`.
+    pub fn any_due(&self, ipv6: bool, now: Instant) -> bool {
+        self.sweeping
+            .values()
+            .any(|s| s.served.mount.is_ipv6() == ipv6 && s.next <= now)
     }
 
     /// The flows of `listed` that a volume being swept strands, each with that volume.
@@ -193,16 +208,33 @@ impl Sweeps {
             ended.extend(end.map(|why| (volume.clone(), why)));
             end.is_none()
         });
+        for sweeping in self.sweeping.values_mut() {
+            if sweeping.served.mount.is_ipv6() == sweep.ipv6 {
+                sweeping.next = sweeping.next_sweep(sweep);
+            }
+        }
         (repaired, ended)
     }
 }
 
 impl Sweeping {
+    /// At the next tick; but when kube-proxy is read and the listing held no flow of the volume
+    /// (no client on this node), once kube-proxy has had `settle` to take the move: the one more
+    /// sweep that its word makes the last. A client connecting through the old rules meanwhile
+    /// waits for that sweep.
+    fn next_sweep(&self, sweep: &Sweep) -> Instant {
+        let client = sweep.listed.iter().any(|flow| flow.orig_dst == self.served.mount);
+        match sweep.proxy {
+            Some(word) if !client => (self.seen.now + word.settle + word.lag).max(sweep.at.now),
+            _ => sweep.at.now,
+        }
+    }
+
     fn ended(&self, sweep: &Sweep) -> Option<Ended> {
         let ours = self.served.mount.is_ipv6() == sweep.ipv6;
         if ours
-            && let Some((proxy, settle)) = sweep.proxy
-            && proxy.includes(self.seen.wall, settle)
+            && let Some(word) = sweep.proxy
+            && word.sync.includes(self.seen.wall, word.settle)
         {
             Some(Ended::KubeProxy)
         } else if ours && sweep.listed.iter().any(|flow| self.served.reaches_a_backend(flow)) {
@@ -329,34 +361,82 @@ mod tests {
         assert_eq!(ended, [(VOLUME.to_owned(), Ended::Flow)]);
     }
 
-    /// A node with no client of the volume never sees a flow to its new backend: kube-proxy's word
-    /// that its rules include the move ends the sweep after one listing, not after the window.
-    #[test]
-    fn kube_proxys_sync_after_the_move_ends_the_sweep_of_a_node_without_clients() {
-        let (mut sweeps, start) = moved();
-        let proxy = |queued: u64, synced: u64| {
-            let sync = ProxySync {
-                queued: later(start, queued).wall,
-                synced: later(start, synced).wall,
-            };
-            Some((sync, SETTLE))
+    fn proxy(start: Moment, read: u64, pending: u64) -> Option<ProxyWord> {
+        let sync = ProxySync {
+            queued: later(start, 50).wall,
+            synced: later(start, 300).wall,
+            pending,
+            read: later(start, read).wall,
         };
+        Some(ProxyWord {
+            sync,
+            settle: SETTLE,
+            lag: Duration::from_millis(250),
+        })
+    }
+
+    /// A node with no client of the volume never sees a flow to its new backend: kube-proxy's word
+    /// that its rules include the move ends the sweep, not the window.
+    #[test]
+    fn kube_proxys_word_ends_the_sweep_once_its_watch_had_time_to_deliver_the_move() {
+        let (mut sweeps, start) = moved();
         let (_, ended) = sweeps.swept(&Sweep {
-            proxy: proxy(100, 1500),
-            ..sweep(&[], &[], later(start, 250))
+            proxy: proxy(start, 250, 0),
+            ..sweep(&[], &[], later(start, 260))
         });
-        assert!(ended.is_empty(), "the sync may not hold the move yet");
+        assert!(ended.is_empty(), "kube-proxy may not have received the move yet");
         let (_, ended) = sweeps.swept(&Sweep {
-            proxy: proxy(100, 2100),
+            proxy: proxy(start, 2250, 1),
+            ..sweep(&[], &[], later(start, 2260))
+        });
+        assert!(ended.is_empty(), "a change waits for kube-proxy's next sync");
+        let (_, ended) = sweeps.swept(&Sweep {
+            proxy: proxy(start, 2500, 0),
             ipv6: true,
-            ..sweep(&[], &[], later(start, 2250))
+            ..sweep(&[], &[], later(start, 2510))
         });
         assert!(ended.is_empty(), "the other family's rules say nothing of this volume");
         let (_, ended) = sweeps.swept(&Sweep {
-            proxy: proxy(100, 2100),
-            ..sweep(&[], &[], later(start, 2250))
+            proxy: proxy(start, 2500, 0),
+            ..sweep(&[], &[], later(start, 2510))
         });
         assert_eq!(ended, [(VOLUME.to_owned(), Ended::KubeProxy)]);
+    }
+
+    /// Without a client of the volume on the node there is nothing to delete until kube-proxy can
+    /// have taken the move: one sweep now, one then, and that one is the last.
+    #[test]
+    fn a_node_without_clients_sweeps_a_move_twice() {
+        let (mut sweeps, start) = moved();
+        assert!(sweeps.any_due(false, start.now), "the first sweep at once");
+        let first = later(start, 10);
+        sweeps.swept(&Sweep {
+            proxy: proxy(start, 5, 0),
+            ..sweep(&[], &[], first)
+        });
+        assert!(
+            !sweeps.any_due(false, later(start, 2240).now),
+            "nothing to sweep before a reading made after the settle"
+        );
+        let second = later(start, 2250);
+        assert!(sweeps.any_due(false, second.now));
+        let (_, ended) = sweeps.swept(&Sweep {
+            proxy: proxy(start, 2000, 0),
+            ..sweep(&[], &[], second)
+        });
+        assert_eq!(ended, [(VOLUME.to_owned(), Ended::KubeProxy)]);
+
+        // With a client listed, or without kube-proxy's word, every tick sweeps.
+        let (mut sweeps, start) = moved();
+        let client = [flow(790, MOUNT, OLD)];
+        sweeps.swept(&Sweep {
+            proxy: proxy(start, 5, 0),
+            ..sweep(&client, &[], later(start, 10))
+        });
+        assert!(sweeps.any_due(false, later(start, 10).now));
+        let (mut sweeps, start) = moved();
+        sweeps.swept(&sweep(&[], &[], later(start, 10)));
+        assert!(sweeps.any_due(false, later(start, 10).now));
     }
 
     #[test]

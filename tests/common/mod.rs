@@ -18,6 +18,7 @@ pub mod outage;
 pub mod partition;
 pub mod process;
 pub mod prometheus;
+pub mod quiet_move;
 pub mod release_pods;
 pub mod stateful;
 pub mod storageos;

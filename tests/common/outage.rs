@@ -940,7 +940,7 @@ async fn agent_on(env: &TestEnv, path: &DataPath, index: usize) -> super::proces
 
 /// The conntrack repair on the client's node (the host, where kube-proxy runs), as the chart's
 /// account, sweeping a moved volume for `window`; once it is ready.
-async fn start_repair(env: &TestEnv, path: &DataPath, window: &str) -> super::process::Process {
+pub async fn start_repair(env: &TestEnv, path: &DataPath, window: &str) -> super::process::Process {
     let name = format!("{}-conntrack", env.ns);
     let metrics = format!("http://{}/metrics", path.proxy_metrics());
     let args = [
