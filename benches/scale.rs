@@ -8,6 +8,8 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+#[path = "scale/conntrack.rs"]
+mod conntrack;
 #[path = "scale/nfs41.rs"]
 mod nfs41;
 #[path = "scale/proxy.rs"]
@@ -60,6 +62,10 @@ struct Sizes {
     /// timed among them in each mode.
     proxy_services: usize,
     proxy_moves: usize,
+    /// P11: the conntrack tables the repair is measured on, and a mass move's volumes and table.
+    conntrack_tables: &'static [usize],
+    conntrack_mass: usize,
+    conntrack_mass_table: usize,
 }
 
 const SMOKE: Sizes = Sizes {
@@ -77,6 +83,9 @@ const SMOKE: Sizes = Sizes {
     mass_pairs: 1,
     proxy_services: 30,
     proxy_moves: 1,
+    conntrack_tables: &[10_000],
+    conntrack_mass: 20,
+    conntrack_mass_table: 10_000,
 };
 const FULL: Sizes = Sizes {
     sequential: 200,
@@ -93,6 +102,9 @@ const FULL: Sizes = Sizes {
     mass_pairs: 3,
     proxy_services: 10000,
     proxy_moves: 10,
+    conntrack_tables: &[10_000, 100_000, 1_000_000],
+    conntrack_mass: 500,
+    conntrack_mass_table: 100_000,
 };
 
 /// One line of the table.
@@ -132,7 +144,7 @@ async fn main() {
         sizes.proxy_services = n;
     }
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
-    // nfs, mass, tenant, proxy; stateful: P3s alone, which failover includes; nfs41: P8s and P8c
+    // nfs, mass, tenant, proxy, conntrack; stateful: P3s alone, which failover includes; nfs41: P8s and P8c
     // alone, which a full run's or a chosen nfs part includes; p8c: P8c alone).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
@@ -182,6 +194,10 @@ async fn main() {
     }
     if part("proxy") {
         figures.extend(proxy::sync_at_scale(sizes.proxy_services, sizes.proxy_moves).await);
+    }
+    if part("conntrack") {
+        let (tables, mass) = (sizes.conntrack_tables, sizes.conntrack_mass);
+        figures.extend(conntrack::repair_at_table_sizes(tables, mass, sizes.conntrack_mass_table).await);
     }
     report(full, &figures).await;
 }
