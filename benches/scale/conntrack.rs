@@ -193,7 +193,11 @@ const CONNTRACK_MAX: &str = "/proc/sys/net/netfilter/nf_conntrack_max";
 impl Node {
     async fn new(entries: usize) -> Self {
         let netns = format!("svcbench-ct-{}", std::process::id());
-        let _ = command("ip", &["netns", "del", &netns]);
+        // One left by an interrupted run.
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &netns])
+            .stderr(std::process::Stdio::null())
+            .status();
         assert!(
             command("ip", &["netns", "add", &netns]),
             "ip netns add {netns} (needs root)"
