@@ -15,6 +15,7 @@ mod cli;
 mod compat;
 mod conntrack;
 mod controller;
+mod converged;
 mod core_endpoints;
 mod deadline;
 mod event_series;

@@ -77,6 +77,17 @@ pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// written only when that view changes, so that every agent can watch all of them; heartbeats,
 /// renewed all the time, are read only for a suspected peer.
 pub const AGENT_REPORT_LEASE_PREFIX: &str = "shared-volume-agent-report-";
+
+/// The heartbeat Lease of the agent on `node`.
+pub fn lease_name(node: &str) -> String {
+    format!("{AGENT_LEASE_PREFIX}{node}")
+}
+
+/// The Lease in which the agent on `node` reports its DRBD state.
+pub fn report_lease_name(node: &str) -> String {
+    format!("{AGENT_REPORT_LEASE_PREFIX}{node}")
+}
+
 /// Label on every report Lease, so that agents can watch each other's.
 pub const AGENT_REPORT_LABEL: &str = "storageos.com/drbd-agent-report";
 /// Report Lease annotation holding the view (JSON): the evidence peers weigh before failing a

@@ -18,18 +18,10 @@ use super::server_clock::{ServerClock, last_write};
 use crate::deadline::within;
 use crate::metrics::set_to_now;
 use crate::names::{
-    AGENT_FIELD_MANAGER, AGENT_LEASE_LABEL, AGENT_LEASE_PREFIX, AGENT_REPORT_FIELD_MANAGER, AGENT_REPORT_LABEL,
-    AGENT_REPORT_LEASE_PREFIX, DRBD_REPORT_ANNOTATION, HEARTBEAT_INTERVAL_ANNOTATION,
+    AGENT_FIELD_MANAGER, AGENT_LEASE_LABEL, AGENT_REPORT_FIELD_MANAGER, AGENT_REPORT_LABEL, DRBD_REPORT_ANNOTATION,
+    HEARTBEAT_INTERVAL_ANNOTATION, lease_name, report_lease_name,
 };
 use crate::shutdown::Shutdown;
-
-pub fn lease_name(node: &str) -> String {
-    format!("{AGENT_LEASE_PREFIX}{node}")
-}
-
-pub fn report_lease_name(node: &str) -> String {
-    format!("{AGENT_REPORT_LEASE_PREFIX}{node}")
-}
 
 /// Where the heartbeat lives and how its writes are bounded.
 #[derive(Clone, Debug)]

@@ -8,6 +8,7 @@
 //! looking, [`flow`] writes and reads the ctnetlink messages, [`table`] sends them.
 
 mod flow;
+mod proxy_poll;
 mod proxy_sync;
 mod slices;
 mod sweep;
@@ -30,7 +31,7 @@ use crate::cli::ConntrackArgs;
 use crate::metrics::ConntrackMetrics;
 use crate::names::{NFS_PORT, SLICE_MANAGED_BY_LABEL, SLICE_MANAGER};
 use crate::shutdown::Shutdown;
-use proxy_sync::{ProxyMetrics, ProxyPoller};
+use proxy_poll::{ProxyMetrics, ProxyPoller};
 use slices::{Seen, Slices};
 use sweep::{Moment, ProxyWord, Sweep, Sweeps};
 use table::Table;

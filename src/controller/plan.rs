@@ -9,7 +9,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 
 use kube::ResourceExt;
 
-use crate::apply::is_converged;
+use crate::converged::is_converged;
 use crate::names::APP_MANAGED_BY_LABEL;
 use crate::sharedvolume::desired::{self, EndpointObjects, SharedVolume};
 use crate::sharedvolume::stamp::MoveStamp;

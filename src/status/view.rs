@@ -10,9 +10,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde::Serialize;
 
-use crate::agent::heartbeat::{lease_name, report_lease_name};
 use crate::agent::report::Report;
 use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION};
+use crate::names::{lease_name, report_lease_name};
 use crate::sharedvolume::claim::ready_condition;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::csi_resource_name;
