@@ -119,6 +119,24 @@ struct Figure {
     met: bool,
 }
 
+/// The run's sizes: the full or the smoke ones, with the environment's overrides.
+fn sizes(full: bool) -> Sizes {
+    let mut sizes = if full { FULL } else { SMOKE };
+    let number = |name: &str| std::env::var(name).ok().and_then(|n| n.parse().ok());
+    // `SVC_BENCH_COLD=N` sets the size of P4, P5 and the controller's P6.
+    for (name, size) in [
+        ("SVC_BENCH_COLD", &mut sizes.cold),
+        ("SVC_BENCH_NFS41_MOVES", &mut sizes.nfs41_moves),
+        ("SVC_BENCH_MASS", &mut sizes.mass),
+        ("SVC_BENCH_PROXY_SERVICES", &mut sizes.proxy_services),
+    ] {
+        if let Some(n) = number(name) {
+            *size = n;
+        }
+    }
+    sizes
+}
+
 #[tokio::main]
 async fn main() {
     let full = std::env::args().any(|a| a == "--bench") || std::env::var_os("SVC_BENCH_FULL").is_some();
@@ -126,23 +144,7 @@ async fn main() {
         println!("scale benchmark skipped: no KUBECONFIG (run `make bench`, or `make test` for the smoke size)");
         return;
     }
-    let mut sizes = if full { FULL } else { SMOKE };
-    // `SVC_BENCH_COLD=N` sets the size of P4, P5 and the controller's P6.
-    if let Some(n) = std::env::var("SVC_BENCH_COLD").ok().and_then(|n| n.parse().ok()) {
-        sizes.cold = n;
-    }
-    if let Some(n) = std::env::var("SVC_BENCH_NFS41_MOVES").ok().and_then(|n| n.parse().ok()) {
-        sizes.nfs41_moves = n;
-    }
-    if let Some(n) = std::env::var("SVC_BENCH_MASS").ok().and_then(|n| n.parse().ok()) {
-        sizes.mass = n;
-    }
-    if let Some(n) = std::env::var("SVC_BENCH_PROXY_SERVICES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-    {
-        sizes.proxy_services = n;
-    }
+    let sizes = sizes(full);
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
     // nfs, mass, tenant, proxy, conntrack; stateful: P3s alone, which failover includes; nfs41: P8s and P8c
     // alone, which a full run's or a chosen nfs part includes; p8c: P8c alone).

@@ -236,6 +236,14 @@ pub struct AgentMetrics {
     /// Publications of this node held back now over another node's newer move (each hold ends
     /// within the detection window and the fail-over timeout).
     pub publications_held: IntGauge,
+    /// What the agent keeps of its node's surroundings.
+    pub node: NodeMetrics,
+}
+
+/// What the agent keeps of its node's surroundings: its watches and caches, a coexisting HA
+/// controller, the promoter snippets.
+#[derive(Clone)]
+pub struct NodeMetrics {
     /// Objects the agent's watches delivered, by `watch` (pvs, pods, attachments, nodes,
     /// satellites, leases): what the cluster around it costs the agent.
     pub watch_events: IntCounterVec,
@@ -310,6 +318,37 @@ impl AgentMetrics {
                 AGENT_EVENTS2_MISMATCHES,
                 "Periodic reads of the DRBD state that found it other than the events2 stream had described it (the read wins).",
             )?,
+            held_fail_overs: counter(
+                registry,
+                AGENT_HELD_FAIL_OVERS,
+                "Fail-overs held because a peer whose link dropped is shown alive and serving.",
+            )?,
+            publications_held: int_gauge(
+                registry,
+                AGENT_PUBLICATIONS_HELD,
+                "Publications of this node as a volume's NFS server held back now over another node's newer move; each hold ends within the links' detection window and the fail-over timeout.",
+            )?,
+            node: NodeMetrics::register(registry)?,
+        })
+    }
+
+    /// Creates every (action, result) and (action, why) series at 0, so that the first failure or
+    /// refusal is an increase that `rate()` and `increase()` see, and panels show 0, not no data.
+    pub fn zero(&self, action_kinds: &[&str]) {
+        for kind in action_kinds {
+            for result in ACTION_RESULTS {
+                self.actions.with_label_values(&[kind, result]);
+            }
+            for why in REFUSAL_REASONS {
+                self.refused_actions.with_label_values(&[kind, why]);
+            }
+        }
+    }
+}
+
+impl NodeMetrics {
+    fn register(registry: &Registry) -> Result<Self> {
+        Ok(Self {
             watch_events: counter_vec(
                 registry,
                 AGENT_WATCH_EVENTS,
@@ -321,16 +360,6 @@ impl AgentMetrics {
                 AGENT_CACHED_OBJECTS,
                 "Objects held in the agent's caches, by kind.",
                 &["kind"],
-            )?,
-            held_fail_overs: counter(
-                registry,
-                AGENT_HELD_FAIL_OVERS,
-                "Fail-overs held because a peer whose link dropped is shown alive and serving.",
-            )?,
-            publications_held: int_gauge(
-                registry,
-                AGENT_PUBLICATIONS_HELD,
-                "Publications of this node as a volume's NFS server held back now over another node's newer move; each hold ends within the links' detection window and the fail-over timeout.",
             )?,
             piraeus_ha_controllers: int_gauge(
                 registry,
@@ -348,19 +377,6 @@ impl AgentMetrics {
                 "Rounds whose drbd-reactor snippets directory could not be read or written.",
             )?,
         })
-    }
-
-    /// Creates every (action, result) and (action, why) series at 0, so that the first failure or
-    /// refusal is an increase that `rate()` and `increase()` see, and panels show 0, not no data.
-    pub fn zero(&self, action_kinds: &[&str]) {
-        for kind in action_kinds {
-            for result in ACTION_RESULTS {
-                self.actions.with_label_values(&[kind, result]);
-            }
-            for why in REFUSAL_REASONS {
-                self.refused_actions.with_label_values(&[kind, why]);
-            }
-        }
     }
 }
 

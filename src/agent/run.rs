@@ -103,7 +103,7 @@ pub async fn run(
         (satellite_namespace, &args.satellite_pod_label),
         &args.lease_namespace,
         &locality,
-        &metrics.watch_events,
+        &metrics.node.watch_events,
     );
     let drbd_changes = book.source().changes();
     if !synced(&cache, &mut kube_changes, &shutdown).await {
@@ -373,7 +373,7 @@ impl Rounds {
         // Publications first, from the cache alone: they wait for nothing about the peers.
         let cached = observe(&self.node, self.node_ip, state.clone(), &snapshot, &self.publishable);
         let piraeus_here = i64::try_from(cached.piraeus_ha_controllers.len()).unwrap_or(i64::MAX);
-        self.metrics.piraeus_ha_controllers.set(piraeus_here);
+        self.metrics.node.piraeus_ha_controllers.set(piraeus_here);
         self.sync_promoter_snippets(&cached).await;
         let now = Instant::now();
         let mut publications = decide::publications(&cached, &self.settings, &mut self.timers, now);
@@ -420,7 +420,7 @@ impl Rounds {
         ];
         for (kind, held) in kinds {
             let held = i64::try_from(held).unwrap_or(i64::MAX);
-            self.metrics.cached_objects.with_label_values(&[kind]).set(held);
+            self.metrics.node.cached_objects.with_label_values(&[kind]).set(held);
         }
     }
 
@@ -430,10 +430,11 @@ impl Rounds {
         match promoter.sync(&observed.volumes, &observed.drbd).await {
             Ok(held) => self
                 .metrics
+                .node
                 .promoter_snippets
                 .set(i64::try_from(held).unwrap_or(i64::MAX)),
             Err(error) => {
-                self.metrics.promoter_snippet_failures.inc();
+                self.metrics.node.promoter_snippet_failures.inc();
                 tracing::warn!(%error, "could not bring drbd-reactor's promoter snippets up to date; tried again next round (is the snippets directory mounted and writable?)");
             }
         }

@@ -94,26 +94,31 @@ mod tests {
         decided_after(&observed, &settings(), Duration::from_secs(5)).contains(&"secondary --force pvc-1".to_string())
     }
 
-    #[test]
-    fn a_quorum_or_no_data_suspension_with_a_successor_forces_a_primary_down_and_a_snapshot_never() {
-        let isolated = resource("Primary", false, &[("node-a", "Connecting", "Unknown")]);
-        let with_quorum = resource("Primary", true, &[("node-a", "Connected", "Secondary")]);
-        let successor = [("node-a", report(false, true, &["node-c"], &["node-b"], true))];
-        let suspended_for = |resource: &Resource, reasons: &[&str]| Resource {
+    /// `resource`, suspended for each of `reasons` (`user`, `no-data`, `fencing`, `quorum`).
+    fn suspended_for(resource: &Resource, reasons: &[&str]) -> Resource {
+        Resource {
             suspended: true,
             suspended_user: Some(reasons.contains(&"user")),
             suspended_no_data: Some(reasons.contains(&"no-data")),
             suspended_fencing: Some(reasons.contains(&"fencing")),
             suspended_quorum: Some(reasons.contains(&"quorum")),
             ..resource.clone()
-        };
-        let suspended = |resource: &Resource, user: bool, quorum: bool| {
-            let reasons: Vec<&str> = [("user", user), ("quorum", quorum)]
-                .into_iter()
-                .filter_map(|(reason, on)| on.then_some(reason))
-                .collect();
-            suspended_for(resource, &reasons)
-        };
+        }
+    }
+
+    fn suspended(resource: &Resource, user: bool, quorum: bool) -> Resource {
+        let reasons: Vec<&str> = [("user", user), ("quorum", quorum)]
+            .into_iter()
+            .filter_map(|(reason, on)| on.then_some(reason))
+            .collect();
+        suspended_for(resource, &reasons)
+    }
+
+    #[test]
+    fn a_quorum_or_no_data_suspension_with_a_successor_forces_a_primary_down_and_a_snapshot_never() {
+        let isolated = resource("Primary", false, &[("node-a", "Connecting", "Unknown")]);
+        let with_quorum = resource("Primary", true, &[("node-a", "Connected", "Secondary")]);
+        let successor = [("node-a", report(false, true, &["node-c"], &["node-b"], true))];
         let cases = [
             (
                 "quorum suspension, no quorum, a peer with quorum",
@@ -173,7 +178,12 @@ mod tests {
         for (case, resource, reports, expected) in cases {
             assert_eq!(forced_down(resource, reports), expected, "{case}");
         }
-        // A peer still connected to this node is in the same minority, whatever its disk.
+    }
+
+    /// A peer still connected to this node is in the same minority, whatever its disk.
+    #[test]
+    fn a_peer_still_connected_takes_nothing_over() {
+        let isolated = resource("Primary", false, &[("node-a", "Connecting", "Unknown")]);
         let mut connected = suspended(&isolated, false, true);
         connected.connections[0].connection_state = "Connected".into();
         connected.connections[0].peer_devices = vec![peer_disk("UpToDate")];

@@ -1,10 +1,14 @@
+//! The house's rules the compiler does not check.
+//!
 //! The ground floor: every module `ARCHITECTURE.md` marks pure (`yes`, with no caveat) imports no
 //! Kubernetes client, no async runtime and nothing that reaches the filesystem, processes, the
 //! network or netlink, outside its tests. They share a crate with the shell, so the compiler does
 //! not see it; this test does, and it keeps the table honest: a row marked pure that stops being
 //! so fails here, not in review.
+//!
+//! Rooms of a size to read: no function of `src/`, `tests/` or `benches/` is over 80 lines.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What a pure module must not name, and what it would be.
 const FORBIDDEN: &[(&str, &str)] = &[
@@ -137,4 +141,79 @@ fn the_check_sees_what_a_pure_module_must_not_name() {
     );
     let table = "| a | `src/x/a.rs`, `b.rs` | yes |\n| c | `src/c.rs` | yes (its I/O) |\n";
     assert_eq!(pure_files(table), ["src/x/a.rs", "src/x/b.rs"]);
+}
+
+/// The longest function a reader should have to hold in mind at once.
+const MOST_LINES: usize = 80;
+
+/// The `.rs` files under `dir`, recursively.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
+
+/// Each function of `source` longer than [`MOST_LINES`]: its first line, name and length, from
+/// its `fn` line to the closing brace at the same indentation (rustfmt's layout).
+fn long_functions(source: &str) -> Vec<(usize, String, usize)> {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut long = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = &line[..line.len() - code.len()];
+        let signature = ["pub ", "pub(crate) ", "pub(super) ", "async ", "const ", "unsafe "]
+            .iter()
+            .fold(code, |rest, prefix| rest.strip_prefix(prefix).unwrap_or(rest));
+        let Some(name) = signature.strip_prefix("fn ") else {
+            continue;
+        };
+        let closing = format!("{indent}}}");
+        if let Some(end) = lines[start + 1..].iter().position(|l| *l == closing) {
+            let length = end + 2;
+            if length > MOST_LINES {
+                let name = name
+                    .split(|c: char| !c.is_alphanumeric() && c != '_')
+                    .next()
+                    .unwrap_or(name);
+                long.push((start + 1, name.to_owned(), length));
+            }
+        }
+    }
+    long
+}
+
+#[test]
+fn no_function_is_over_80_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut long = Vec::new();
+    for dir in ["src", "tests", "benches"] {
+        for file in rust_files(&root.join(dir)) {
+            let source = std::fs::read_to_string(&file).unwrap();
+            for (line, name, length) in long_functions(&source) {
+                let file = file.strip_prefix(root).unwrap_or(&file).display().to_string();
+                long.push(format!("{file}:{line} fn {name}: {length} lines"));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over {MOST_LINES} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn a_long_function_is_measured_from_its_fn_to_its_closing_brace() {
+    let body = "        x();\n".repeat(MOST_LINES);
+    let source = format!("impl A {{\n    pub async fn long(&self) {{\n{body}    }}\n\n    fn short() {{}}\n}}\n");
+    assert_eq!(long_functions(&source), [(2, "long".to_owned(), MOST_LINES + 2)]);
+    let fits = format!("fn fits() {{\n{}}}\n", "    x();\n".repeat(MOST_LINES - 2));
+    assert!(long_functions(&fits).is_empty());
 }
