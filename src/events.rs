@@ -14,6 +14,7 @@ use kube::runtime::events::EventType;
 use crate::event_series::{Reporter, SeriesPoster, Told};
 
 use crate::deadline::within;
+use crate::tell::{Level, Tell};
 
 /// How standing warnings are repeated.
 #[derive(Clone, Copy, Debug)]
@@ -88,28 +89,35 @@ impl EventSink {
     }
 
     /// Posts a Normal event.
-    pub async fn normal(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
+    async fn normal(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
         tracing::info!(object = describe(regarding), reason, "{note}");
         self.post(regarding, EventType::Normal, reason, action, note).await;
     }
 
     /// Posts a Warning event every time it is called.
-    pub async fn warning(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
+    async fn warning(&self, regarding: &ObjectReference, reason: &str, action: &str, note: String) {
         tracing::warn!(object = describe(regarding), reason, "{note}");
         self.post(regarding, EventType::Warning, reason, action, note).await;
     }
 
-    /// Posts an event of `type_`: [`EventSink::normal`] or [`EventSink::warning`].
-    pub async fn tell(&self, regarding: &ObjectReference, type_: EventType, reason: &str, action: &str, note: String) {
-        match type_ {
-            EventType::Normal => self.normal(regarding, reason, action, note).await,
-            EventType::Warning => self.warning(regarding, reason, action, note).await,
+    /// Posts what `tell` describes, as loud as its level says.
+    pub async fn tell(&self, regarding: &ObjectReference, tell: Tell) {
+        let Tell {
+            level,
+            reason,
+            action,
+            note,
+        } = tell;
+        match level {
+            Level::Normal => self.normal(regarding, reason, action, note).await,
+            Level::Warning => self.warning(regarding, reason, action, note).await,
+            Level::StandingWarning => self.warning_once(regarding, reason, action, note).await,
         }
     }
 
     /// Posts a Warning event unless the same one was the last posted for this object and reason,
     /// less than the repeat interval ago.
-    pub async fn warning_once(&self, regarding: &ObjectReference, reason: &'static str, action: &str, note: String) {
+    async fn warning_once(&self, regarding: &ObjectReference, reason: &'static str, action: &str, note: String) {
         let key = (describe(regarding), reason);
         let due = {
             let mut last = self.last_warning.lock().expect("event cache poisoned");

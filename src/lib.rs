@@ -32,6 +32,7 @@ mod sharedvolume;
 mod shutdown;
 mod status;
 mod telemetry;
+mod tell;
 mod volume;
 
 // The public surface. Every module is private, so `pub` inside one means crate-wide; what leaves

@@ -30,9 +30,10 @@ use crate::deadline::within;
 use crate::events::EventSink;
 use crate::metrics::AgentMetrics;
 use crate::names::LOST_QUORUM_TAINT;
+use crate::tell::Tell;
 use ledger::Ledger;
 use memory::{Memory, Remembered};
-use telling::{About, Told, tell};
+use telling::{About, tell};
 
 #[derive(Clone, Debug)]
 pub struct ExecutorSettings {
@@ -187,7 +188,7 @@ impl Executor {
             .collect();
         let concurrency = self.settings.max_concurrent_publications.max(1);
         let this = &*self;
-        let settled: Vec<(ActionKey, About, Remembered, Option<Told>)> = futures::stream::iter(due)
+        let settled: Vec<(ActionKey, About, Remembered, Option<Tell>)> = futures::stream::iter(due)
             .map(|(key, action)| async move {
                 let about = About::of(action);
                 let (remembered, told) = this.attempt(action, &about, drbd_read_at, None).await;
@@ -220,7 +221,7 @@ impl Executor {
         about: &About,
         drbd_read_at: Instant,
         reserve: Option<(&str, &BTreeSet<String>)>,
-    ) -> (Remembered, Option<Told>) {
+    ) -> (Remembered, Option<Tell>) {
         match action {
             Action::Refused { action: refused, why } => {
                 self.count_refused(about, "guard");
@@ -283,7 +284,7 @@ impl Executor {
         node: &str,
         about: &About,
         storage_nodes: &BTreeSet<String>,
-    ) -> Option<(Remembered, Option<Told>)> {
+    ) -> Option<(Remembered, Option<Tell>)> {
         let guard = self.guard.as_ref()?;
         match guard.reserve(node, storage_nodes).await {
             Ok(Reservation::Reserved) => None,

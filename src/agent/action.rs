@@ -4,9 +4,9 @@
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::runtime::events::EventType;
 
 use super::view::{AttachmentView, PodView};
+use crate::tell::Level;
 use crate::volume::ClaimKey;
 
 /// Why an action is taken; it names the events posted and the metrics counted.
@@ -345,7 +345,7 @@ impl Action {
 
     /// The type and reason of the event that tells the action was done. The reasons are
     /// Piraeus's where it has one.
-    pub fn event(&self) -> (EventType, &'static str) {
+    pub fn event(&self) -> (Level, &'static str) {
         match self {
             Self::Taint {
                 cause: Cause::ForceIoErrors,
@@ -354,28 +354,28 @@ impl Action {
             | Self::Evict {
                 cause: Cause::ForceIoErrors,
                 ..
-            } => (EventType::Warning, "VolumeForcingIoErrors"),
-            Self::Taint { .. } => (EventType::Warning, "NodeStorageQuorumLost"),
+            } => (Level::Warning, "VolumeForcingIoErrors"),
+            Self::Taint { .. } => (Level::Warning, "NodeStorageQuorumLost"),
             Self::Untaint {
                 cause: Cause::ForceIoErrors,
                 ..
-            } => (EventType::Normal, "NoVolumeForcingIoErrors"),
-            Self::Untaint { .. } => (EventType::Normal, "NodeStorageQuorumRegained"),
+            } => (Level::Normal, "NoVolumeForcingIoErrors"),
+            Self::Untaint { .. } => (Level::Normal, "NodeStorageQuorumRegained"),
             Self::Evict {
                 cause: Cause::Evacuation,
                 ..
-            } => (EventType::Normal, "NodeEvacuation"),
+            } => (Level::Normal, "NodeEvacuation"),
             Self::Evict { .. } | Self::ForceDelete { .. } | Self::DeleteAttachment { .. } => {
-                (EventType::Warning, "VolumeWithoutQuorum")
+                (Level::Warning, "VolumeWithoutQuorum")
             }
             // The seeds' reason: a forced demotion is what a volume without quorum gets.
-            Self::ForceSecondary { .. } => (EventType::Warning, "VolumeWithoutQuorum"),
-            Self::PublishServiceEndpoint { .. } => (EventType::Normal, ENDPOINT_MOVED),
-            Self::HoldFailOver { .. } => (EventType::Normal, "FailOverHeld"),
-            Self::HoldPublication { .. } => (EventType::Warning, "PublicationHeld"),
-            Self::HoldEvacuation { .. } => (EventType::Warning, "EvacuationHeld"),
-            Self::WarnCoexistence { .. } => (EventType::Warning, "PiraeusHaControllerRunning"),
-            Self::Refused { .. } => (EventType::Warning, "FailOverRefused"),
+            Self::ForceSecondary { .. } => (Level::Warning, "VolumeWithoutQuorum"),
+            Self::PublishServiceEndpoint { .. } => (Level::Normal, ENDPOINT_MOVED),
+            Self::HoldFailOver { .. } => (Level::Normal, "FailOverHeld"),
+            Self::HoldPublication { .. } => (Level::Warning, "PublicationHeld"),
+            Self::HoldEvacuation { .. } => (Level::Warning, "EvacuationHeld"),
+            Self::WarnCoexistence { .. } => (Level::Warning, "PiraeusHaControllerRunning"),
+            Self::Refused { .. } => (Level::Warning, "FailOverRefused"),
         }
     }
 
@@ -441,15 +441,12 @@ mod tests {
 
     #[test]
     fn events_name_the_cause_and_the_object() {
-        assert_eq!(
-            evict(Cause::FailOver).event(),
-            (EventType::Warning, "VolumeWithoutQuorum")
-        );
+        assert_eq!(evict(Cause::FailOver).event(), (Level::Warning, "VolumeWithoutQuorum"));
         assert_eq!(
             evict(Cause::ForceIoErrors).event(),
-            (EventType::Warning, "VolumeForcingIoErrors")
+            (Level::Warning, "VolumeForcingIoErrors")
         );
-        assert_eq!(evict(Cause::Evacuation).event(), (EventType::Normal, "NodeEvacuation"));
+        assert_eq!(evict(Cause::Evacuation).event(), (Level::Normal, "NodeEvacuation"));
         let target = evict(Cause::FailOver).target();
         assert_eq!(
             (
@@ -469,7 +466,7 @@ mod tests {
             }),
             why: "guard".into(),
         };
-        assert_eq!(refused.event(), (EventType::Warning, "FailOverRefused"));
+        assert_eq!(refused.event(), (Level::Warning, "FailOverRefused"));
         assert_eq!(refused.target().kind.as_deref(), Some("Node"));
     }
 

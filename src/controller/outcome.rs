@@ -68,31 +68,11 @@ pub enum Outcome {
 #[derive(Debug, Default, PartialEq)]
 pub struct Tells(pub Vec<Tell>);
 
-#[derive(Debug, PartialEq)]
-pub struct Tell {
-    pub level: Level,
-    pub reason: &'static str,
-    pub action: &'static str,
-    pub note: String,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    Normal,
-    Warning,
-    /// A Warning that stays while its cause does: posted once per message, then again every
-    /// `--warning-repeat-interval`.
-    StandingWarning,
-}
+pub use crate::tell::{Level, Tell};
 
 impl Tells {
     pub fn add(&mut self, level: Level, reason: &'static str, action: &'static str, note: String) {
-        self.0.push(Tell {
-            level,
-            reason,
-            action,
-            note,
-        });
+        self.0.push(Tell::new(level, reason, action, note));
     }
 
     /// A write the API server refused for good, in words that say what to fix.

@@ -79,12 +79,7 @@ pub fn error_policy(claim: Arc<PersistentVolumeClaim>, err: &ReconcileError, ctx
 async fn tell(ctx: &Context, claim: &PersistentVolumeClaim, tells: Tells) {
     let reference = claim.object_ref(&());
     for told in tells.0 {
-        let (reason, action, note) = (told.reason, told.action, told.note);
-        match told.level {
-            Level::Normal => ctx.events.normal(&reference, reason, action, note).await,
-            Level::Warning => ctx.events.warning(&reference, reason, action, note).await,
-            Level::StandingWarning => ctx.events.warning_once(&reference, reason, action, note).await,
-        }
+        ctx.events.tell(&reference, told).await;
     }
 }
 

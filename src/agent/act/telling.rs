@@ -2,7 +2,6 @@
 //! moves summed up past the first few, and the posting.
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::EventType;
 
 use super::Outcome;
 use super::memory::Remembered;
@@ -10,6 +9,7 @@ use crate::agent::action::{Action, ENDPOINT_MOVED, node_reference};
 use crate::agent::error::AgentError;
 use crate::agent::mass_move;
 use crate::events::EventSink;
+use crate::tell::{Level, Tell};
 
 /// What one action is, for everything said about it: computed once per action.
 pub struct About {
@@ -35,64 +35,24 @@ impl About {
     }
 }
 
-/// The event that tells how an action ended.
-pub struct Told {
-    type_: EventType,
-    reason: &'static str,
-    action: &'static str,
-    note: String,
-    /// A Warning posted only while its note changes (something that keeps failing).
-    once: bool,
-}
-
-impl Told {
-    pub fn new(type_: EventType, reason: &'static str, action: &'static str, note: String) -> Self {
-        Self {
-            type_,
-            reason,
-            action,
-            note,
-            once: false,
-        }
-    }
-
-    pub fn warning_once(reason: &'static str, action: &'static str, note: String) -> Self {
-        Self {
-            once: true,
-            ..Self::new(EventType::Warning, reason, action, note)
-        }
-    }
-
-    fn is_move(&self) -> bool {
-        self.reason == ENDPOINT_MOVED && self.type_ == EventType::Normal
-    }
+/// A move told as it went: one of a mass move's.
+fn is_move(told: &Tell) -> bool {
+    told.reason == ENDPOINT_MOVED && told.level == Level::Normal
 }
 
 /// Posts the event that tells how an action went.
-pub async fn tell(events: &EventSink, about: &About, told: Option<Told>) {
-    let Some(Told {
-        type_,
-        reason,
-        action,
-        note,
-        once,
-    }) = told
-    else {
-        return;
-    };
-    if once {
-        events.warning_once(&about.target, reason, action, note).await;
-    } else {
-        events.tell(&about.target, type_, reason, action, note).await;
+pub async fn tell(events: &EventSink, about: &About, told: Option<Tell>) {
+    if let Some(told) = told {
+        events.tell(&about.target, told).await;
     }
 }
 
 /// A round's moves told one by one up to [`mass_move::TOLD_ONE_BY_ONE`]; the rest in one Event
 /// on `node`, this agent's.
-pub fn sum_up_mass_move(tellings: Vec<(About, Option<Told>)>, node: &str) -> Vec<(About, Option<Told>)> {
-    let is_move = |told: &Option<Told>| told.as_ref().is_some_and(Told::is_move);
+pub fn sum_up_mass_move(tellings: Vec<(About, Option<Tell>)>, node: &str) -> Vec<(About, Option<Tell>)> {
+    let is_move = |told: &Option<Tell>| told.as_ref().is_some_and(is_move);
     let (moves, mut others): (Vec<_>, Vec<_>) = tellings.into_iter().partition(|(_, told)| is_move(told));
-    let mut moves: Vec<(String, (About, Option<Told>))> = moves
+    let mut moves: Vec<(String, (About, Option<Tell>))> = moves
         .into_iter()
         .map(|(about, told)| (about.target.name.clone().unwrap_or_default(), (about, told)))
         .collect();
@@ -107,62 +67,62 @@ pub fn sum_up_mass_move(tellings: Vec<(About, Option<Told>)>, node: &str) -> Vec
             target: node_reference(node),
             description: format!("{} volumes moved here", names.len()),
         };
-        let told = Told::new(EventType::Normal, "ServiceEndpointsMoved", "publish", note);
+        let told = Tell::new(Level::Normal, "ServiceEndpointsMoved", "publish", note);
         others.push((about, Some(told)));
     }
     others
 }
 
 /// A report, not a write: told once while the same evidence holds.
-pub fn report(action: &Action, about: &About) -> (Remembered, Option<Told>) {
+pub fn report(action: &Action, about: &About) -> (Remembered, Option<Tell>) {
     let note = format!("{} ({})", about.description, action.note());
-    let (type_, reason) = action.event();
+    let (level, reason) = action.event();
     (
         Remembered::WhileDecided,
-        Some(Told::new(type_, reason, about.kind, note)),
+        Some(Tell::new(level, reason, about.kind, note)),
     )
 }
 
 /// What a dry run says instead of acting.
-pub fn dry_run(action: &Action, about: &About) -> (Remembered, Option<Told>) {
+pub fn dry_run(action: &Action, about: &About) -> (Remembered, Option<Tell>) {
     let note = format!("dry run: would {} ({})", about.description, action.note());
     (
         Remembered::ForCooldown,
-        Some(Told::new(EventType::Normal, "DryRun", "DryRun", note)),
+        Some(Tell::new(Level::Normal, "DryRun", "DryRun", note)),
     )
 }
 
 /// A step the blast-radius guard refused; the rest of that node's fail-over (`failing_over`) is
 /// skipped this round.
-pub fn refusal(about: &About, failing_over: Option<&str>, why: &str) -> (Remembered, Option<Told>) {
+pub fn refusal(about: &About, failing_over: Option<&str>, why: &str) -> (Remembered, Option<Tell>) {
     let note = format!("refused to {}: {why}", about.description);
     let remembered = match failing_over {
         Some(node) => Remembered::Refused(node.to_owned()),
         None => Remembered::ForCooldown,
     };
-    let told = Told::new(EventType::Warning, "FailOverRefused", "Refuse", note);
+    let told = Tell::new(Level::Warning, "FailOverRefused", "Refuse", note);
     (remembered, Some(told))
 }
 
 /// The guard could not tell whether `node`'s fail-over may go on: it does not, this round.
-pub fn guard_failed(about: &About, node: &str, err: &dyn std::fmt::Display) -> (Remembered, Option<Told>) {
+pub fn guard_failed(about: &About, node: &str, err: &dyn std::fmt::Display) -> (Remembered, Option<Tell>) {
     let note = format!("cannot {}: the blast-radius guard: {err}; retrying", about.description);
-    let told = Told::warning_once("FailOverActionFailed", about.kind, note);
+    let told = Tell::standing("FailOverActionFailed", about.kind, note);
     (Remembered::Refused(node.to_owned()), Some(told))
 }
 
 /// How an action carried out ended: what to remember of it and what to tell.
-pub fn outcome(action: &Action, about: &About, result: Result<Outcome, AgentError>) -> (Remembered, Option<Told>) {
+pub fn outcome(action: &Action, about: &About, result: Result<Outcome, AgentError>) -> (Remembered, Option<Tell>) {
     match result {
         Ok(Outcome::Done(caveat)) => {
-            let (type_, reason) = action.event();
+            let (level, reason) = action.event();
             let mut note = format!("{} ({})", about.description, action.note());
             if let Some(caveat) = caveat {
                 note.push_str(&format!("; {caveat}"));
             }
             (
                 Remembered::ForCooldown,
-                Some(Told::new(type_, reason, about.kind, note)),
+                Some(Tell::new(level, reason, about.kind, note)),
             )
         }
         Ok(Outcome::Skipped(why)) => {
@@ -174,12 +134,12 @@ pub fn outcome(action: &Action, about: &About, result: Result<Outcome, AgentErro
                 "cannot {} now: a PodDisruptionBudget does not allow it; retrying",
                 about.description
             );
-            let told = Told::warning_once("EvictionBlocked", about.kind, note);
+            let told = Tell::standing("EvictionBlocked", about.kind, note);
             (Remembered::Retry, Some(told))
         }
         Err(err) if let Some(refusal) = err.refusal() => {
             let note = format!("cannot {}: {}", about.description, refusal.explain("the agent"));
-            let told = Told::warning_once("WriteRefused", about.kind, note);
+            let told = Tell::standing("WriteRefused", about.kind, note);
             let remembered = if refusal.may_pass_soon() {
                 Remembered::Retry
             } else {
@@ -189,7 +149,7 @@ pub fn outcome(action: &Action, about: &About, result: Result<Outcome, AgentErro
         }
         Err(err) => {
             let note = format!("cannot {}: {err}; retrying", about.description);
-            let told = Told::warning_once("FailOverActionFailed", about.kind, note);
+            let told = Tell::standing("FailOverActionFailed", about.kind, note);
             (Remembered::Retry, Some(told))
         }
     }
