@@ -821,6 +821,62 @@ fn images_env_volumes_and_accounts_follow_the_escape_hatches() {
     }
 }
 
+/// The `--set` values of the install page's block that builds and pushes the images.
+fn install_page_image_overrides() -> Vec<String> {
+    let page = std::fs::read_to_string("docs/how-to/install.md").unwrap();
+    let block = page
+        .split("```sh\n")
+        .find(|block| block.starts_with("make images"))
+        .expect("the install page's images block");
+    let block = block.split("```").next().unwrap_or_default();
+    block
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .windows(2)
+        .filter(|pair| pair[0] == "--set")
+        .map(|pair| pair[1].to_owned())
+        .collect()
+}
+
+/// A user who pushes the images to their own registry and sets what the install page sets gets
+/// every container from there: the repair's DaemonSet, which runs the agent's image, too.
+#[test]
+#[ignore = "needs helm: run `make test`"]
+fn the_install_pages_image_overrides_move_every_image() {
+    let sets = install_page_image_overrides();
+    assert!(!sets.is_empty(), "the page sets the images");
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let rendered = template(&sets);
+    let images: Vec<&str> = rendered
+        .iter()
+        .flat_map(|object| {
+            let pod = &object["spec"]["template"]["spec"];
+            let containers = pod["containers"].as_array().into_iter().flatten();
+            containers.chain(pod["initContainers"].as_array().into_iter().flatten())
+        })
+        .filter_map(|container| container["image"].as_str())
+        .collect();
+    assert!(images.len() >= 3, "controller, agent and repair: {images:?}");
+    let left: Vec<&&str> = images
+        .iter()
+        .filter(|image| !image.starts_with("registry.example.com/storage/"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "images the page's overrides leave at their defaults: {left:?}"
+    );
+
+    let own = template(&[
+        "conntrack.image.repository=repair.example.com/repair",
+        "conntrack.image.tag=v1",
+    ]);
+    let repair = find(&own, "DaemonSet", "demo-shared-volume-controller-conntrack");
+    assert_eq!(
+        repair["spec"]["template"]["spec"]["containers"][0]["image"], "repair.example.com/repair:v1",
+        "an image of the repair's own still wins"
+    );
+}
+
 #[test]
 #[ignore = "needs helm: run `make test`"]
 fn monitoring_follows_the_escape_hatches() {
