@@ -133,7 +133,12 @@ fn the_writers_are_narrowed_and_put_first_in_line(defaults: &[Value]) {
             .unwrap()
             .contains(r#"["linstor.csi.linbit.com"]"#)
     );
-    let flow = find(defaults, "FlowSchema", "storage-demo-shared-volume-controller");
+    assert!(
+        !defaults.iter().any(|o| o["kind"] == "FlowSchema"),
+        "no priority level unless asked for"
+    );
+    let with_priority = template(&["apiPriority.enabled=true"]);
+    let flow = find(&with_priority, "FlowSchema", "storage-demo-shared-volume-controller");
     let subjects: Vec<&str> = flow["spec"]["rules"][0]["subjects"]
         .as_array()
         .unwrap()
@@ -152,8 +157,6 @@ fn the_writers_are_narrowed_and_put_first_in_line(defaults: &[Value]) {
         flow["spec"]["priorityLevelConfiguration"]["name"],
         "storage-demo-shared-volume-controller"
     );
-    let without_priority = template(&["apiPriority.enabled=false"]);
-    assert!(!without_priority.iter().any(|o| o["kind"] == "FlowSchema"));
     let without = template(&["admissionPolicies.enabled=false"]);
     assert!(!without.iter().any(|o| o["kind"] == "ValidatingAdmissionPolicy"));
 }
@@ -325,13 +328,18 @@ async fn the_chart_installs_with_least_privilege_rbac_and_uninstalls_cleanly() {
         ),
         ("clusterrole", cluster_name("controller"), false),
         ("clusterrole", cluster_name("agent"), false),
-        ("flowschema", priority_level.clone(), false),
-        ("prioritylevelconfiguration", priority_level.clone(), false),
         ("servicemonitor", name("controller"), true),
         ("servicemonitor", name("agent"), true),
         ("prometheusrule", format!("{release}-shared-volume-controller"), true),
     ] {
         assert!(get(kind, &object, namespaced), "{kind} {object} installed");
+    }
+    // The priority level, asked for: the API server takes both objects.
+    run(tool("helm")
+        .args(["upgrade", &release, packaged_chart(), "--namespace", &env.ns])
+        .args(["--reuse-values", "--set", "apiPriority.enabled=true"]));
+    for kind in ["flowschema", "prioritylevelconfiguration"] {
+        assert!(get(kind, &priority_level, false), "{kind} {priority_level} installed");
     }
 
     let controller = format!("system:serviceaccount:{}:{}", env.ns, name("controller"));

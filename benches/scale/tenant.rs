@@ -88,13 +88,17 @@ pub async fn mass_move_beside_a_tenant(n: usize, full: bool) -> Vec<Figure> {
 }
 
 /// The chart's controller and agent accounts, signed in with tokens; the chart's API priority
-/// objects installed or not (as `apiPriority.enabled=false` leaves them out), with the chart
+/// objects installed or not (`apiPriority.enabled`, off by default), with the chart
 /// values `sets` (from `SVC_BENCH_CHART_SETS`: `apiPriority.lendablePercent=0,...`).
 fn chart_identities(env: &TestEnv, admin: &str, sets: &[&str], flow_schema: bool) -> Identities {
     let extra: &[&str] = if flow_schema { &[API_PRIORITY_TEMPLATE] } else { &[] };
+    let mut sets = sets.to_vec();
+    if flow_schema {
+        sets.push("apiPriority.enabled=true");
+    }
     Identities {
-        controller: env.chart_token_kubeconfig(admin, "controller", sets, extra),
-        agent: env.chart_token_kubeconfig(admin, "agent", sets, extra),
+        controller: env.chart_token_kubeconfig(admin, "controller", &sets, extra),
+        agent: env.chart_token_kubeconfig(admin, "agent", &sets, extra),
     }
 }
 
