@@ -154,10 +154,13 @@ pub struct SelftestArgs {
     /// Label selector of the agent pods; unset: not checked (no agent installed).
     #[arg(long, env = "AGENT_SELECTOR")]
     pub agent_selector: Option<String>,
+    /// Label selector of the conntrack repair's pods; unset: not checked (no repair installed).
+    #[arg(long, env = "REPAIR_SELECTOR")]
+    pub repair_selector: Option<String>,
     /// Admission policies that must exist and be bound with Deny (comma-separated).
     #[arg(long, env = "POLICIES", value_delimiter = ',')]
     pub policies: Vec<String>,
-    /// Bound of one agent's `/readyz` request.
+    /// Bound of one agent's or repair's `/readyz` request.
     #[arg(long, env = "TIMEOUT", default_value = "5s")]
     pub timeout: Duration,
 }

@@ -30,8 +30,11 @@ pub async fn run(args: SelftestArgs, client: Client) -> Result<()> {
         };
         verdicts.push(Verdict::new(format!("leader Lease {}/{name}", args.namespace), found));
     }
-    if let Some(selector) = &args.agent_selector {
-        verdicts.extend(agent_verdicts(&client, &args.namespace, selector, *args.timeout).await);
+    let components = [(&AGENT, &args.agent_selector), (&REPAIR, &args.repair_selector)];
+    for (component, selector) in components {
+        if let Some(selector) = selector {
+            verdicts.extend(pod_verdicts(&client, &args.namespace, component, selector, *args.timeout).await);
+        }
     }
     if !args.policies.is_empty() {
         verdicts.extend(policy_verdicts_from_api(&client, &args.policies).await);
@@ -44,7 +47,7 @@ pub async fn run(args: SelftestArgs, client: Client) -> Result<()> {
         }
     }
     if verdicts.is_empty() {
-        bail!("nothing to check: give --lease-name, --agent-selector or --policies");
+        bail!("nothing to check: give --lease-name, --agent-selector, --repair-selector or --policies");
     }
     if failed > 0 {
         bail!("{failed} of {} checks failed", verdicts.len());
@@ -53,23 +56,48 @@ pub async fn run(args: SelftestArgs, client: Client) -> Result<()> {
     Ok(())
 }
 
-/// Each running agent pod's `/readyz`, at its address and its `admin` port.
-async fn agent_verdicts(client: &Client, namespace: &str, selector: &str, timeout: Duration) -> Vec<Verdict> {
+/// A DaemonSet whose every pod must answer `/readyz`: what its pods are called, and what to look
+/// at when it has none.
+struct Component {
+    name: &'static str,
+    none_found: &'static str,
+}
+
+const AGENT: Component = Component {
+    name: "agent",
+    none_found: "none found: is the DaemonSet scheduled on the storage nodes (nodeSelector, Pod Security)?",
+};
+const REPAIR: Component = Component {
+    name: "repair",
+    none_found: "none found: is the conntrack DaemonSet scheduled (its tolerations, Pod Security)?",
+};
+
+/// Each running pod's `/readyz` of `component`, at its address and its `admin` port.
+async fn pod_verdicts(
+    client: &Client,
+    namespace: &str,
+    component: &Component,
+    selector: &str,
+    timeout: Duration,
+) -> Vec<Verdict> {
+    let name = component.name;
     let pods = match Api::<Pod>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(selector))
         .await
     {
         Ok(pods) => pods.items,
-        Err(err) => return vec![Verdict::new(format!("agent pods {selector}"), Err(err.to_string()))],
+        Err(err) => return vec![Verdict::new(format!("{name} pods {selector}"), Err(err.to_string()))],
     };
     if pods.is_empty() {
-        let why = "none found: is the DaemonSet scheduled on the storage nodes (nodeSelector, Pod Security)?";
-        return vec![Verdict::new(format!("agent pods {selector}"), Err(why.into()))];
+        return vec![Verdict::new(
+            format!("{name} pods {selector}"),
+            Err(component.none_found.into()),
+        )];
     }
     let http = reqwest::Client::builder().timeout(timeout).build();
     let mut verdicts = Vec::new();
     for pod in &pods {
-        let what = format!("agent {}/{}", namespace, pod.name_any());
+        let what = format!("{name} {}/{}", namespace, pod.name_any());
         let found = match (&http, readyz_url(pod)) {
             (Ok(http), Ok(url)) => ready(http, &url).await,
             (Err(err), _) => Err(err.to_string()),

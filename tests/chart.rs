@@ -1040,26 +1040,37 @@ async fn helm_test_passes_on_a_working_install_and_names_what_is_broken() {
         env.agent_pod(&node.name, &agent, Some(&release)).await;
         agents.push(agent);
     }
+    // The conntrack repair on the host, seen as its DaemonSet's pod on node a.
+    let repair_args = ["conntrack", "--node-name", &nodes[0].name, "--kube-proxy-metrics", ""];
+    let repair = env.start_as("conntrack", &format!("{}-conntrack", env.ns), &repair_args, &[]);
+    repair.wait_ready().await;
+    env.component_pod("conntrack", &nodes[0].name, &repair, Some(&release))
+        .await;
     // The leader Lease may take a renewal to appear.
     let passed = eventually("a passing selftest", WAIT, || async {
         let (passed, output) = selftest(&args, &env.ns);
         passed.then_some(output)
     })
     .await;
-    assert!(passed.contains("all 11 checks passed"), "{passed}");
+    assert!(passed.contains("all 12 checks passed"), "{passed}");
 
-    // An agent down, and a policy unbound: both named.
+    // An agent down, the repair down, and a policy unbound: each named.
     let stopped = agents.remove(1);
     stopped.stop().await;
+    repair.stop().await;
     let binding = format!("{}-{release}-shared-volume-controller-leases", env.ns);
     run(tool("kubectl").args(["delete", "validatingadmissionpolicybinding", &binding]));
     let (passed, output) = selftest(&args, &env.ns);
     assert!(!passed, "{output}");
     let failures: Vec<&str> = output.lines().filter(|l| l.starts_with("FAIL")).collect();
-    assert_eq!(failures.len(), 2, "{output}");
+    assert_eq!(failures.len(), 3, "{output}");
     assert!(failures[0].contains(&format!("agent-{}", nodes[1].name)), "{output}");
     assert!(
-        failures[1].contains(&binding) && failures[1].contains("no binding"),
+        failures[1].contains(&format!("repair {}/conntrack-{}", env.ns, nodes[0].name)),
+        "{output}"
+    );
+    assert!(
+        failures[2].contains(&binding) && failures[2].contains("no binding"),
         "{output}"
     );
     agents.push(controller);

@@ -166,19 +166,25 @@ impl TestEnv {
     /// selector labels (`instance` when given), Running and Ready at loopback (where the test's
     /// processes listen), its `admin` port.
     pub async fn agent_pod(&self, node: &str, agent: &Process, instance: Option<&str>) {
+        self.component_pod("agent", node, agent, instance).await;
+    }
+
+    /// A Running pod of the chart's `component` on `node` (`<component>-<node>`, the chart's
+    /// labels), whose `admin` port is `process`'s.
+    pub async fn component_pod(&self, component: &str, node: &str, process: &Process, instance: Option<&str>) {
         use k8s_openapi::api::core::v1::Pod;
         let mut labels = json!({
             "app.kubernetes.io/name": "shared-volume-controller",
-            "app.kubernetes.io/component": "agent",
+            "app.kubernetes.io/component": component,
         });
         if let Some(instance) = instance {
             labels["app.kubernetes.io/instance"] = json!(instance);
         }
-        let name = format!("agent-{node}");
+        let name = format!("{component}-{node}");
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "labels": labels},
-            "spec": {"nodeName": node, "containers": [{"name": "agent", "image": "agent",
-                "ports": [{"name": "admin", "containerPort": agent.admin.port()}]}]},
+            "spec": {"nodeName": node, "containers": [{"name": component, "image": component,
+                "ports": [{"name": "admin", "containerPort": process.admin.port()}]}]},
         }))
         .unwrap();
         let pods = self.api::<Pod>();
