@@ -40,6 +40,9 @@ pub struct CommonArgs {
     /// in-cluster, or KUBECONFIG, or ~/.kube/config.
     #[arg(long, global = true)]
     pub kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context to use (no env fallback, as kubectl). Default: its current context.
+    #[arg(long, global = true)]
+    pub context: Option<String>,
     /// Read and write timeout of each request to the Kubernetes API. Default: none (the agent
     /// bounds every call by --operations-timeout anyway).
     #[arg(long, env = "KUBE_API_TIMEOUT", global = true)]
@@ -85,34 +88,34 @@ pub struct ShareArgs {
     /// The DRBD resource; also the PV's name and CSI volume handle.
     pub resource: String,
     /// The claim's namespace. Default: the kubeconfig context's namespace.
-    #[arg(long, short = 'n', env = "CLAIM_NAMESPACE")]
+    #[arg(long, short = 'n', env = "SHARED_VOLUME_NAMESPACE")]
     pub namespace: Option<String>,
     /// The claim's name. Default: the resource's name.
-    #[arg(long, env = "CLAIM")]
+    #[arg(long, env = "SHARED_VOLUME_CLAIM")]
     pub claim: Option<String>,
     /// The resource's usable size, as a Kubernetes quantity (`10Gi`).
-    #[arg(long, env = "SIZE")]
+    #[arg(long, env = "SHARED_VOLUME_SIZE")]
     pub size: String,
     /// The StorageClass named by both objects (the filters of the controller and the agents see
     /// it); empty: none, so that they bind only to each other.
-    #[arg(long, env = "STORAGE_CLASS", default_value = "")]
+    #[arg(long, env = "SHARED_VOLUME_STORAGE_CLASS", default_value = "")]
     pub storage_class: String,
     /// The CSI driver named on the PV (the resource's own driver; `--csi-driver` filters see it).
-    #[arg(long, env = "CSI_DRIVER", default_value = "linstor.csi.linbit.com")]
+    #[arg(long, env = "SHARED_VOLUME_CSI_DRIVER", default_value = "linstor.csi.linbit.com")]
     pub csi_driver: String,
     /// The port of the volume's own NFS server (the PV's `storageos.com/nfs-port`, which the
     /// agents publish and pass to the promoter's units). Default: the lowest from 20490 that no PV
     /// names.
-    #[arg(long, env = "NFS_PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, env = "SHARED_VOLUME_NFS_PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub nfs_port: Option<u16>,
     /// How long to wait for the claim's SharedVolumeReady condition to be True; 0s: do not wait.
-    #[arg(long, env = "WAIT", default_value = "2m")]
+    #[arg(long, env = "SHARED_VOLUME_WAIT", default_value = "2m")]
     pub wait: Duration,
     /// Create even when no agent reports the DRBD resource.
-    #[arg(long, env = "SKIP_RESOURCE_CHECK")]
+    #[arg(long, env = "SHARED_VOLUME_SKIP_RESOURCE_CHECK")]
     pub skip_resource_check: bool,
     /// Print the PV and the claim (a JSON List for `kubectl apply -f -`) and create nothing.
-    #[arg(long, env = "DRY_RUN")]
+    #[arg(long, env = "SHARED_VOLUME_DRY_RUN")]
     pub dry_run: bool,
 }
 
@@ -120,20 +123,20 @@ pub struct ShareArgs {
 pub struct StatusArgs {
     /// The release's namespace: its leader Lease, agent pods and agent Leases. Default: the
     /// kubeconfig context's namespace.
-    #[arg(long, short = 'n', env = "POD_NAMESPACE")]
+    #[arg(long, short = 'n', env = "SHARED_VOLUME_NAMESPACE")]
     pub namespace: Option<String>,
     /// The controller's leader Lease.
-    #[arg(long, env = "LEASE_NAME", default_value = "shared-volume-controller")]
+    #[arg(long, env = "SHARED_VOLUME_LEASE_NAME", default_value = "shared-volume-controller")]
     pub lease_name: String,
     /// Label selector of the agent pods.
     #[arg(
         long,
-        env = "AGENT_SELECTOR",
+        env = "SHARED_VOLUME_AGENT_SELECTOR",
         default_value = "app.kubernetes.io/name=shared-volume-controller,app.kubernetes.io/component=agent"
     )]
     pub agent_selector: String,
     /// `table` for people, `json` for scripts.
-    #[arg(long, short = 'o', env = "OUTPUT", value_enum, default_value = "table")]
+    #[arg(long, short = 'o', env = "SHARED_VOLUME_OUTPUT", value_enum, default_value = "table")]
     pub output: StatusOutput,
 }
 

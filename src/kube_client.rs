@@ -86,15 +86,22 @@ pub async fn connect(common: &CommonArgs, retry: bool) -> Result<Client> {
 
 /// The client configuration [`connect`] uses, for callers that add layers of their own.
 pub async fn config(common: &CommonArgs, retry: bool) -> Result<Config> {
-    let mut config = match &common.kubeconfig {
-        Some(path) => {
+    let options = KubeConfigOptions {
+        context: common.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = match (&common.kubeconfig, &common.context) {
+        (Some(path), _) => {
             let kubeconfig = Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            Config::from_custom_kubeconfig(kubeconfig, &options)
                 .await
                 .with_context(|| format!("cannot use the kubeconfig {}", path.display()))?
         }
-        None => Config::infer()
+        (None, Some(context)) => Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| format!("cannot use the context {context} of KUBECONFIG or ~/.kube/config"))?,
+        (None, None) => Config::infer()
             .await
             .context("cannot find the Kubernetes API (in-cluster, KUBECONFIG or ~/.kube/config)")?,
     };

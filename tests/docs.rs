@@ -172,3 +172,27 @@ fn the_metrics_page_names_every_reconcile_error_reason() {
         "docs/reference/metrics.md does not name {missing:?}"
     );
 }
+
+/// The first `sh` block after `heading` in `page`.
+fn sh_block_after(page: &str, heading: &str) -> String {
+    let text = std::fs::read_to_string(Path::new(ROOT).join(page)).unwrap();
+    let section = &text[text.find(heading).unwrap_or_else(|| panic!("{page} has {heading}"))..];
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{page}: a sh block after {heading}"));
+    block.split("```").next().unwrap_or_default().to_owned()
+}
+
+/// A user who follows the install page gets what the README's command (the one `make test` runs)
+/// installs: the two are one command.
+#[test]
+fn the_install_page_runs_the_readmes_install_command() {
+    let readme = sh_block_after("README.md", "## Install on a cluster");
+    let page = sh_block_after("docs/how-to/install.md", "## The command");
+    assert!(readme.contains("helm install shared-volume"), "{readme}");
+    assert_eq!(
+        page, readme,
+        "docs/how-to/install.md's command differs from the README's"
+    );
+}

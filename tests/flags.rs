@@ -84,8 +84,8 @@ fn every_flag_of_a_component_is_a_chart_value_with_the_environment_variable_it_r
         for arg in flags.iter().filter(|a| !is_compatibility(a)) {
             let name = long(arg);
             match env(arg) {
-                // The chart runs in the cluster: no kubeconfig file.
-                None if name == "kubeconfig" => {}
+                // The chart runs in the cluster: no kubeconfig file, no context in it.
+                None if name == "kubeconfig" || name == "context" => {}
                 None => missing.push(format!("{subcommand} --{name}: no environment variable")),
                 Some(variable) if by_template.contains(&variable) => {}
                 Some(variable) => {

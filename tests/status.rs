@@ -98,3 +98,53 @@ async fn status_shows_the_leader_the_agents_and_each_served_claim() {
     );
     common::drbd::teardown(env, processes).await;
 }
+
+/// The plugin takes kubectl's `--context`, and reads only variables of its own: a kubeconfig whose
+/// current context points nowhere still works with `--context` naming the good one, and a shell's
+/// `OUTPUT` or `POD_NAMESPACE` changes nothing while `SHARED_VOLUME_OUTPUT` does.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn the_plugin_takes_kubectls_context_and_only_its_own_variables() {
+    let env = common::setup("status-context").await;
+    let admin = common::accounts::admin_kubeconfig();
+    let mut config: Value = serde_yaml::from_str(&std::fs::read_to_string(&admin).unwrap()).unwrap();
+    let good = config["current-context"].as_str().unwrap().to_owned();
+    let mut nowhere = config["clusters"][0].clone();
+    nowhere["name"] = json!("nowhere");
+    nowhere["cluster"]["server"] = json!("https://127.0.0.1:1");
+    config["clusters"].as_array_mut().unwrap().push(nowhere);
+    let mut broken = config["contexts"][0].clone();
+    broken["name"] = json!("broken");
+    broken["context"]["cluster"] = json!("nowhere");
+    config["contexts"].as_array_mut().unwrap().push(broken);
+    config["current-context"] = json!("broken");
+    let path = std::env::temp_dir().join(format!("svc-e2e-{}-contexts.kubeconfig", env.ns));
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let run = |args: &[&str], vars: &[(&str, &str)]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_shared-volume-controller"))
+            .args(["status", "--namespace", &env.ns, "--kubeconfig"])
+            .arg(&path)
+            .args(args)
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+        )
+    };
+    assert!(!run(&[], &[]).0, "the current context points nowhere");
+    let (ok, table) = run(
+        &["--context", &good],
+        &[("OUTPUT", "json"), ("POD_NAMESPACE", "elsewhere")],
+    );
+    assert!(ok, "--context names the good one");
+    assert!(
+        serde_json::from_str::<Value>(&table).is_err(),
+        "OUTPUT is not the plugin's: {table}"
+    );
+    let (ok, json) = run(&["--context", &good], &[("SHARED_VOLUME_OUTPUT", "json")]);
+    assert!(ok && serde_json::from_str::<Value>(&json).is_ok(), "{json}");
+    std::fs::remove_file(&path).unwrap();
+    env.cleanup().await;
+}
