@@ -17,7 +17,6 @@ use serde_json::{Value, json};
 const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/shared-volume-controller.json");
-const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/README.md");
 const MONITORING_CRDS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/monitoring-crds.yaml");
 
 fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
@@ -495,13 +494,7 @@ fn conntrack_permissions<'a>(ns: &'a str, conntrack: &'a str) -> Vec<Permission<
 /// The README's install command, run as written (through bash, as a user pastes it) but with this
 /// test's release name, namespace and the chart's absolute path.
 fn readme_install_command(release: &str, namespace: &str) -> std::process::Command {
-    let readme = std::fs::read_to_string(README).unwrap();
-    let section = &readme[readme.find("## Install on a cluster").expect("an install section")..];
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .and_then(|rest| rest.split("```").next())
-        .expect("a sh block in the install section");
+    let block = common::docs::sh_block_after("README.md", "## Install on a cluster");
     assert!(
         block.contains("pod-security.kubernetes.io/enforce=privileged")
             && block.contains("\nhelm install shared-volume charts/shared-volume-controller"),
@@ -831,12 +824,11 @@ fn images_env_volumes_and_accounts_follow_the_escape_hatches() {
 
 /// The `--set` values of the install page's block that builds and pushes the images.
 fn install_page_image_overrides() -> Vec<String> {
-    let page = std::fs::read_to_string("docs/how-to/install.md").unwrap();
-    let block = page
-        .split("```sh\n")
-        .find(|block| block.starts_with("make images"))
-        .expect("the install page's images block");
-    let block = block.split("```").next().unwrap_or_default();
+    let block = common::docs::sh_block_after("docs/how-to/install.md", "## Images");
+    assert!(
+        block.starts_with("make images"),
+        "the install page's images block: {block}"
+    );
     block
         .split_whitespace()
         .collect::<Vec<_>>()

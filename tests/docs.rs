@@ -6,7 +6,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::docs::{ROOT, broken, markdown_links, repository_urls};
+use common::docs::{ROOT, broken, markdown_links, repository_urls, sh_block_after};
 
 /// Every file under `dirs` (relative to the repository), at any depth.
 fn files_under(dirs: &[&str]) -> Vec<PathBuf> {
@@ -171,17 +171,6 @@ fn the_metrics_page_names_every_reconcile_error_reason() {
         missing.is_empty(),
         "docs/reference/metrics.md does not name {missing:?}"
     );
-}
-
-/// The first `sh` block after `heading` in `page`.
-fn sh_block_after(page: &str, heading: &str) -> String {
-    let text = std::fs::read_to_string(Path::new(ROOT).join(page)).unwrap();
-    let section = &text[text.find(heading).unwrap_or_else(|| panic!("{page} has {heading}"))..];
-    let block = section
-        .split("```sh\n")
-        .nth(1)
-        .unwrap_or_else(|| panic!("{page}: a sh block after {heading}"));
-    block.split("```").next().unwrap_or_default().to_owned()
 }
 
 /// A user who follows the install page gets what the README's command (the one `make test` runs)

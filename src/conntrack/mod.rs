@@ -197,8 +197,8 @@ impl Repair {
 
     fn slice(&mut self, slice: &EndpointSlice) {
         let key = key(slice);
-        let now = Instant::now();
-        match self.slices.seen(&key, slice, now) {
+        let at = Moment::now();
+        match self.slices.seen(&key, slice, at.now) {
             Seen::Moved(served) => {
                 tracing::info!(
                     slice = %key,
@@ -207,11 +207,11 @@ impl Repair {
                     "the volume's endpoint moved; sweeping its stranded conntrack entries"
                 );
                 self.sweeps
-                    .changed(&key, served, slices::triggered(slice), Moment::now(), self.window);
+                    .changed(&key, served, slices::triggered(slice), at, self.window);
             }
             // After a restart a move may have gone unseen: sweep every volume once more.
             Seen::First(served) if !self.started => {
-                self.sweeps.changed(&key, served, None, Moment::now(), self.window);
+                self.sweeps.changed(&key, served, None, at, self.window);
             }
             Seen::First(_) | Seen::Same => {}
             Seen::Unusable(why) => tracing::debug!(slice = %key, "not repaired: {why}"),

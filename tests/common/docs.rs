@@ -8,6 +8,17 @@ pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// How this repository's files are linked from outside it (alerts, the dashboard, Chart.yaml).
 pub const REPOSITORY_URL: &str = "https://github.com/shared-volume-controller/shared-volume-controller/blob/";
 
+/// The first `sh` block after `heading` in `page` (a path from the repository's root).
+pub fn sh_block_after(page: &str, heading: &str) -> String {
+    let text = std::fs::read_to_string(Path::new(ROOT).join(page)).unwrap();
+    let section = &text[text.find(heading).unwrap_or_else(|| panic!("{page} has {heading}"))..];
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("{page}: a sh block after {heading}"));
+    block.split("```").next().unwrap_or_default().to_owned()
+}
+
 /// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`.
 pub fn slug(heading: &str) -> String {
     heading

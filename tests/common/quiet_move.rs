@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use super::datapath::{DataPath, ProxyMode};
-use super::process::{Process, http_get, sample_value};
+use super::process::{Process, sample_value};
 use super::{SERVICE_ENDPOINT, TestEnv, serving};
 
 const SWEEPS: &str = "storageos_shared_volume_conntrack_sweeps_total";
@@ -35,7 +35,7 @@ struct Counters {
 }
 
 async fn counters(repair: &Process) -> Counters {
-    let Some((200, text)) = http_get(repair.admin, "/metrics").await else {
+    let Some((200, text)) = repair.get("/metrics").await else {
         return Counters {
             sweeping: f64::NAN,
             ..Counters::default()
