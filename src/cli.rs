@@ -87,10 +87,11 @@ pub enum Command {
 pub struct ShareArgs {
     /// The DRBD resource; also the PV's name and CSI volume handle.
     pub resource: String,
-    /// The claim's namespace. Default: the kubeconfig context's namespace.
+    /// The claims' namespace. Default: the kubeconfig context's namespace.
     #[arg(long, short = 'n', env = "SHARED_VOLUME_NAMESPACE")]
     pub namespace: Option<String>,
-    /// The claim's name. Default: the resource's name.
+    /// The name of the claim apps mount (the server claim is `<claim>-drbd`). Default: the
+    /// resource's name.
     #[arg(long, env = "SHARED_VOLUME_CLAIM")]
     pub claim: Option<String>,
     /// The resource's usable size, as a Kubernetes quantity (`10Gi`).
@@ -108,13 +109,29 @@ pub struct ShareArgs {
     /// names.
     #[arg(long, env = "SHARED_VOLUME_NFS_PORT", value_parser = clap::value_parser!(u16).range(1..))]
     pub nfs_port: Option<u16>,
-    /// How long to wait for the claim's SharedVolumeReady condition to be True; 0s: do not wait.
+    /// The export's path as clients mount it (nfs-ganesha's `Pseudo`), on the client PV.
+    #[arg(long, env = "SHARED_VOLUME_EXPORT_PATH", default_value = "/export")]
+    pub export_path: String,
+    /// The client PV's mount options, comma-separated.
+    #[arg(
+        long,
+        env = "SHARED_VOLUME_MOUNT_OPTIONS",
+        value_delimiter = ',',
+        default_value = "nfsvers=4.2,hard,timeo=100,retrans=2"
+    )]
+    pub mount_options: Vec<String>,
+    /// The namespace of the Lease a run holds while it picks a port and writes the PV that names
+    /// it, so that two runs at once never take the same port.
+    #[arg(long, env = "SHARED_VOLUME_PORT_LOCK_NAMESPACE", default_value = "kube-system")]
+    pub port_lock_namespace: String,
+    /// How long to wait for the server claim's SharedVolumeReady condition to be True before
+    /// writing the client side; 0s: do not wait (run again once served for the client side).
     #[arg(long, env = "SHARED_VOLUME_WAIT", default_value = "2m")]
     pub wait: Duration,
     /// Create even when no agent reports the DRBD resource.
     #[arg(long, env = "SHARED_VOLUME_SKIP_RESOURCE_CHECK")]
     pub skip_resource_check: bool,
-    /// Print the PV and the claim (a JSON List for `kubectl apply -f -`) and create nothing.
+    /// Print the server PV and claim (a JSON List for `kubectl apply -f -`) and create nothing.
     #[arg(long, env = "SHARED_VOLUME_DRY_RUN")]
     pub dry_run: bool,
 }
@@ -135,6 +152,13 @@ pub struct StatusArgs {
         default_value = "app.kubernetes.io/name=shared-volume-controller,app.kubernetes.io/component=agent"
     )]
     pub agent_selector: String,
+    /// Label selector of the conntrack repair's pods.
+    #[arg(
+        long,
+        env = "SHARED_VOLUME_REPAIR_SELECTOR",
+        default_value = "app.kubernetes.io/name=shared-volume-controller,app.kubernetes.io/component=conntrack"
+    )]
+    pub repair_selector: String,
     /// `table` for people, `json` for scripts.
     #[arg(long, short = 'o', env = "SHARED_VOLUME_OUTPUT", value_enum, default_value = "table")]
     pub output: StatusOutput,

@@ -25,6 +25,17 @@ pub const SHARED_VOLUME_OPT_OUT_ANNOTATION: &str = "storageos.com/shared-volume"
 /// On a PersistentVolume, the port its own NFS server listens on (one server per volume, as
 /// `share` allocates them); the agent publishes `<node IP>:<port>`. Unset: `--nfs-port`.
 pub const NFS_PORT_ANNOTATION: &str = "storageos.com/nfs-port";
+/// On the objects `share` writes: `nfs-server` on the DRBD resource's PV and claim (the volume's
+/// handle for this product; no pod mounts it, an admission policy refuses one that tries),
+/// `nfs-client` on the NFS PV and claim apps mount.
+pub const SHARE_ROLE_LABEL: &str = "storageos.com/shared-volume-role";
+pub const SHARE_ROLE_SERVER: &str = "nfs-server";
+pub const SHARE_ROLE_CLIENT: &str = "nfs-client";
+/// Any non-empty value keeps Piraeus's LINSTOR affinity controller from replacing a PV.
+pub const SKIP_AFFINITY_CONTROLLER_ANNOTATION: &str = "piraeus.io/skip-affinity-controller";
+/// The Lease `share` holds while it picks a port and writes the PV that names it, so that two
+/// runs at once never take the same port.
+pub const SHARE_PORT_LOCK_LEASE: &str = "shared-volume-share-ports";
 /// CSI volume attributes that say another NFS server serves the volume on its own address:
 /// LINSTOR CSI's NFS export (1.10+, `nfs://<its Service>:<port>/…`).
 pub const SERVED_ELSEWHERE_ATTRIBUTES: [&str; 1] = ["linstor.csi.linbit.com/nfs-export"];

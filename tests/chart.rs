@@ -9,7 +9,7 @@ mod common;
 use common::accounts::{SignIn, config_from};
 use common::controller::ControllerArgs;
 use common::drbd::{resource, slice_addresses};
-use common::helm::{CHART, alerts, find, objects, packaged_chart, run, template};
+use common::helm::{CHART, admitted, alerts, find, objects, packaged_chart, run, template};
 use common::process::Process;
 use common::{SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use serde_json::{Value, json};
@@ -116,7 +116,7 @@ fn the_writers_are_narrowed_and_put_first_in_line(defaults: &[Value]) {
         .filter(|o| o["kind"] == "ValidatingAdmissionPolicy")
         .map(|o| o["metadata"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(policies.len(), 8, "{policies:?}");
+    assert_eq!(policies.len(), 9, "{policies:?}");
     for policy in &policies {
         let binding = find(defaults, "ValidatingAdmissionPolicyBinding", policy);
         assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
@@ -964,7 +964,7 @@ fn helm_test_runs_a_selftest_that_only_reads() {
         "{args:?}"
     );
     let policies = args.iter().find(|a| a.starts_with("--policies=")).unwrap();
-    assert_eq!(policies.split(',').count(), 8, "{policies}");
+    assert_eq!(policies.split(',').count(), 9, "{policies}");
     let role = find(&defaults, "Role", "demo-shared-volume-controller-selftest");
     let verbs: Vec<&Value> = role["rules"]
         .as_array()
@@ -1044,7 +1044,7 @@ async fn helm_test_passes_on_a_working_install_and_names_what_is_broken() {
         passed.then_some(output)
     })
     .await;
-    assert!(passed.contains("all 12 checks passed"), "{passed}");
+    assert!(passed.contains("all 13 checks passed"), "{passed}");
 
     // An agent down, the repair down, and a policy unbound: each named.
     let stopped = agents.remove(1);
@@ -1068,30 +1068,6 @@ async fn helm_test_passes_on_a_working_install_and_names_what_is_broken() {
     agents.push(controller);
     env.remove_chart_permissions(&common::accounts::admin_kubeconfig());
     common::drbd::teardown(env, agents).await;
-}
-
-/// A pod built from a rendered pod template, created with `--dry-run=server` in `namespace`:
-/// the admission verdict without a scheduler or kubelet. `Err` holds the refusal.
-fn admitted(template: &Value, namespace: &str, name: &str) -> Result<(), String> {
-    let pod = json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"]},
-        "spec": template["spec"],
-    });
-    let file = std::env::temp_dir().join(format!("svc-psa-{namespace}-{name}.json"));
-    std::fs::write(&file, pod.to_string()).unwrap();
-    let output = tool("kubectl")
-        .args(["create", "--dry-run=server", "-o", "name", "-f"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    std::fs::remove_file(&file).unwrap();
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&output.stderr).into_owned())
-    }
 }
 
 #[tokio::test]

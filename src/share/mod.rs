@@ -1,10 +1,13 @@
-//! `share`: makes an existing DRBD resource (one LINSTOR created) a ReadWriteMany filesystem claim
-//! the controller serves. It writes a PV of the resource and the claim bound to it, nothing else:
-//! the agents then write the drbd-reactor promoter snippet on each node with a replica
+//! `share`: makes an existing DRBD resource (one LINSTOR created) a ReadWriteMany volume apps
+//! mount. It writes the server side, a PV of the resource and the claim bound to it: the agents
+//! then write the drbd-reactor promoter snippet on each node with a replica
 //! (`--promoter-snippets-dir`), drbd-reactor starts the NFS server where DRBD promotes the
-//! resource, and the agent there publishes it. It runs with the caller's own credentials.
+//! resource, the agent there publishes it and the controller serves the claim. Once it is
+//! served, it writes the client side: an NFS PV naming the volume's mount endpoint and the claim
+//! apps mount. It runs with the caller's own credentials.
 
 mod manifest;
+mod port_lock;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -17,16 +20,16 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::agent::report::Report;
 use crate::cli::ShareArgs;
-use crate::names::AGENT_REPORT_LABEL;
+use crate::names::{AGENT_REPORT_LABEL, MOUNT_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::ready_condition;
+use crate::volume::NfsEndpoint;
 pub use manifest::ShareRequest;
-use manifest::{claim, lowest_free_port, persistent_volume, same_claim, same_volume};
+use manifest::{
+    claim, client_claim, client_volume, lowest_free_port, names_volume, persistent_volume, port_taken_by,
+    same_client_volume, same_volume,
+};
 
 pub async fn run(args: ShareArgs, client: Client) -> Result<()> {
-    let nfs_port = match args.nfs_port {
-        Some(port) => port,
-        None => free_port(&client).await?,
-    };
     let request = ShareRequest {
         resource: args.resource.clone(),
         namespace: args
@@ -37,7 +40,9 @@ pub async fn run(args: ShareArgs, client: Client) -> Result<()> {
         size: args.size.clone(),
         storage_class: args.storage_class.clone(),
         csi_driver: args.csi_driver.clone(),
-        nfs_port,
+        nfs_port: args.nfs_port.unwrap_or(manifest::FIRST_AUTOMATIC_PORT),
+        export_path: args.export_path.clone(),
+        mount_options: args.mount_options.clone(),
     };
     if args.dry_run {
         let list = serde_json::json!({
@@ -46,27 +51,46 @@ pub async fn run(args: ShareArgs, client: Client) -> Result<()> {
             "items": [persistent_volume(&request), claim(&request)],
         });
         println!("{}", serde_json::to_string_pretty(&list)?);
+        eprintln!(
+            "the client PV {} and claim {} name the volume's Service address, known once it is served: not printed",
+            request.client_volume(),
+            request.claim
+        );
         return Ok(());
     }
     if !args.skip_resource_check {
         let nodes = nodes_with(&client, &request.resource).await?;
         println!("DRBD resource {} is on {}", request.resource, join(&nodes));
     }
-    create_volume(&client, &request).await?;
-    create_claim(&client, &request).await?;
-    if !args.wait.is_zero() {
-        let message = wait_served(&client, &request, *args.wait).await?;
-        println!("{message}");
+    let lock = port_lock::PortLock::take(&client, &args.port_lock_namespace).await?;
+    let created = create_volume(&client, request, args.nfs_port).await;
+    lock.give_back().await;
+    let request = created?;
+    let server_claim = request.server_claim();
+    create_claim(&client, &request.namespace, &claim(&request), &request.resource).await?;
+    if args.wait.is_zero() {
+        println!(
+            "not waiting: run share again once claim {}/{server_claim} is served to write the claim apps mount",
+            request.namespace
+        );
+        return Ok(());
     }
+    let message = wait_served(&client, &request, *args.wait).await?;
+    println!("{message}");
+    let mount = mount_endpoint(&client, &request).await?;
+    create_client_volume(&client, &request, mount).await?;
+    create_claim(
+        &client,
+        &request.namespace,
+        &client_claim(&request),
+        &request.client_volume(),
+    )
+    .await?;
+    println!(
+        "apps mount claim {}/{} (NFS {}:{}; not {server_claim}, the volume's handle for this product)",
+        request.namespace, request.claim, mount.ip, request.export_path
+    );
     Ok(())
-}
-
-async fn free_port(client: &Client) -> Result<u16> {
-    let pvs = Api::<PersistentVolume>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .context("cannot list PersistentVolumes to find a free NFS port (or pass --nfs-port)")?;
-    lowest_free_port(&pvs.items).context("every NFS port from 20490 up is named by a PV: pass --nfs-port")
 }
 
 /// The nodes whose agents report the resource; none is an error that says what to do.
@@ -99,57 +123,123 @@ async fn nodes_with(client: &Client, resource: &str) -> Result<BTreeSet<String>>
     Ok(nodes)
 }
 
-async fn create_volume(client: &Client, request: &ShareRequest) -> Result<()> {
+/// Creates the server PV with the port given, or the lowest free one; an existing PV that is this
+/// volume's keeps its port. Run while holding the port lock: no other run picks meanwhile.
+async fn create_volume(client: &Client, mut request: ShareRequest, given_port: Option<u16>) -> Result<ShareRequest> {
     let pvs = Api::<PersistentVolume>::all(client.clone());
-    let name = &request.resource;
-    match pvs.get_opt(name).await.context("cannot read PersistentVolumes")? {
-        Some(existing) if same_volume(&existing, request) => println!("PV {name} already shares the resource"),
+    let name = request.resource.clone();
+    match pvs.get_opt(&name).await.context("cannot read PersistentVolumes")? {
+        Some(existing) if same_volume(&existing, &request) => {
+            let port = existing.annotations().get(crate::names::NFS_PORT_ANNOTATION);
+            request.nfs_port = port.and_then(|p| p.parse().ok()).unwrap_or(request.nfs_port);
+            println!("PV {name} already shares the resource (NFS port {})", request.nfs_port);
+            return Ok(request);
+        }
         Some(_) => bail!(
             "a PV named {name} exists and is not this resource's shared volume for claim {}/{}: \
              it was left as it is and nothing was created",
             request.namespace,
-            request.claim
+            request.server_claim()
         ),
-        None => {
-            pvs.create(&PostParams::default(), &persistent_volume(request))
-                .await
-                .with_context(|| format!("cannot create PV {name}"))?;
-            println!(
-                "PV {name} created (ReadWriteMany, Retain; its NFS server listens on port {})",
-                request.nfs_port
-            );
-        }
+        None => {}
     }
-    Ok(())
+    let all = pvs
+        .list(&ListParams::default())
+        .await
+        .context("cannot list PersistentVolumes to find a free NFS port")?;
+    request.nfs_port = match given_port {
+        Some(port) => match port_taken_by(&all.items, port, &request) {
+            Some(other) => bail!(
+                "NFS port {port} is PV {other}'s: pass another --nfs-port, or none for a free one; nothing was created"
+            ),
+            None => port,
+        },
+        None => {
+            lowest_free_port(&all.items).context("every NFS port from 20490 up is named by a PV: pass --nfs-port")?
+        }
+    };
+    pvs.create(&PostParams::default(), &persistent_volume(&request))
+        .await
+        .with_context(|| format!("cannot create PV {name}"))?;
+    println!(
+        "PV {name} created (ReadWriteMany, Retain; its NFS server listens on port {})",
+        request.nfs_port
+    );
+    Ok(request)
 }
 
-async fn create_claim(client: &Client, request: &ShareRequest) -> Result<()> {
-    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &request.namespace);
-    let name = format!("{}/{}", request.namespace, request.claim);
-    match claims.get_opt(&request.claim).await.context("cannot read the claim")? {
-        Some(existing) if same_claim(&existing, request) => println!("claim {name} already names the PV"),
+/// Creates `wanted` unless a claim of its name already names `volume`; one that names another
+/// volume is left as it is, and is an error.
+async fn create_claim(client: &Client, namespace: &str, wanted: &PersistentVolumeClaim, volume: &str) -> Result<()> {
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+    let name = wanted.name_any();
+    let shown = format!("{namespace}/{name}");
+    match claims.get_opt(&name).await.context("cannot read the claim")? {
+        Some(existing) if names_volume(&existing, volume) => println!("claim {shown} already names PV {volume}"),
         Some(_) => bail!(
-            "claim {name} exists and names another volume: it was left as it is (PV {} waits for a claim of that name)",
-            request.resource
+            "claim {shown} exists and names another volume: it was left as it is (PV {volume} waits for a claim of that name)"
         ),
         None => {
             claims
-                .create(&PostParams::default(), &claim(request))
+                .create(&PostParams::default(), wanted)
                 .await
-                .with_context(|| format!("cannot create claim {name}"))?;
-            println!("claim {name} created, bound to PV {}", request.resource);
+                .with_context(|| format!("cannot create claim {shown}"))?;
+            println!("claim {shown} created, bound to PV {volume}");
         }
     }
     Ok(())
 }
 
-/// Waits for the controller's condition on the claim to say it is served; returns its message.
+/// The volume's mount endpoint (its Service's address), as the controller publishes it on the PV.
+async fn mount_endpoint(client: &Client, request: &ShareRequest) -> Result<NfsEndpoint> {
+    let pv = Api::<PersistentVolume>::all(client.clone())
+        .get(&request.resource)
+        .await
+        .with_context(|| format!("cannot read PV {}", request.resource))?;
+    let published = pv.annotations().get(MOUNT_ENDPOINT_ANNOTATION).with_context(|| {
+        format!(
+            "PV {} has no {MOUNT_ENDPOINT_ANNOTATION} although its claim is served: is the controller's --publish-mount-endpoint off?",
+            request.resource
+        )
+    })?;
+    Ok(published.parse()?)
+}
+
+/// Creates the client PV, unless the one there is already it; one that names another address (a
+/// Service made again) is left as it is, and is an error that says what to do.
+async fn create_client_volume(client: &Client, request: &ShareRequest, mount: NfsEndpoint) -> Result<()> {
+    let pvs = Api::<PersistentVolume>::all(client.clone());
+    let name = request.client_volume();
+    match pvs.get_opt(&name).await.context("cannot read PersistentVolumes")? {
+        Some(existing) if same_client_volume(&existing, request, mount) => {
+            println!("PV {name} already mounts the volume")
+        }
+        Some(_) => bail!(
+            "a PV named {name} exists and does not mount {}:{} for claim {}/{}: it was left as it is \
+             (if it names the volume's old Service address, delete it and its claim and run share again)",
+            mount.ip,
+            request.export_path,
+            request.namespace,
+            request.claim
+        ),
+        None => {
+            pvs.create(&PostParams::default(), &client_volume(request, mount))
+                .await
+                .with_context(|| format!("cannot create PV {name}"))?;
+            println!("PV {name} created (NFS {}:{})", mount.ip, request.export_path);
+        }
+    }
+    Ok(())
+}
+
+/// Waits for the controller's condition on the server claim to say it is served; returns its
+/// message.
 async fn wait_served(client: &Client, request: &ShareRequest, wait: Duration) -> Result<String> {
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), &request.namespace);
     let deadline = tokio::time::Instant::now() + wait;
     let mut last = String::from("no SharedVolumeReady condition yet");
     loop {
-        let claim = claims.get_opt(&request.claim).await?;
+        let claim = claims.get_opt(&request.server_claim()).await?;
         if let Some(condition) = claim.as_ref().and_then(ready_condition) {
             let message = format!(
                 "{} {}: {}",
@@ -164,9 +254,9 @@ async fn wait_served(client: &Client, request: &ShareRequest, wait: Duration) ->
         }
         if tokio::time::Instant::now() >= deadline {
             bail!(
-                "claim {}/{} not served after {wait:?}: {last}",
+                "claim {}/{} not served after {wait:?}: {last}; the claim apps mount is written once it is (run share again)",
                 request.namespace,
-                request.claim
+                request.server_claim()
             );
         }
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -10,12 +10,17 @@ pub const REPOSITORY_URL: &str = "https://github.com/shared-volume-controller/sh
 
 /// The first `sh` block after `heading` in `page` (a path from the repository's root).
 pub fn sh_block_after(page: &str, heading: &str) -> String {
+    block_after(page, heading, "sh")
+}
+
+/// The first code block of `language` after `heading` in `page`.
+pub fn block_after(page: &str, heading: &str, language: &str) -> String {
     let text = std::fs::read_to_string(Path::new(ROOT).join(page)).unwrap();
     let section = &text[text.find(heading).unwrap_or_else(|| panic!("{page} has {heading}"))..];
     let block = section
-        .split("```sh\n")
+        .split(&format!("```{language}\n"))
         .nth(1)
-        .unwrap_or_else(|| panic!("{page}: a sh block after {heading}"));
+        .unwrap_or_else(|| panic!("{page}: a {language} block after {heading}"));
     block.split("```").next().unwrap_or_default().to_owned()
 }
 

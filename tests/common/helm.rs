@@ -3,7 +3,7 @@
 use std::process::{Command, Output};
 
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::tool;
 
@@ -75,4 +75,37 @@ pub fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+/// A pod built from a rendered pod template, created with `--dry-run=server` in `namespace`:
+/// the admission verdict without a scheduler or kubelet. `Err` holds the refusal.
+pub fn admitted(template: &Value, namespace: &str, name: &str) -> Result<(), String> {
+    admitted_on(None, template, namespace, name)
+}
+
+/// [`admitted`] on the control plane of `kubeconfig` (`None`: the tests' own).
+pub fn admitted_on(kubeconfig: Option<&str>, template: &Value, namespace: &str, name: &str) -> Result<(), String> {
+    let pod = json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": template["metadata"]["labels"]},
+        "spec": template["spec"],
+    });
+    let file = std::env::temp_dir().join(format!("svc-psa-{namespace}-{name}.json"));
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let mut kubectl = tool("kubectl");
+    if let Some(kubeconfig) = kubeconfig {
+        kubectl.args(["--kubeconfig", kubeconfig]);
+    }
+    let output = kubectl
+        .args(["create", "--dry-run=server", "-o", "name", "-f"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    std::fs::remove_file(&file).unwrap();
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
 }
