@@ -37,6 +37,7 @@ async fn status_shows_the_leader_the_agents_and_each_served_claim() {
         env.agent_pod(&node.name, &agent, None).await;
         processes.push(agent);
     }
+    repair_pod_that_cannot_pull_its_image(&env, &nodes[2].name).await;
 
     let view: Value = eventually(
         "a status with the leader and the served claim",
@@ -91,6 +92,7 @@ async fn status_shows_the_leader_the_agents_and_each_served_claim() {
     for cell in ["True", "Served", mount.as_str(), nodes[0].name.as_str()] {
         assert!(line.contains(cell), "{cell} in {line}");
     }
+    the_repair_that_cannot_pull_is_listed(&view, &text, &nodes[2].name);
     let refused = status("no-such-namespace-here", &["--lease-name", "x"]).map(|_| ());
     assert!(
         refused.is_ok(),
@@ -147,4 +149,40 @@ async fn the_plugin_takes_kubectls_context_and_only_its_own_variables() {
     assert!(ok && serde_json::from_str::<Value>(&json).is_ok(), "{json}");
     std::fs::remove_file(&path).unwrap();
     env.cleanup().await;
+}
+
+/// A pod of the conntrack repair on `node`, labelled as the chart labels it, that the kubelet
+/// cannot start: its image cannot be pulled.
+async fn repair_pod_that_cannot_pull_its_image(env: &common::TestEnv, node: &str) {
+    use k8s_openapi::api::core::v1::Pod;
+    let name = format!("conntrack-{node}");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {
+            "app.kubernetes.io/name": "shared-volume-controller",
+            "app.kubernetes.io/component": "conntrack"}},
+        "spec": {"nodeName": node, "containers": [{"name": "conntrack", "image": "registry.invalid/conntrack"}]},
+    }))
+    .unwrap();
+    let pods = env.api::<Pod>();
+    pods.create(&Default::default(), &pod).await.unwrap();
+    let status = json!({"status": {"phase": "Pending", "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [{"name": "conntrack", "image": "registry.invalid/conntrack", "imageID": "",
+            "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}});
+    pods.patch_status(&name, &Default::default(), &kube::api::Patch::Merge(status))
+        .await
+        .unwrap();
+}
+
+fn the_repair_that_cannot_pull_is_listed(view: &Value, text: &str, node: &str) {
+    let repairs = view["repairs"].as_array().unwrap();
+    assert_eq!(repairs.len(), 1, "{view:#}");
+    assert_eq!(repairs[0]["node"], node);
+    assert_eq!(repairs[0]["ready"], false);
+    assert_eq!(repairs[0]["notRunning"], "ImagePullBackOff");
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{node}  conntrack-")))
+        .unwrap_or_else(|| panic!("a line for the repair: {text}"));
+    assert!(line.contains("NO") && line.ends_with("ImagePullBackOff"), "{line}");
 }

@@ -1,6 +1,6 @@
 //! `status`: the installation at a glance, for people (`kubectl shared-volume status`) and scripts
-//! (`-o json`): the leader, each agent, the fail-over guard's reservations and each claim the
-//! controller states a condition on. It only reads, with the caller's own credentials.
+//! (`-o json`): the leader, each agent, each pod of the conntrack repair, the fail-over guard's
+//! reservations and each claim the controller states a condition on. It only reads, with the caller's own credentials.
 
 mod view;
 
@@ -42,6 +42,11 @@ async fn read(client: &Client, namespace: String, args: &StatusArgs) -> Result<O
             .list(&ListParams::default().labels(&args.agent_selector))
             .await
             .with_context(|| what("the agent pods"))?
+            .items,
+        repair_pods: Api::<Pod>::namespaced(client.clone(), &namespace)
+            .list(&ListParams::default().labels(&args.repair_selector))
+            .await
+            .with_context(|| what("the conntrack repair's pods"))?
             .items,
         leases: leases.list(&all).await.with_context(|| what("the Leases"))?.items,
         nodes: Api::<Node>::all(client.clone())

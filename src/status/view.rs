@@ -25,6 +25,8 @@ pub struct Observed {
     /// The leader Lease, if it exists.
     pub leader: Option<Lease>,
     pub agent_pods: Vec<Pod>,
+    /// The conntrack repair's pods.
+    pub repair_pods: Vec<Pod>,
     /// The Leases of the release namespace (heartbeats, reports, the guard).
     pub leases: Vec<Lease>,
     pub nodes: Vec<Node>,
@@ -38,6 +40,7 @@ pub struct StatusView {
     pub namespace: String,
     pub leader: Leader,
     pub agents: Vec<Agent>,
+    pub repairs: Vec<Repair>,
     pub reservations: Vec<Reservation>,
     pub claims: Vec<Claim>,
 }
@@ -65,6 +68,17 @@ pub struct Agent {
     pub primaries: usize,
     /// The node's `drbd.linbit.com/` taints, `key=value:effect`.
     pub taints: Vec<String>,
+}
+
+/// A pod of the conntrack repair: whether it is ready, and what keeps it from running (a
+/// container's waiting or terminated reason, `ImagePullBackOff` for one).
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Repair {
+    pub node: String,
+    pub pod: String,
+    pub ready: bool,
+    pub not_running: Option<String>,
 }
 
 #[derive(Debug, PartialEq, Serialize)]
@@ -116,6 +130,7 @@ pub fn build(observed: &Observed, now: Timestamp) -> StatusView {
             .iter()
             .map(|pod| agent(pod, &leases, &reports, &observed.nodes, now))
             .collect(),
+        repairs: observed.repair_pods.iter().map(repair).collect(),
         reservations: leases
             .get(FAIL_OVER_GUARD_LEASE)
             .map(|guard| reservations(guard, now))
@@ -156,12 +171,8 @@ fn agent(
     nodes: &[Node],
     now: Timestamp,
 ) -> Agent {
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
-    let ready = pod
-        .status
-        .iter()
-        .flat_map(|s| s.conditions.iter().flatten())
-        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let node = node_of(pod);
+    let ready = is_ready(pod);
     let age_of = |lease: Option<&&Lease>| lease.and_then(|l| renewed(l)).map(|at| seconds_since(at, now));
     let report = reports.get(node.as_str());
     let reported = report
@@ -184,6 +195,35 @@ fn agent(
         primaries: report.map_or(0, |r| r.resources.values().filter(|r| r.primary).count()),
         taints,
         node,
+    }
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .iter()
+        .flat_map(|s| s.conditions.iter().flatten())
+        .any(|c| c.type_ == "Ready" && c.status == "True")
+}
+
+fn repair(pod: &Pod) -> Repair {
+    let not_running = pod
+        .status
+        .iter()
+        .flat_map(|s| s.container_statuses.iter().flatten())
+        .filter_map(|c| c.state.as_ref())
+        .find_map(|state| {
+            let waiting = state.waiting.as_ref().and_then(|w| w.reason.clone());
+            waiting.or_else(|| state.terminated.as_ref().and_then(|t| t.reason.clone()))
+        });
+    Repair {
+        node: node_of(pod),
+        pod: pod.name_any(),
+        ready: is_ready(pod),
+        not_running,
     }
 }
 
@@ -241,7 +281,6 @@ pub fn table(view: &StatusView) -> String {
     };
     out.push_str(&format!("Leader ({}/{}): {lead}\n\n", view.namespace, leader.lease));
     let ago = |s: Option<i64>| s.map_or("-".to_owned(), |s| format!("{s}s ago"));
-    let yes = |b: bool| if b { "yes" } else { "NO" }.to_owned();
     let dash = |list: &[String]| {
         if list.is_empty() {
             "-".to_owned()
@@ -256,7 +295,7 @@ pub fn table(view: &StatusView) -> String {
             vec![
                 a.node.clone(),
                 a.pod.clone(),
-                yes(a.ready),
+                yes(a.ready).to_owned(),
                 ago(a.heartbeat_seconds_ago),
                 ago(a.drbd_reported_seconds_ago),
                 a.primaries.to_string(),
@@ -277,6 +316,7 @@ pub fn table(view: &StatusView) -> String {
         ],
         &agents,
     ));
+    out.push_str(&repair_table(&view.repairs));
     let reserved: Vec<String> = view
         .reservations
         .iter()
@@ -310,6 +350,22 @@ pub fn table(view: &StatusView) -> String {
         &claims,
     ));
     out
+}
+
+fn repair_table(repairs: &[Repair]) -> String {
+    let rows: Vec<Vec<String>> = repairs
+        .iter()
+        .map(|r| {
+            let why = r.not_running.clone().unwrap_or_else(|| "-".into());
+            vec![r.node.clone(), r.pod.clone(), yes(r.ready).to_owned(), why]
+        })
+        .collect();
+    let header = format!("\nConntrack repair ({})\n", repairs.len());
+    header + &columns(&["NODE", "POD", "READY", "NOT RUNNING"], &rows)
+}
+
+fn yes(b: bool) -> &'static str {
+    if b { "yes" } else { "NO" }
 }
 
 /// Rows under a header, each column as wide as its widest cell, indented by two.
@@ -361,6 +417,20 @@ mod tests {
                 parse(
                     json!({"metadata": {"name": "agent-b"}, "spec": {"nodeName": "node-b", "containers": []},
                     "status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+                ),
+            ],
+            repair_pods: vec![
+                parse(
+                    json!({"metadata": {"name": "conntrack-a"}, "spec": {"nodeName": "node-a", "containers": []},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                        "containerStatuses": [{"name": "conntrack", "image": "x", "imageID": "", "ready": true,
+                            "restartCount": 0, "state": {"running": {}}}]}}),
+                ),
+                parse(
+                    json!({"metadata": {"name": "conntrack-b"}, "spec": {"nodeName": "node-b", "containers": []},
+                    "status": {"conditions": [{"type": "Ready", "status": "False"}],
+                        "containerStatuses": [{"name": "conntrack", "image": "x", "imageID": "", "ready": false,
+                            "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff"}}}]}}),
                 ),
             ],
             leases: vec![
@@ -463,7 +533,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("apps/data"), "{text}");
+        let repair_b = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("node-b  conntrack-b"))
+            .unwrap();
+        assert!(
+            repair_b.contains("NO") && repair_b.ends_with("ImagePullBackOff"),
+            "{text}"
+        );
         let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(json["repairs"][1]["notRunning"], "ImagePullBackOff");
+        assert_eq!(json["repairs"][0]["ready"], true);
         assert_eq!(json["claims"][0]["primaryNode"], "node-a");
         assert_eq!(json["agents"][0]["drbdReportedSecondsAgo"], 10);
         assert_eq!(json["leader"]["fresh"], true);
