@@ -218,9 +218,9 @@ async fn the_install_pages_deployment_is_admitted_and_a_pod_of_the_server_claim_
     env.cleanup().await;
 }
 
-/// Two runs at once, each for a resource of its own and no port given, take different ports.
+/// Runs at once, each for a resource of its own and no port given, take different ports.
 async fn two_runs_at_once_take_different_ports(env: &TestEnv) {
-    let resources = [env.pv_name("first"), env.pv_name("second")];
+    let resources = [env.pv_name("first"), env.pv_name("second"), env.pv_name("third")];
     let runs: Vec<_> = resources
         .iter()
         .map(|res| {
@@ -239,7 +239,8 @@ async fn two_runs_at_once_take_different_ports(env: &TestEnv) {
         ports.push(env.pv_annotation(res, "storageos.com/nfs-port").await.expect("a port"));
         env.pvs().delete(res, &Default::default()).await.unwrap();
     }
-    assert_ne!(ports[0], ports[1], "two runs at once took the same port");
+    let distinct: std::collections::BTreeSet<&String> = ports.iter().collect();
+    assert_eq!(distinct.len(), ports.len(), "runs at once took the same port: {ports:?}");
 }
 
 /// Nodes a (Primary), b and c (a diskless tie-breaker) replicate `res`; the controller and an

@@ -38,7 +38,9 @@ pub(super) async fn lead_and_run(
             .with_identity(&args.identity)
             .with_duration(args.lease_duration_seconds)
             .with_grace(args.lease_grace_seconds)
-            .with_field_manager(format!("{CONTROLLER_NAME}-lease"))
+            // A manager per replica: taking a free Lease is a server-side apply, which refuses a
+            // second replica's at the same moment only when their managers differ.
+            .with_field_manager(format!("{CONTROLLER_NAME}-lease-{}", args.identity))
             .build()
     };
     let Some(manager) = until_it_works("set up leader election", set_up, SETUP_RETRY, &shutdown).await else {

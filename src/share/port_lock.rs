@@ -25,12 +25,14 @@ pub struct PortLock {
 impl PortLock {
     pub async fn take(client: &Client, namespace: &str) -> Result<Self> {
         let identity = format!("share-{}-{}", hostname(), std::process::id());
+        // A field manager of the run's own: the lock of a free Lease is a server-side apply, which
+        // refuses a second run's only when their managers differ.
         let manager = LeaseManagerBuilder::new(client.clone(), SHARE_PORT_LOCK_LEASE)
             .with_namespace(namespace)
+            .with_field_manager(format!("shared-volume-{identity}"))
             .with_identity(identity)
             .with_duration(LOCK_SECONDS)
             .with_grace(2)
-            .with_field_manager("shared-volume-share")
             .build()
             .await
             .with_context(|| {
