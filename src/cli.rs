@@ -361,6 +361,17 @@ pub struct AgentArgs {
     /// Port the NFS server listens on, published with the node IP as the service endpoint.
     #[arg(long, env = "NFS_PORT", default_value_t = crate::names::NFS_PORT)]
     pub nfs_port: u16,
+    /// Whether a volume's NFS server must answer an RPC NULL call (NFS version 4, at the endpoint
+    /// to publish) before this node is published as its endpoint, and is probed while published.
+    /// Off for a server the agent's node cannot reach.
+    #[arg(long, env = "NFS_PROBE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub nfs_probe: bool,
+    /// How long one probe waits for the server's answer.
+    #[arg(long, env = "NFS_PROBE_TIMEOUT", default_value = "1s")]
+    pub nfs_probe_timeout: Duration,
+    /// How often the server of a volume published here is probed again.
+    #[arg(long, env = "NFS_PROBE_INTERVAL", default_value = "10s")]
+    pub nfs_probe_interval: Duration,
     /// Whether to write each volume's core/v1 Endpoints beside its EndpointSlice: `auto` writes
     /// them below Kubernetes 1.33 only (they are deprecated from 1.33; kube-proxy reads slices).
     #[arg(long, env = "WRITE_ENDPOINTS", value_enum, default_value = "auto")]

@@ -31,6 +31,7 @@ pub const AGENT_DRBD_READ_ERRORS: &str = "storageos_drbd_agent_drbd_read_errors_
 pub const AGENT_EVENTS2_MISMATCHES: &str = "storageos_drbd_agent_events2_mismatches_total";
 pub const AGENT_HELD_FAIL_OVERS: &str = "storageos_drbd_agent_held_fail_overs_total";
 pub const AGENT_PUBLICATIONS_HELD: &str = "storageos_drbd_agent_publications_held";
+pub const AGENT_NFS_SERVERS_NOT_ANSWERING: &str = "storageos_drbd_agent_nfs_servers_not_answering";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
 pub const AGENT_FAIL_OVER_DURATION: &str = "storageos_drbd_agent_fail_over_duration_seconds";
 pub const CONNTRACK_DELETED: &str = "storageos_shared_volume_conntrack_entries_deleted_total";
@@ -236,6 +237,8 @@ pub struct AgentMetrics {
     /// Publications of this node held back now over another node's newer move (each hold ends
     /// within the detection window and the fail-over timeout).
     pub publications_held: IntGauge,
+    /// Volumes this node is the primary of whose NFS server does not answer (`--nfs-probe`).
+    pub nfs_servers_not_answering: IntGauge,
     /// What the agent keeps of its node's surroundings.
     pub node: NodeMetrics,
 }
@@ -327,6 +330,11 @@ impl AgentMetrics {
                 registry,
                 AGENT_PUBLICATIONS_HELD,
                 "Publications of this node as a volume's NFS server held back now over another node's newer move; each hold ends within the links' detection window and the fail-over timeout.",
+            )?,
+            nfs_servers_not_answering: int_gauge(
+                registry,
+                AGENT_NFS_SERVERS_NOT_ANSWERING,
+                "Volumes this node is the DRBD primary of whose NFS server does not answer an RPC NULL call: not published here until it answers, or published and unanswered.",
             )?,
             node: NodeMetrics::register(registry)?,
         })

@@ -16,6 +16,7 @@ use std::time::Duration;
 use common::datapath::{NfsGrace, ProxyMode, leftovers, service_chain_reaches};
 use common::outage::{ClientModel, Move, Outage, Scenario, client_through_a_fail_over, clients_through_fail_overs};
 use common::quiet_move::a_move_no_client_here_mounts;
+use common::server_probe::a_server_that_starts_late_then_dies;
 use common::stateful::Tally;
 
 /// Grace on, as a production server should run it, with the rule grace ≥ lease; shorter than
@@ -146,6 +147,33 @@ async fn a_node_without_clients_of_a_moved_volume_lists_its_table_twice() {
         quiet.listings <= 3.0,
         "two listings, a third if a tick fell short: {quiet:?}"
     );
+    assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
+    env.cleanup().await;
+}
+
+/// A primary is published only once its NFS server answers an RPC NULL call: until its server
+/// starts, the endpoint stays unpublished and the agent says why; then it is published within
+/// seconds. A server that dies while published is reported (an Event, the agent's gauge) and the
+/// endpoint stays: there is nowhere else to send the clients.
+#[tokio::test]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn a_primary_is_published_once_its_server_answers_and_a_dead_server_is_reported() {
+    let _alone = DATA_PATH.lock().await;
+    let env = common::setup("datapath-probe").await;
+    let probed = a_server_that_starts_late_then_dies(&env).await;
+    eprintln!("{probed:#?}");
+    assert_eq!(
+        probed.published_before, None,
+        "not published before its server answered"
+    );
+    assert_eq!(probed.held_gauge, 1.0, "{probed:?}");
+    assert!(
+        probed.published_after <= Duration::from_secs(5),
+        "published {:?} after its server started",
+        probed.published_after
+    );
+    assert_eq!(probed.died_gauge, 1.0, "{probed:?}");
+    assert!(probed.endpoint_after_death.is_some(), "the endpoint stays where it is");
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;
 }

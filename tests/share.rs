@@ -240,7 +240,11 @@ async fn two_runs_at_once_take_different_ports(env: &TestEnv) {
         env.pvs().delete(res, &Default::default()).await.unwrap();
     }
     let distinct: std::collections::BTreeSet<&String> = ports.iter().collect();
-    assert_eq!(distinct.len(), ports.len(), "runs at once took the same port: {ports:?}");
+    assert_eq!(
+        distinct.len(),
+        ports.len(),
+        "runs at once took the same port: {ports:?}"
+    );
 }
 
 /// Nodes a (Primary), b and c (a diskless tie-breaker) replicate `res`; the controller and an

@@ -91,7 +91,9 @@ impl Scope {
         match key {
             // A held publication is decided with the publications: the steps' run must not take
             // it for undecided and forget it, or it is told again every round.
-            ActionKey::Publish { .. } | ActionKey::HoldPublication { .. } => Self::Publications,
+            ActionKey::Publish { .. }
+            | ActionKey::HoldPublication { .. }
+            | ActionKey::WarnServerNotAnswering { .. } => Self::Publications,
             _ => Self::Steps,
         }
     }
@@ -229,6 +231,7 @@ impl Executor {
             }
             Action::HoldFailOver { .. }
             | Action::HoldPublication { .. }
+            | Action::WarnServerNotAnswering { .. }
             | Action::HoldEvacuation { .. }
             | Action::WarnCoexistence { .. } => {
                 if let Action::HoldFailOver { .. } = action {
@@ -323,6 +326,7 @@ impl Executor {
             Action::PublishServiceEndpoint { .. } => self.publish(action, drbd_read_at).await?,
             Action::HoldFailOver { .. }
             | Action::HoldPublication { .. }
+            | Action::WarnServerNotAnswering { .. }
             | Action::HoldEvacuation { .. }
             | Action::WarnCoexistence { .. }
             | Action::Refused { .. } => Outcome::Skipped("nothing to write".into()),

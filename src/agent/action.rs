@@ -82,6 +82,17 @@ pub enum Action {
         pv: String,
         why: String,
     },
+    /// The NFS server this node would publish, or has published, for a volume does not answer
+    /// an RPC NULL call: not published until it does, or said so while it serves.
+    WarnServerNotAnswering {
+        node: String,
+        resource: String,
+        pv: String,
+        endpoint: String,
+        /// The endpoint is published already (the server stopped answering while serving).
+        published: bool,
+        why: String,
+    },
     /// An evacuation that would stop the volume: no connected peer has all of its data.
     HoldEvacuation {
         node: String,
@@ -134,6 +145,10 @@ pub enum ActionKey {
         why: String,
     },
     HoldEvacuation(String),
+    WarnServerNotAnswering {
+        resource: String,
+        published: bool,
+    },
     WarnCoexistence(Vec<String>),
     Refused(Box<ActionKey>),
 }
@@ -218,6 +233,12 @@ impl Action {
                 why: why.clone(),
             },
             Self::HoldEvacuation { resource, .. } => ActionKey::HoldEvacuation(resource.clone()),
+            Self::WarnServerNotAnswering {
+                resource, published, ..
+            } => ActionKey::WarnServerNotAnswering {
+                resource: resource.clone(),
+                published: *published,
+            },
             Self::WarnCoexistence { pods, .. } => ActionKey::WarnCoexistence(pods.clone()),
             Self::Refused { action, .. } => ActionKey::Refused(Box::new(action.key())),
         }
@@ -244,6 +265,8 @@ impl Action {
             Self::HoldFailOver { .. } => "hold_fail_over",
             Self::HoldPublication { .. } => "hold_publication",
             Self::HoldEvacuation { .. } => "hold_evacuation",
+            Self::WarnServerNotAnswering { published: false, .. } => "wait_for_server",
+            Self::WarnServerNotAnswering { .. } => "warn_server_not_answering",
             Self::WarnCoexistence { .. } => "warn_coexistence",
             Self::Refused { action, .. } => action.kind(),
         }
@@ -273,6 +296,25 @@ impl Action {
             Self::HoldEvacuation { node, resource, .. } => {
                 format!("hold the evacuation of DRBD resource {resource} from node {node}")
             }
+            Self::WarnServerNotAnswering {
+                node,
+                pv,
+                endpoint,
+                published: false,
+                why,
+                ..
+            } => format!(
+                "hold the publication of node {node} as the NFS server of PV {pv}: its server at {endpoint} does not answer an RPC NULL call ({why})"
+            ),
+            Self::WarnServerNotAnswering {
+                node,
+                pv,
+                endpoint,
+                why,
+                ..
+            } => format!(
+                "warn that the NFS server of PV {pv} at {endpoint} on node {node}, its published endpoint, does not answer an RPC NULL call ({why})"
+            ),
             Self::WarnCoexistence { node, pods } => {
                 format!(
                     "warn that Piraeus's HA Controller runs on node {node} ({})",
@@ -298,6 +340,12 @@ impl Action {
             Self::HoldFailOver { .. } => "one disconnected link is not evidence that the peer lost the volume",
             Self::HoldPublication { .. } => {
                 "the endpoint stays where it is until this node's DRBD state says otherwise; if it lasts, compare `drbdsetup status` on the nodes named"
+            }
+            Self::WarnServerNotAnswering { published: false, .. } => {
+                "it is published once it answers: clients sent to a server that does not answer wait for nothing. Check the server on the node (drbd-reactorctl status; the volume's NFS unit), or, if the agent cannot reach it, turn the probe off (--nfs-probe=false)"
+            }
+            Self::WarnServerNotAnswering { .. } => {
+                "its clients get no answer: with the promoter's BindsTo, drbd-reactor demotes the resource when the server's unit fails and a peer takes over; otherwise restart the server on the node (the volume's NFS unit)"
             }
             Self::HoldEvacuation { .. } => {
                 "no connected peer has an UpToDate replica to take the primary role over: evicting its consumers would stop the volume; bring a replica up to date or add one"
@@ -374,6 +422,7 @@ impl Action {
             Self::HoldFailOver { .. } => (Level::Normal, "FailOverHeld"),
             Self::HoldPublication { .. } => (Level::Warning, "PublicationHeld"),
             Self::HoldEvacuation { .. } => (Level::Warning, "EvacuationHeld"),
+            Self::WarnServerNotAnswering { .. } => (Level::Warning, "NfsServerNotAnswering"),
             Self::WarnCoexistence { .. } => (Level::Warning, "PiraeusHaControllerRunning"),
             Self::Refused { .. } => (Level::Warning, "FailOverRefused"),
         }
@@ -393,6 +442,7 @@ impl Action {
             | Self::PublishServiceEndpoint { pv, .. }
             | Self::HoldFailOver { pv, .. }
             | Self::HoldPublication { pv, .. }
+            | Self::WarnServerNotAnswering { pv, .. }
             | Self::HoldEvacuation { pv, .. } => reference::<PersistentVolume>(None, pv, None),
             Self::ForceSecondary { node, pv: None, .. } | Self::WarnCoexistence { node, .. } => {
                 reference::<Node>(None, node, None)

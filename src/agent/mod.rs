@@ -20,6 +20,7 @@ pub mod guard;
 pub mod heartbeat;
 pub mod locality;
 mod mass_move;
+mod nfs_probe;
 pub mod observe;
 mod peers;
 pub mod promoter;
@@ -27,8 +28,10 @@ mod quiet;
 pub mod read_bound;
 pub mod report;
 mod reporter;
+pub mod rpc_null;
 pub mod run;
 pub mod server_clock;
+mod server_probes;
 pub mod source;
 pub mod view;
 

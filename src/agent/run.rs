@@ -28,6 +28,7 @@ use super::peers::PeerReads;
 use super::promoter::{PromoterSettings, PromoterSnippets};
 use super::read_bound::ReadBound;
 use super::reporter::Reporter;
+use super::server_probes::ServerProbes;
 use super::source::{DrbdChange, DrbdSetup, DrbdSource};
 use super::view::{Observed, Timers};
 use crate::admin::Probes;
@@ -189,6 +190,8 @@ struct Rounds {
     reporter: Reporter,
     next_resync: Instant,
     promoter: Option<PromoterSnippets>,
+    /// Each publication's NFS server answers before it goes out (`--nfs-probe`).
+    servers: ServerProbes,
 }
 
 impl Rounds {
@@ -212,6 +215,7 @@ impl Rounds {
             timeout,
         )
         .with_clock(heartbeat.clock.clone());
+        let not_answering = metrics.nfs_servers_not_answering.clone();
         let executor = Executor::new(
             client.clone(),
             drbd.source(),
@@ -241,6 +245,7 @@ impl Rounds {
             reporter: Reporter::spawn(heartbeat.clone()),
             heartbeat,
             next_resync: Instant::now() + *args.resync_interval,
+            servers: ServerProbes::new(args, not_answering),
             promoter: args.promoter_snippets_dir.clone().map(|dir| {
                 PromoterSnippets::new(PromoterSettings {
                     dir,
@@ -383,6 +388,10 @@ impl Rounds {
             publications.extend(decide::republish(&cached, &self.settings, &self.timers, now));
             self.next_resync = now + self.resync_interval;
         }
+        let publications = self
+            .servers
+            .gate(&cached, &self.settings, &mut self.timers, publications, now)
+            .await;
         if !publications.is_empty() {
             tracing::debug!(?publications, "decided");
         }

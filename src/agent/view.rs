@@ -133,6 +133,8 @@ pub struct Timers {
     /// When the holds of the last decision let go by themselves (a late detection's window
     /// passes): the loop wakes then rather than at its next interval.
     pub holds_end: Vec<Instant>,
+    /// When a publication held until its NFS server answers is tried again.
+    pub server_retry: Option<Instant>,
     /// Per Node: since when this agent has seen it NotReady, without a Ready read between. On
     /// this agent's own clock: the condition's timestamps are the control plane's.
     pub not_ready_since: HashMap<String, Instant>,
@@ -181,7 +183,10 @@ impl Timers {
             .chain(self.quorum_lost.values())
             .map(move |started| *started + timeout);
         let gates = self.not_ready_since.values().map(move |since| *since + not_ready_gate);
-        timed.chain(gates).chain(self.holds_end.iter().copied())
+        timed
+            .chain(gates)
+            .chain(self.holds_end.iter().copied())
+            .chain(self.server_retry)
     }
 
     /// Notes which Nodes are NotReady as of this read: a Ready one's count starts over.

@@ -591,6 +591,14 @@ impl DataPath {
         }
     }
 
+    /// Node `index`'s NFS server dies (SIGKILL) while the node stays up, as a crashed server.
+    pub fn kill_server(&mut self, index: usize) {
+        let link = &mut self.links[index];
+        let mut server = link.server.take().expect("an NFS server on that node");
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+
     /// Node `index`'s NFS server stops as systemd stops its unit when drbd-reactor demotes the
     /// resource there (SIGTERM: ganesha shuts down in order, keeping its clients' records).
     pub fn stop_server(&mut self, index: usize) {

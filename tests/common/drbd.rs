@@ -29,6 +29,9 @@ pub const TEST_AGENT_TIMINGS: [(&str, &str); 5] = [
     ("--operations-timeout", "10s"),
     ("--grace-period-seconds", "5"),
 ];
+/// The simulated nodes run no NFS server, so the agents probe none, unless a test gives its own
+/// `--nfs-probe` (the data path's nodes run nfs-ganesha).
+pub const NO_NFS_SERVER: [(&str, &str); 1] = [("--nfs-probe", "false")];
 
 pub struct SimNode {
     /// Kubernetes node name, also the DRBD peer name.
@@ -240,7 +243,8 @@ impl TestEnv {
         let simulation = self.simulated_drbd_args(node);
         let mut args = vec!["agent", "--node-name", &node.name];
         args.extend(simulation.iter().map(String::as_str));
-        for (flag, value) in TEST_AGENT_TIMINGS.into_iter().filter(|(flag, _)| !extra.contains(flag)) {
+        let defaults = TEST_AGENT_TIMINGS.into_iter().chain(NO_NFS_SERVER);
+        for (flag, value) in defaults.filter(|(flag, _)| !extra.contains(flag)) {
             args.extend([flag, value]);
         }
         args.extend_from_slice(extra);

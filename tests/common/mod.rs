@@ -20,6 +20,7 @@ pub mod process;
 pub mod prometheus;
 pub mod quiet_move;
 pub mod release_pods;
+pub mod server_probe;
 pub mod stateful;
 pub mod storageos;
 pub mod workload;

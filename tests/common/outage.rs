@@ -930,11 +930,21 @@ impl<'a> Stage<'a> {
     }
 }
 
-/// The agent of node `index`, deciding every second and writing drbd-reactor's snippets where
-/// the node's promoter reads them; once it is ready.
+/// The agent of node `index`, deciding every second, writing drbd-reactor's snippets where the
+/// node's promoter reads them, and probing the node's NFS server before it publishes it; once it
+/// is ready.
 async fn agent_on(env: &TestEnv, path: &DataPath, index: usize) -> super::process::Process {
     let snippets = path.snippets_dir(index).display().to_string();
-    let args = ["--reconcile-interval", "1s", "--promoter-snippets-dir", &snippets];
+    let args = [
+        "--reconcile-interval",
+        "1s",
+        "--promoter-snippets-dir",
+        &snippets,
+        "--nfs-probe",
+        "true",
+        "--nfs-probe-interval",
+        "1s",
+    ];
     env.start_agent(&path.nodes[index], &args).await
 }
 

@@ -52,7 +52,12 @@ impl<'a> ReleasePods<'a> {
         let fields = self.fields(&pod, Some(node));
         let proc_path = node.dir.join("proc").display().to_string();
         let (drbd_var, drbd_dir) = node.fake_drbd_env();
-        let on_this_node = [("DRBD_PROC_PATH", proc_path.as_str()), (drbd_var, drbd_dir)];
+        // The simulated node runs no NFS server for the agent to probe.
+        let on_this_node = [
+            ("DRBD_PROC_PATH", proc_path.as_str()),
+            (drbd_var, drbd_dir),
+            ("NFS_PROBE", "false"),
+        ];
         let process = self.start(spec, &fields, &pod, &on_this_node);
         process.wait_ready().await;
         process

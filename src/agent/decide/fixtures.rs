@@ -180,6 +180,7 @@ pub(crate) fn kinds(actions: &[Action]) -> Vec<String> {
             Action::HoldFailOver { node, .. } => format!("hold {node}"),
             Action::HoldEvacuation { resource, .. } => format!("hold evacuation {resource}"),
             Action::HoldPublication { resource, .. } => format!("hold publication {resource}"),
+            Action::WarnServerNotAnswering { resource, .. } => format!("server not answering {resource}"),
             Action::WarnCoexistence { pods, .. } => format!("warn coexistence {}", pods.join(",")),
             Action::Refused { action, .. } => format!("refused {}", kinds(&[(**action).clone()])[0]),
         })
