@@ -48,7 +48,12 @@ async fn the_piraeus_agent_flags_work_unchanged() {
     args.extend(piraeus);
     let simulation = env.simulated_drbd_args(node);
     args.extend(simulation.iter().map(String::as_str));
-    let env_vars = [node.fake_drbd_env(), ("KUBECONFIG", "/nonexistent/kubeconfig")];
+    // The simulated node runs no NFS server to probe; a variable, so the flags stay Piraeus's own.
+    let env_vars = [
+        node.fake_drbd_env(),
+        ("KUBECONFIG", "/nonexistent/kubeconfig"),
+        ("NFS_PROBE", "false"),
+    ];
     let agent = Process::start_with_env(&format!("{}-agent", env.ns), &args, &env_vars).serving_at(health);
     agent.wait_ready().await;
     let log = log_with(&agent, "agent starting").await;
