@@ -348,6 +348,10 @@ pub struct ConntrackArgs {
     /// once then.
     #[arg(long, env = "KUBE_PROXY_SETTLE", default_value = "2s")]
     pub kube_proxy_settle: Duration,
+    /// The Service LINSTOR CSI serves its own RWX volumes through (one port per volume): their
+    /// moves are repaired too, read from nfs-helper's EndpointSlices. Empty: only this product's.
+    #[arg(long, env = "LINSTOR_NFS_SERVICE", default_value = "linstor-csi-nfs")]
+    pub linstor_nfs_service: String,
 }
 
 #[derive(Debug, Args)]

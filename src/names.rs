@@ -57,6 +57,9 @@ pub const SLICE_SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 pub const SLICE_MANAGED_BY_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
 /// The EndpointSlice `managed-by` label value (must look like a domain-qualified name).
 pub const SLICE_MANAGER: &str = "shared-volume-controller.storageos.com";
+/// The manager of the EndpointSlices LINSTOR CSI's nfs-helper writes for its own RWX volumes:
+/// one per volume, named after the resource, for its `linstor-csi-nfs` Service.
+pub const LINSTOR_NFS_SLICE_MANAGER: &str = "nfs-helper.linstor.csi.linbit.com";
 
 /// The Service port clients mount, and its name.
 pub const NFS_PORT: u16 = 2049;

@@ -485,6 +485,9 @@ fn conntrack_permissions<'a>(ns: &'a str, conntrack: &'a str) -> Vec<Permission<
         (conntrack, ELSEWHERE, "get", "endpointslices.discovery.k8s.io", false),
         (conntrack, ELSEWHERE, "patch", "endpointslices.discovery.k8s.io", false),
         (conntrack, ELSEWHERE, "get", "services", false),
+        // LINSTOR CSI's Service, which its nfs-helper's slices name (`--linstor-nfs-service`).
+        (conntrack, ELSEWHERE, "list", "services", true),
+        (conntrack, ELSEWHERE, "watch", "services", true),
         (conntrack, ELSEWHERE, "list", "pods", false),
         (conntrack, ELSEWHERE, "create", "events.events.k8s.io", false),
         (conntrack, ns, "get", "leases.coordination.k8s.io", false),
@@ -669,10 +672,17 @@ fn the_conntrack_repair_runs_everywhere_with_net_admin_alone(defaults: &[Value])
         "ClusterRole",
         "storage-demo-shared-volume-controller-conntrack",
     );
-    assert_eq!(
-        role["rules"],
-        json!([{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}])
+    let slices =
+        json!({"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]});
+    let services = json!({"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch"]});
+    assert_eq!(role["rules"], json!([slices, services]), "LINSTOR CSI's Service too");
+    let only_ours = template(&["conntrack.flags.linstor-nfs-service="]);
+    let role = find(
+        &only_ours,
+        "ClusterRole",
+        "storage-demo-shared-volume-controller-conntrack",
     );
+    assert_eq!(role["rules"], json!([slices]), "no Services without LINSTOR's");
     let chosen = template(&["conntrack.nodeSelector.clients=yes"]);
     let pod = &find(&chosen, "DaemonSet", "demo-shared-volume-controller-conntrack")["spec"]["template"]["spec"];
     assert_eq!(pod["nodeSelector"], json!({"clients": "yes"}));

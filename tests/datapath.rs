@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::datapath::{NfsGrace, ProxyMode, leftovers, service_chain_reaches};
+use common::linstor_nfs::a_held_client_through_a_linstor_move;
 use common::outage::{ClientModel, Move, Outage, Scenario, client_through_a_fail_over, clients_through_fail_overs};
 use common::quiet_move::a_move_no_client_here_mounts;
 use common::server_probe::a_server_that_starts_late_then_dies;
@@ -146,6 +147,34 @@ async fn a_node_without_clients_of_a_moved_volume_lists_its_table_twice() {
     assert!(
         quiet.listings <= 3.0,
         "two listings, a third if a tick fell short: {quiet:?}"
+    );
+    assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
+    env.cleanup().await;
+}
+
+/// A volume LINSTOR CSI serves itself: its nfs-helper's slice moves (deleted, then made again by
+/// the new primary) and a client holding its connection to the `linstor-csi-nfs` Service's port
+/// follows through the real kube-proxy, because the repair follows nfs-helper's slices too.
+/// Without them (`--linstor-nfs-service ""`, the repair as it was), the client stays on the dead
+/// node.
+#[tokio::test]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn a_client_of_linstor_csis_own_rwx_follows_its_move() {
+    let _alone = DATA_PATH.lock().await;
+    let env = common::setup("datapath-linstor").await;
+    let followed = a_held_client_through_a_linstor_move(&env, &[], Duration::from_secs(20)).await;
+    eprintln!("with the repair following nfs-helper's slices: {followed:?}");
+    let followed = followed.expect("the held client reached node b");
+    assert!(followed <= FOLLOWS_WITHIN, "followed after {followed:?}");
+    env.cleanup().await;
+
+    let env = common::setup("datapath-linstor-off").await;
+    let without =
+        a_held_client_through_a_linstor_move(&env, &["--linstor-nfs-service", ""], Duration::from_secs(12)).await;
+    eprintln!("with the repair following only this product's slices: {without:?}");
+    assert_eq!(
+        without, None,
+        "without the repair the held client stays on the dead node"
     );
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;

@@ -1,5 +1,6 @@
 //! The conntrack repair (`conntrack` subcommand), one per node that runs NFS clients: it watches
-//! the product's EndpointSlices, and when a volume's endpoint moves, deletes this node's conntrack
+//! the product's EndpointSlices (and those LINSTOR CSI's nfs-helper writes for its own RWX
+//! volumes, [`linstor`]), and when a volume's endpoint moves, deletes this node's conntrack
 //! entries that still bind the volume's ClusterIP to the old NFS server, so that clients holding
 //! their connection (or reconnecting from the same source port, as the kernel's NFS client does)
 //! follow the move instead of talking to a dead node until the entry times out.
@@ -8,6 +9,7 @@
 //! looking, [`flow`] writes and reads the ctnetlink messages, [`table`] sends them.
 
 mod flow;
+mod linstor;
 mod proxy_poll;
 mod proxy_sync;
 mod slices;
@@ -29,8 +31,9 @@ use prometheus::Registry;
 use crate::admin::Probes;
 use crate::cli::ConntrackArgs;
 use crate::metrics::ConntrackMetrics;
-use crate::names::{NFS_PORT, SLICE_MANAGED_BY_LABEL, SLICE_MANAGER};
+use crate::names::{LINSTOR_NFS_SLICE_MANAGER, NFS_PORT, SLICE_MANAGED_BY_LABEL, SLICE_MANAGER};
 use crate::shutdown::Shutdown;
+use linstor::LinstorServices;
 use proxy_poll::{ProxyMetrics, ProxyPoller};
 use slices::{Seen, Slices};
 use sweep::{Moment, ProxyWord, Sweep, Sweeps};
@@ -58,12 +61,14 @@ pub async fn run(
         .context("cannot read this node's conntrack table")?;
     report_tcp_loose(&metrics);
     let proxy = kube_proxy(&args).await?;
+    let linstor = LinstorServices::watch(client.clone(), &args.linstor_nfs_service).await;
+    let selector = selector(linstor.enabled());
     tracing::info!(
         node = %args.node_name,
         sweep_period = %args.sweep_period,
         sweep_for = %args.sweep_for,
         kube_proxy_metrics = %args.kube_proxy_metrics,
-        selector = %selector(),
+        %selector,
         "conntrack repair started"
     );
     let mut repair = Repair {
@@ -77,9 +82,10 @@ pub async fn run(
         sweeps: Sweeps::default(),
         listing: None,
         started: false,
+        linstor,
     };
     let api: Api<EndpointSlice> = Api::all(client);
-    let mut events = watcher(api, watcher::Config::default().labels(&selector()))
+    let mut events = watcher(api, watcher::Config::default().labels(&selector))
         .default_backoff()
         .boxed();
     let mut ticker = tokio::time::interval(*args.sweep_period);
@@ -145,9 +151,13 @@ fn tcp_loose(file: Option<&str>) -> Option<bool> {
     }
 }
 
-/// The product's EndpointSlices, and nothing else.
-fn selector() -> String {
-    format!("{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGER}")
+/// The product's EndpointSlices, and nfs-helper's when LINSTOR CSI's volumes are followed.
+fn selector(linstor: bool) -> String {
+    if linstor {
+        format!("{SLICE_MANAGED_BY_LABEL} in ({SLICE_MANAGER},{LINSTOR_NFS_SLICE_MANAGER})")
+    } else {
+        format!("{SLICE_MANAGED_BY_LABEL}={SLICE_MANAGER}")
+    }
 }
 
 struct Repair {
@@ -163,6 +173,7 @@ struct Repair {
     listing: Option<BTreeSet<String>>,
     /// Whether the first list is done: slices first seen after it are new volumes.
     started: bool,
+    linstor: LinstorServices,
 }
 
 impl Repair {
@@ -198,7 +209,8 @@ impl Repair {
     fn slice(&mut self, slice: &EndpointSlice) {
         let key = key(slice);
         let at = Moment::now();
-        match self.slices.seen(&key, slice, at.now) {
+        let service_of = |namespace: &str, name: &str| self.linstor.service(namespace, name);
+        match self.slices.seen(&key, slice, &service_of, at.now) {
             Seen::Moved(served) => {
                 tracing::info!(
                     slice = %key,
@@ -218,6 +230,24 @@ impl Repair {
         }
     }
 
+    /// The flows to the ports the family's swept volumes are mounted on: one listing per port
+    /// (this product's volumes share 2049; LINSTOR CSI's have one each). `None` when one fails.
+    async fn list(&mut self, ipv6: bool) -> Option<Vec<Flow>> {
+        let mut listed = Vec::new();
+        for port in self.sweeps.mount_ports(ipv6) {
+            self.metrics.sweeps.inc();
+            match self.table.list(ipv6, port).await {
+                Ok(flows) => listed.extend(flows),
+                Err(err) => {
+                    self.metrics.failures.inc();
+                    tracing::warn!(error = %err, "cannot list conntrack entries; trying again next sweep");
+                    return None;
+                }
+            }
+        }
+        Some(listed)
+    }
+
     /// Lists the flows of each address family being swept, deletes the stranded ones, and
     /// reports each volume's first repair and the end of its sweep.
     async fn sweep(&mut self) {
@@ -227,15 +257,7 @@ impl Repair {
             if !self.sweeps.any_due(ipv6, Instant::now()) {
                 continue;
             }
-            self.metrics.sweeps.inc();
-            let listed = match self.table.list(ipv6, NFS_PORT).await {
-                Ok(listed) => listed,
-                Err(err) => {
-                    self.metrics.failures.inc();
-                    tracing::warn!(error = %err, "cannot list conntrack entries; trying again next sweep");
-                    continue;
-                }
-            };
+            let Some(listed) = self.list(ipv6).await else { continue };
             let deleted = self.delete(self.sweeps.stranded(&listed)).await;
             let sweep = Sweep {
                 ipv6,

@@ -1,16 +1,26 @@
-//! What each of the product's EndpointSlices says, remembered between watch events, so that a
-//! change of backend reads as a move (pure). A slice deleted is remembered for the sweep window:
-//! made again with other backends, it is a move too.
+//! What each of the product's EndpointSlices says, and each of LINSTOR CSI's nfs-helper, remembered
+//! between watch events, so that a change of backend reads as a move (pure). A slice deleted is
+//! remembered for the sweep window: made again with other backends, it is a move too (nfs-helper
+//! moves a volume so: it deletes the slice, then the new primary makes it again).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant, SystemTime};
 
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt;
 
 use super::sweep::Served;
-use crate::names::{LAST_CHANGE_TRIGGER_TIME_ANNOTATION, MOUNT_ENDPOINT_ANNOTATION, SLICE_SERVICE_NAME_LABEL};
+use crate::names::{
+    LAST_CHANGE_TRIGGER_TIME_ANNOTATION, LINSTOR_NFS_SLICE_MANAGER, MOUNT_ENDPOINT_ANNOTATION, SLICE_MANAGED_BY_LABEL,
+    SLICE_SERVICE_NAME_LABEL,
+};
+
+/// The Service of `namespace` and `name`, as watched (LINSTOR CSI's `linstor-csi-nfs`).
+pub type ServiceOf<'a> = &'a dyn Fn(&str, &str) -> Option<Arc<Service>>;
 use crate::volume::NfsEndpoint;
 
 /// What one watch event of a slice means to the repair.
@@ -45,8 +55,8 @@ impl Slices {
         }
     }
 
-    pub fn seen(&mut self, key: &str, slice: &EndpointSlice, now: Instant) -> Seen {
-        let served = match served(slice) {
+    pub fn seen(&mut self, key: &str, slice: &EndpointSlice, service_of: ServiceOf, now: Instant) -> Seen {
+        let served = match served(slice, service_of) {
             Ok(served) => served,
             Err(why) => {
                 self.known.remove(key);
@@ -100,8 +110,48 @@ fn made_for_a_claims_service(slice: &EndpointSlice) -> Result<(), String> {
     Ok(())
 }
 
+/// What the slice serves: one of LINSTOR CSI's, or the controller's.
+pub fn served(slice: &EndpointSlice, service_of: ServiceOf) -> Result<Served, String> {
+    if slice.labels().get(SLICE_MANAGED_BY_LABEL).map(String::as_str) == Some(LINSTOR_NFS_SLICE_MANAGER) {
+        return served_by_linstor(slice, service_of);
+    }
+    served_by_the_controller(slice)
+}
+
+/// One of nfs-helper's slices: its one port, named after the volume, is the target of the
+/// Service port of that name; clients mount the Service's ClusterIP on that port.
+fn served_by_linstor(slice: &EndpointSlice, service_of: ServiceOf) -> Result<Served, String> {
+    let namespace = slice.namespace().unwrap_or_default();
+    let service_name = slice
+        .labels()
+        .get(SLICE_SERVICE_NAME_LABEL)
+        .ok_or_else(|| format!("no {SLICE_SERVICE_NAME_LABEL} label"))?;
+    let port = slice.ports.as_ref().and_then(|ports| ports.first()).ok_or("no port")?;
+    let port_name = port.name.as_deref().ok_or("its port has no name")?;
+    let target = port.port.and_then(|p| u16::try_from(p).ok()).ok_or("no port")?;
+    let service = service_of(&namespace, service_name)
+        .ok_or_else(|| format!("Service {namespace}/{service_name} not seen (--linstor-nfs-service names it)"))?;
+    let spec = service.spec.as_ref().ok_or("its Service has no spec")?;
+    let cluster_ip: IpAddr = spec
+        .cluster_ip
+        .as_deref()
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(|| format!("Service {namespace}/{service_name} has no ClusterIP"))?;
+    let service_port = spec
+        .ports
+        .iter()
+        .flatten()
+        .find(|p| p.name.as_deref() == Some(port_name))
+        .and_then(|p| u16::try_from(p.port).ok())
+        .ok_or_else(|| format!("Service {namespace}/{service_name} has no port named {port_name}"))?;
+    Ok(Served {
+        mount: SocketAddr::new(cluster_ip, service_port),
+        backends: ready_backends(slice, target),
+    })
+}
+
 /// The mount endpoint the controller stamped on the slice and its ready backends.
-pub fn served(slice: &EndpointSlice) -> Result<Served, String> {
+fn served_by_the_controller(slice: &EndpointSlice) -> Result<Served, String> {
     made_for_a_claims_service(slice)?;
     let annotations = slice.metadata.annotations.as_ref();
     let Some(mount) = annotations.and_then(|a| a.get(MOUNT_ENDPOINT_ANNOTATION)) else {
@@ -119,15 +169,22 @@ pub fn served(slice: &EndpointSlice) -> Result<Served, String> {
         .and_then(|ports| ports.first()?.port)
         .and_then(|port| u16::try_from(port).ok())
         .ok_or("no port")?;
-    let backends = slice
+    Ok(Served {
+        mount,
+        backends: ready_backends(slice, port),
+    })
+}
+
+/// The addresses of the slice's endpoints not marked unready, on `port`.
+fn ready_backends(slice: &EndpointSlice, port: u16) -> Vec<SocketAddr> {
+    slice
         .endpoints
         .iter()
         .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
         .flat_map(|e| e.addresses.iter())
         .filter_map(|a| a.parse::<IpAddr>().ok())
         .map(|ip| SocketAddr::new(ip, port))
-        .collect();
-    Ok(Served { mount, backends })
+        .collect()
 }
 
 /// When the slice's last change was triggered, if it says (RFC 3339).
@@ -166,6 +223,10 @@ mod tests {
 
     const WINDOW: Duration = Duration::from_secs(30);
 
+    fn no_services(_: &str, _: &str) -> Option<Arc<Service>> {
+        None
+    }
+
     /// `seconds` after an instant of the tests.
     fn at(seconds: u64) -> Instant {
         static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
@@ -175,23 +236,27 @@ mod tests {
     #[test]
     fn a_new_backend_is_a_move_and_the_same_one_is_not() {
         let mut slices = Slices::new(WINDOW);
-        let first = slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(0));
+        let first = slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(0));
         assert!(matches!(first, Seen::First(ref s) if s.backends == ["10.211.1.2:2049".parse().unwrap()]));
-        assert_eq!(slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(0)), Seen::Same);
-        let moved = slices.seen("apps/pvc-1", &mounted("10.211.2.2"), at(0));
+        assert_eq!(
+            slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(0)),
+            Seen::Same
+        );
+        let moved = slices.seen("apps/pvc-1", &mounted("10.211.2.2"), &no_services, at(0));
         assert!(matches!(moved, Seen::Moved(ref s) if s.mount == "10.96.0.10:2049".parse().unwrap()));
     }
 
     #[test]
     fn a_slice_without_the_mount_endpoint_cannot_be_repaired_and_says_why() {
         let mut slices = Slices::new(WINDOW);
-        let Seen::Unusable(why) = slices.seen("apps/pvc-1", &slice(json!({}), "10.211.1.2"), at(0)) else {
+        let Seen::Unusable(why) = slices.seen("apps/pvc-1", &slice(json!({}), "10.211.1.2"), &no_services, at(0))
+        else {
             panic!("usable without its mount endpoint")
         };
         assert!(why.contains(MOUNT_ENDPOINT_ANNOTATION), "{why}");
         let bad = slice(json!({MOUNT_ENDPOINT_ANNOTATION: "nowhere"}), "10.211.1.2");
         assert!(
-            matches!(slices.seen("apps/pvc-1", &bad, at(0)), Seen::Unusable(why) if why.contains("does not parse"))
+            matches!(slices.seen("apps/pvc-1", &bad, &no_services, at(0)), Seen::Unusable(why) if why.contains("does not parse"))
         );
     }
 
@@ -210,15 +275,18 @@ mod tests {
     #[test]
     fn a_slice_deleted_and_made_again_with_other_backends_is_a_move() {
         let mut slices = Slices::new(WINDOW);
-        slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(0));
+        slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(0));
         slices.forget("apps/pvc-1", at(1));
-        let again = slices.seen("apps/pvc-1", &mounted("10.211.2.2"), at(5));
+        let again = slices.seen("apps/pvc-1", &mounted("10.211.2.2"), &no_services, at(5));
         assert!(matches!(again, Seen::Moved(_)), "{again:?}");
-        assert_eq!(slices.seen("apps/pvc-1", &mounted("10.211.2.2"), at(6)), Seen::Same);
+        assert_eq!(
+            slices.seen("apps/pvc-1", &mounted("10.211.2.2"), &no_services, at(6)),
+            Seen::Same
+        );
 
         // Once the window is over, a slice made again is a new volume's.
         slices.forget("apps/pvc-1", at(10));
-        let later = slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(10) + WINDOW);
+        let later = slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(10) + WINDOW);
         assert!(matches!(later, Seen::First(_)), "{later:?}");
     }
 
@@ -227,7 +295,7 @@ mod tests {
         let mut slices = Slices::new(WINDOW);
         let mut unowned = mounted("10.211.1.2");
         unowned.metadata.owner_references = None;
-        let seen = slices.seen("apps/pvc-1", &unowned, at(0));
+        let seen = slices.seen("apps/pvc-1", &unowned, &no_services, at(0));
         assert!(
             matches!(seen, Seen::Unusable(ref why) if why.contains("no PersistentVolumeClaim")),
             "{seen:?}"
@@ -236,7 +304,7 @@ mod tests {
         misnamed
             .labels_mut()
             .insert(SLICE_SERVICE_NAME_LABEL.into(), "other".into());
-        let seen = slices.seen("apps/pvc-1", &misnamed, at(0));
+        let seen = slices.seen("apps/pvc-1", &misnamed, &no_services, at(0));
         assert!(
             matches!(seen, Seen::Unusable(ref why) if why.contains(SLICE_SERVICE_NAME_LABEL)),
             "{seen:?}"
@@ -246,9 +314,59 @@ mod tests {
     #[test]
     fn a_relist_forgets_the_slices_it_no_longer_lists() {
         let mut slices = Slices::new(WINDOW);
-        slices.seen("apps/pvc-1", &mounted("10.211.1.2"), at(0));
-        slices.seen("apps/pvc-2", &mounted("10.211.1.2"), at(0));
+        slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(0));
+        slices.seen("apps/pvc-2", &mounted("10.211.1.2"), &no_services, at(0));
         let gone = slices.keep_only(&["apps/pvc-2".to_owned()].into(), at(0));
         assert_eq!(gone, ["apps/pvc-1"]);
+    }
+
+    /// One of nfs-helper's slices for volume `pvc-9` on `address`, port 2049 named after it.
+    fn linstor_slice(address: &str) -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {
+                "name": "pvc-9", "namespace": "piraeus-datastore",
+                "labels": {SLICE_SERVICE_NAME_LABEL: "linstor-csi-nfs", SLICE_MANAGED_BY_LABEL: LINSTOR_NFS_SLICE_MANAGER},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "nfs-a", "uid": "u-9", "controller": true}],
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [address]}],
+            "ports": [{"name": "pvc-9", "port": 2049}],
+        }))
+        .unwrap()
+    }
+
+    fn linstor_service(namespace: &str, name: &str) -> Option<Arc<Service>> {
+        let service = json!({
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"clusterIP": "10.96.7.7", "ports": [
+                {"name": "pvc-8", "port": 2051, "targetPort": 2049},
+                {"name": "pvc-9", "port": 2052, "targetPort": 2049}]},
+        });
+        (namespace == "piraeus-datastore" && name == "linstor-csi-nfs")
+            .then(|| Arc::new(serde_json::from_value(service).unwrap()))
+    }
+
+    #[test]
+    fn linstor_csis_slice_is_mounted_on_its_services_port_and_moves_by_delete_and_create() {
+        let mut slices = Slices::new(WINDOW);
+        let key = "piraeus-datastore/pvc-9";
+        let Seen::First(served) = slices.seen(key, &linstor_slice("10.211.1.2"), &linstor_service, at(0)) else {
+            panic!("a first sight")
+        };
+        assert_eq!(
+            served.mount,
+            "10.96.7.7:2052".parse().unwrap(),
+            "the Service port of the volume's name"
+        );
+        assert_eq!(served.backends, ["10.211.1.2:2049".parse().unwrap()]);
+        // nfs-helper on the new primary deletes the slice, then makes it again.
+        slices.forget(key, at(1));
+        let moved = slices.seen(key, &linstor_slice("10.211.2.2"), &linstor_service, at(2));
+        assert!(matches!(moved, Seen::Moved(s) if s.backends == ["10.211.2.2:2049".parse().unwrap()]));
+        let unseen = slices.seen(key, &linstor_slice("10.211.2.2"), &no_services, at(3));
+        assert!(
+            matches!(unseen, Seen::Unusable(why) if why.contains("not seen")),
+            "no Service, no repair"
+        );
     }
 }

@@ -12,7 +12,7 @@
 //! its new backend proves the rules here are new (deleting what that sweep listed then leaves
 //! nothing to come back), or the window ends.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -172,6 +172,16 @@ impl Sweeps {
         self.sweeping
             .values()
             .any(|s| s.served.mount.is_ipv6() == ipv6 && s.next <= now)
+    }
+
+    /// The ports clients of the volumes of this address family mount (2049 for this product's
+    /// volumes; one per volume for LINSTOR CSI's): each is one listing of the table.
+    pub fn mount_ports(&self, ipv6: bool) -> BTreeSet<u16> {
+        self.sweeping
+            .values()
+            .filter(|s| s.served.mount.is_ipv6() == ipv6)
+            .map(|s| s.served.mount.port())
+            .collect()
     }
 
     /// The flows of `listed` that a volume being swept strands, each with that volume.

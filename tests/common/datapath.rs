@@ -591,6 +591,12 @@ impl DataPath {
         }
     }
 
+    /// Starts node `index`'s NFS server of `resource` now, as a promoter would on promotion.
+    pub fn start_server(&mut self, index: usize, resource: &str) {
+        let server = self.nfs_server(index, resource).start();
+        self.links[index].server = Some(server);
+    }
+
     /// Node `index`'s NFS server dies (SIGKILL) while the node stays up, as a crashed server.
     pub fn kill_server(&mut self, index: usize) {
         let link = &mut self.links[index];
@@ -633,10 +639,16 @@ impl DataPath {
 
     /// Whether kube-proxy's rules send `namespace/service`'s NFS port to `ip` (and only there).
     pub fn programmed(&self, namespace: &str, service: &str, ip: &str) -> bool {
+        self.programmed_port(namespace, service, "nfs", ip)
+    }
+
+    /// Like [`DataPath::programmed`], for the Service port named `port` (iptables mode names
+    /// the port in its rule's comment; nftables mode in the chain it reaches).
+    pub fn programmed_port(&self, namespace: &str, service: &str, port: &str, ip: &str) -> bool {
         match self.mode {
             ProxyMode::Iptables => {
                 let rules = Command::new("iptables-save").args(["-t", "nat"]).output().unwrap();
-                let wanted = format!("\"{namespace}/{service}:nfs -> {ip}:{}\"", self.nfs_port);
+                let wanted = format!("\"{namespace}/{service}:{port} -> {ip}:{}\"", self.nfs_port);
                 String::from_utf8_lossy(&rules.stdout).contains(&wanted)
             }
             ProxyMode::Nftables => {

@@ -12,6 +12,7 @@ pub mod drbd;
 pub mod held;
 pub mod helm;
 pub mod kubelet;
+pub mod linstor_nfs;
 pub mod nfs41;
 pub mod node_loss;
 pub mod outage;

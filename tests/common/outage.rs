@@ -951,6 +951,16 @@ async fn agent_on(env: &TestEnv, path: &DataPath, index: usize) -> super::proces
 /// The conntrack repair on the client's node (the host, where kube-proxy runs), as the chart's
 /// account, sweeping a moved volume for `window`; once it is ready.
 pub async fn start_repair(env: &TestEnv, path: &DataPath, window: &str) -> super::process::Process {
+    start_conntrack_repair(env, path, window, &[]).await
+}
+
+/// [`start_repair`] with `extra` flags.
+pub async fn start_conntrack_repair(
+    env: &TestEnv,
+    path: &DataPath,
+    window: &str,
+    extra: &[&str],
+) -> super::process::Process {
     let name = format!("{}-conntrack", env.ns);
     let metrics = format!("http://{}/metrics", path.proxy_metrics());
     let args = [
@@ -962,6 +972,7 @@ pub async fn start_repair(env: &TestEnv, path: &DataPath, window: &str) -> super
         "--kube-proxy-metrics",
         &metrics,
     ];
+    let args = [&args[..], extra].concat();
     let repair = env.start_as("conntrack", &name, &args, &[]);
     repair.wait_ready().await;
     repair
