@@ -38,6 +38,7 @@ async fn status_shows_the_leader_the_agents_and_each_served_claim() {
         processes.push(agent);
     }
     repair_pod_that_cannot_pull_its_image(&env, &nodes[2].name).await;
+    env.bound_rwx_claim_served_by_linstor_nfs("theirs").await;
 
     let view: Value = eventually(
         "a status with the leader and the served claim",
@@ -93,6 +94,7 @@ async fn status_shows_the_leader_the_agents_and_each_served_claim() {
         assert!(line.contains(cell), "{cell} in {line}");
     }
     the_repair_that_cannot_pull_is_listed(&view, &text, &nodes[2].name);
+    linstors_own_claim_is_listed(&view, &text, &env.ns);
     let refused = status("no-such-namespace-here", &["--lease-name", "x"]).map(|_| ());
     assert!(
         refused.is_ok(),
@@ -185,4 +187,25 @@ fn the_repair_that_cannot_pull_is_listed(view: &Value, text: &str, node: &str) {
         .find(|l| l.trim_start().starts_with(&format!("{node}  conntrack-")))
         .unwrap_or_else(|| panic!("a line for the repair: {text}"));
     assert!(line.contains("NO") && line.ends_with("ImagePullBackOff"), "{line}");
+}
+
+/// A claim LINSTOR CSI serves itself is listed apart, with its export; no agent here reports its
+/// resource, so no primary.
+fn linstors_own_claim_is_listed(view: &Value, text: &str, namespace: &str) {
+    let theirs = view["servedByLinstor"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["namespace"] == namespace && c["name"] == "theirs")
+        .unwrap_or_else(|| panic!("LINSTOR's claim: {view:#}"));
+    assert!(
+        theirs["export"].as_str().unwrap().starts_with("nfs://linstor-csi-nfs"),
+        "{theirs}"
+    );
+    assert!(theirs["primaryNode"].is_null(), "{theirs}");
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{namespace}/theirs")))
+        .unwrap_or_else(|| panic!("a line for LINSTOR's claim: {text}"));
+    assert!(line.contains("nfs://linstor-csi-nfs"), "{line}");
 }

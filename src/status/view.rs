@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::agent::report::Report;
-use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION};
+use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION, SERVED_ELSEWHERE_ATTRIBUTES};
 use crate::names::{lease_name, report_lease_name};
 use crate::sharedvolume::claim::ready_condition;
 use crate::sharedvolume::stamp::MoveStamp;
@@ -43,6 +43,22 @@ pub struct StatusView {
     pub repairs: Vec<Repair>,
     pub reservations: Vec<Reservation>,
     pub claims: Vec<Claim>,
+    /// Claims LINSTOR CSI serves itself: the HA agent and the repair act for them, the controller
+    /// does not.
+    pub served_by_linstor: Vec<LinstorClaim>,
+}
+
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinstorClaim {
+    pub namespace: String,
+    pub name: String,
+    pub volume: String,
+    /// LINSTOR CSI's `nfs://<its Service>:<port>/…`.
+    pub export: String,
+    /// The node whose agent reports the volume's DRBD resource as Primary: where LINSTOR's NFS
+    /// server runs.
+    pub primary_node: Option<String>,
 }
 
 #[derive(Debug, PartialEq, Serialize)]
@@ -139,6 +155,11 @@ pub fn build(observed: &Observed, now: Timestamp) -> StatusView {
             .claims
             .iter()
             .filter_map(|claim| self::claim(claim, &observed.pvs, &reports))
+            .collect(),
+        served_by_linstor: observed
+            .claims
+            .iter()
+            .filter_map(|claim| linstor_claim(claim, &observed.pvs, &reports))
             .collect(),
     }
 }
@@ -248,11 +269,7 @@ fn claim(claim: &PersistentVolumeClaim, pvs: &[PersistentVolume], reports: &BTre
         .and_then(|s| s.volume_name.clone())
         .unwrap_or_default();
     let pv = pvs.iter().find(|pv| pv.name_any() == volume);
-    let resource = pv.and_then(csi_resource_name).unwrap_or_else(|| volume.clone());
-    let primary_node = reports
-        .iter()
-        .find(|(_, report)| report.resources.get(&resource).is_some_and(|r| r.primary))
-        .map(|(node, _)| (*node).to_owned());
+    let primary_node = primary_node(pv, &volume, reports);
     let annotations = pv.map(|pv| pv.annotations());
     Some(Claim {
         namespace: claim.namespace().unwrap_or_default(),
@@ -266,6 +283,36 @@ fn claim(claim: &PersistentVolumeClaim, pvs: &[PersistentVolume], reports: &BTre
             node: stamp.node,
             at: stamp.at,
         }),
+        volume,
+    })
+}
+
+/// The node whose agent reports the resource of `pv` (or of the name `volume`) as Primary.
+fn primary_node(pv: Option<&PersistentVolume>, volume: &str, reports: &BTreeMap<&str, Report>) -> Option<String> {
+    let resource = pv.and_then(csi_resource_name).unwrap_or_else(|| volume.to_owned());
+    reports
+        .iter()
+        .find(|(_, report)| report.resources.get(&resource).is_some_and(|r| r.primary))
+        .map(|(node, _)| (*node).to_owned())
+}
+
+/// A claim whose PV carries LINSTOR CSI's NFS export: its export, and where it is primary.
+fn linstor_claim(
+    claim: &PersistentVolumeClaim,
+    pvs: &[PersistentVolume],
+    reports: &BTreeMap<&str, Report>,
+) -> Option<LinstorClaim> {
+    let volume = claim.spec.as_ref()?.volume_name.clone()?;
+    let pv = pvs.iter().find(|pv| pv.name_any() == volume)?;
+    let attributes = pv.spec.as_ref()?.csi.as_ref()?.volume_attributes.as_ref()?;
+    let export = SERVED_ELSEWHERE_ATTRIBUTES
+        .iter()
+        .find_map(|key| attributes.get(*key))?;
+    Some(LinstorClaim {
+        namespace: claim.namespace().unwrap_or_default(),
+        name: claim.name_any(),
+        export: export.clone(),
+        primary_node: primary_node(Some(pv), &volume, reports),
         volume,
     })
 }
@@ -323,8 +370,13 @@ pub fn table(view: &StatusView) -> String {
         .map(|r| format!("{} (expires in {}s)", r.node, r.expires_in_seconds))
         .collect();
     out.push_str(&format!("\nFail-over guard reservations: {}\n\n", dash(&reserved)));
-    let claims: Vec<Vec<String>> = view
-        .claims
+    out.push_str(&claims_table(&view.claims));
+    out.push_str(&linstor_table(&view.served_by_linstor));
+    out
+}
+
+fn claims_table(claims: &[Claim]) -> String {
+    let rows: Vec<Vec<String>> = claims
         .iter()
         .map(|c| {
             let moved = c.last_move.as_ref().map_or("-".to_owned(), |m| {
@@ -344,12 +396,24 @@ pub fn table(view: &StatusView) -> String {
             ]
         })
         .collect();
-    out.push_str(&format!("Claims ({})\n", view.claims.len()));
-    out.push_str(&columns(
-        &["CLAIM", "READY", "REASON", "MOUNT ENDPOINT", "PRIMARY", "LAST MOVE"],
-        &claims,
-    ));
-    out
+    let header = format!("Claims ({})\n", claims.len());
+    header
+        + &columns(
+            &["CLAIM", "READY", "REASON", "MOUNT ENDPOINT", "PRIMARY", "LAST MOVE"],
+            &rows,
+        )
+}
+
+fn linstor_table(claims: &[LinstorClaim]) -> String {
+    let rows: Vec<Vec<String>> = claims
+        .iter()
+        .map(|c| {
+            let primary = c.primary_node.clone().unwrap_or_else(|| "-".into());
+            vec![format!("{}/{}", c.namespace, c.name), c.export.clone(), primary]
+        })
+        .collect();
+    let header = format!("\nServed by LINSTOR CSI ({})\n", claims.len());
+    header + &columns(&["CLAIM", "EXPORT", "PRIMARY"], &rows)
 }
 
 fn repair_table(repairs: &[Repair]) -> String {
@@ -452,11 +516,19 @@ mod tests {
                         "message": "clients mount 10.96.0.10:2049", "lastTransitionTime": "2026-11-26T12:00:00Z"}]}}),
                 ),
                 parse(json!({"metadata": {"namespace": "apps", "name": "rwo"}, "spec": {"volumeName": "pv-2"}})),
+                parse(json!({"metadata": {"namespace": "apps", "name": "theirs"}, "spec": {"volumeName": "pv-3"}})),
             ],
-            pvs: vec![parse(json!({"metadata": {"name": "pv-1", "annotations": {
+            pvs: vec![
+                parse(json!({"metadata": {"name": "pv-1", "annotations": {
                     "storageos.com/nfs-mount-endpoint": "10.96.0.10:2049",
                     "storageos.com/nfs-endpoint-move": r#"{"endpoint":"10.0.0.1:2049","overPvVersion":"7","node":"node-a","at":"2026-11-26T11:59:00Z"}"#}},
-                "spec": {"csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": "pvc-1/0"}}}))],
+                "spec": {"csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": "pvc-1/0"}}})),
+                parse(
+                    json!({"metadata": {"name": "pv-3"}, "spec": {"csi": {"driver": "linstor.csi.linbit.com",
+                    "volumeHandle": "pvc-1", "volumeAttributes": {"linstor.csi.linbit.com/nfs-export":
+                        "nfs://linstor-csi-nfs.piraeus-datastore.svc:2051/srv/linstor-csi-nfs/pvc-1"}}}}),
+                ),
+            ],
         }
     }
 
@@ -544,6 +616,16 @@ mod tests {
         let json = serde_json::to_value(&view).unwrap();
         assert_eq!(json["repairs"][1]["notRunning"], "ImagePullBackOff");
         assert_eq!(json["repairs"][0]["ready"], true);
+        let theirs = &json["servedByLinstor"][0];
+        assert_eq!(theirs["name"], "theirs");
+        assert_eq!(theirs["primaryNode"], "node-a", "by the agents' reports");
+        assert!(theirs["export"].as_str().unwrap().starts_with("nfs://linstor-csi-nfs"));
+        assert_eq!(json["servedByLinstor"].as_array().unwrap().len(), 1);
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("apps/theirs"))
+            .unwrap();
+        assert!(line.contains(":2051/") && line.ends_with("node-a"), "{text}");
         assert_eq!(json["claims"][0]["primaryNode"], "node-a");
         assert_eq!(json["agents"][0]["drbdReportedSecondsAgo"], 10);
         assert_eq!(json["leader"]["fresh"], true);
