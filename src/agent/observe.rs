@@ -14,8 +14,8 @@ use kube::ResourceExt;
 use super::drbd::DrbdState;
 use super::report::Report;
 use super::view::{AttachmentView, Liveness, NodeView, Observed, PeerReport, PodView, VolumeView};
-use crate::names::{IGNORE_FAIL_OVER_ANNOTATION, NFS_PORT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
-use crate::sharedvolume::claim::{bound_claim, pv_backs_shared_claim};
+use crate::names::{IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
+use crate::sharedvolume::claim::{bound_claim, nfs_port, pv_backs_shared_claim};
 use crate::sharedvolume::filters::Filters;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, csi_resource_name};
@@ -106,12 +106,6 @@ pub fn observe(
         api_answering_since: None,
         piraeus_ha_controllers: piraeus_ha_controllers(node, &snapshot.pods),
     }
-}
-
-/// The PV's own NFS port, when it names a valid one (`0` and non-numbers are not).
-fn nfs_port(pv: &PersistentVolume) -> Option<u16> {
-    let port = pv.annotations().get(NFS_PORT_ANNOTATION)?;
-    port.parse().ok().filter(|p| *p != 0)
 }
 
 /// The attachments not being deleted, by the PV they attach.

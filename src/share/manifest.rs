@@ -13,6 +13,7 @@ use crate::names::{
     NFS_PORT, NFS_PORT_ANNOTATION, SHARE_ROLE_CLIENT, SHARE_ROLE_LABEL, SHARE_ROLE_SERVER,
     SKIP_AFFINITY_CONTROLLER_ANNOTATION,
 };
+use crate::sharedvolume::claim::nfs_port;
 use crate::volume::NfsEndpoint;
 
 /// Where ports for the volumes' own NFS servers are taken from, when none is given.
@@ -150,10 +151,7 @@ pub fn client_claim(request: &ShareRequest) -> PersistentVolumeClaim {
 /// The lowest port from [`FIRST_AUTOMATIC_PORT`] that no PV names: each volume's NFS server has
 /// a port of its own, so that any number of them can be primary on one node.
 pub fn lowest_free_port(pvs: &[PersistentVolume]) -> Option<u16> {
-    let taken: BTreeSet<u16> = pvs
-        .iter()
-        .filter_map(|pv| pv.annotations().get(NFS_PORT_ANNOTATION)?.parse().ok())
-        .collect();
+    let taken: BTreeSet<u16> = pvs.iter().filter_map(nfs_port).collect();
     (FIRST_AUTOMATIC_PORT..=u16::MAX).find(|port| !taken.contains(port))
 }
 
@@ -161,7 +159,7 @@ pub fn lowest_free_port(pvs: &[PersistentVolume]) -> Option<u16> {
 pub fn port_taken_by<'a>(pvs: &'a [PersistentVolume], port: u16, request: &ShareRequest) -> Option<&'a str> {
     pvs.iter()
         .filter(|pv| pv.name_any() != request.resource)
-        .find(|pv| pv.annotations().get(NFS_PORT_ANNOTATION).and_then(|p| p.parse().ok()) == Some(port))
+        .find(|pv| nfs_port(pv) == Some(port))
         .map(|pv| pv.metadata.name.as_deref().unwrap_or_default())
 }
 

@@ -21,7 +21,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::agent::report::Report;
 use crate::cli::ShareArgs;
 use crate::names::{AGENT_REPORT_LABEL, MOUNT_ENDPOINT_ANNOTATION};
-use crate::sharedvolume::claim::ready_condition;
+use crate::sharedvolume::claim::{nfs_port, ready_condition};
 use crate::volume::NfsEndpoint;
 pub use manifest::ShareRequest;
 use manifest::{
@@ -130,8 +130,7 @@ async fn create_volume(client: &Client, mut request: ShareRequest, given_port: O
     let name = request.resource.clone();
     match pvs.get_opt(&name).await.context("cannot read PersistentVolumes")? {
         Some(existing) if same_volume(&existing, &request) => {
-            let port = existing.annotations().get(crate::names::NFS_PORT_ANNOTATION);
-            request.nfs_port = port.and_then(|p| p.parse().ok()).unwrap_or(request.nfs_port);
+            request.nfs_port = nfs_port(&existing).unwrap_or(request.nfs_port);
             println!("PV {name} already shares the resource (NFS port {})", request.nfs_port);
             return Ok(request);
         }

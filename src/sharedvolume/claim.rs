@@ -60,6 +60,12 @@ pub fn served_elsewhere(pv: &PersistentVolume) -> bool {
 }
 
 /// Whether the volume's owner opted it out (`storageos.com/shared-volume: "false"` on the PV).
+/// The PV's own NFS port, when it names a valid one (`0` and non-numbers are not).
+pub fn nfs_port(pv: &PersistentVolume) -> Option<u16> {
+    let port = pv.annotations().get(NFS_PORT_ANNOTATION)?;
+    port.parse().ok().filter(|p| *p != 0)
+}
+
 pub fn opted_out(pv: &PersistentVolume) -> bool {
     pv.annotations()
         .get(SHARED_VOLUME_OPT_OUT_ANNOTATION)
