@@ -76,6 +76,11 @@ pub fn managed_selector() -> String {
     format!("{APP_MANAGED_BY_LABEL}={CONTROLLER_NAME}")
 }
 
+/// The label selector of the slices LINSTOR CSI's nfs-helper writes.
+pub fn linstor_nfs_selector() -> String {
+    format!("{SLICE_MANAGED_BY_LABEL}={LINSTOR_NFS_SLICE_MANAGER}")
+}
+
 /// Pods annotated with this key (any value) are never evicted or deleted by the HA agent.
 pub const IGNORE_FAIL_OVER_ANNOTATION: &str = "drbd.linbit.com/ignore-fail-over";
 /// Prefix of the per-node heartbeat Lease the HA agent renews.

@@ -285,8 +285,8 @@ async fn a_renamed_resource_keeps_the_events2_stream_trusted() {
 /// Volumes that are not this product's to share get nothing from either loop: an RWX Block volume
 /// (a VM disk shared for live migration), one LINSTOR CSI's own NFS export serves, one whose PV is
 /// opted out, and one of a storage class neither loop is given. No service endpoint, no Service,
-/// no condition, no event, while an ordinary volume beside them is published and served (so the
-/// test can fail).
+/// no condition (but LINSTOR's claim's, which says what LINSTOR advertises), no event, while an
+/// ordinary volume beside them is published and served (so the test can fail).
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn volumes_that_are_not_ours_to_share_get_nothing() {
@@ -335,10 +335,16 @@ async fn volumes_that_are_not_ours_to_share_get_nothing() {
             .await
             .unwrap();
         let conditions = pvc.status.and_then(|s| s.conditions).unwrap_or_default();
-        assert!(
-            conditions.iter().all(|c| c.type_ != "SharedVolumeReady"),
-            "{claim}: no condition"
-        );
+        let stated: Vec<_> = conditions
+            .iter()
+            .filter(|c| c.type_ == "SharedVolumeReady")
+            .map(|c| c.reason.as_deref().unwrap_or_default())
+            .collect();
+        let expected: &[&str] = match *claim {
+            "linstor-nfs" => &["LinstorNfsNotAdvertised"],
+            _ => &[],
+        };
+        assert_eq!(stated, expected, "{claim}: its condition");
         let events = Api::<k8s_openapi::api::events::v1::Event>::all(env.client.clone())
             .list(&Default::default())
             .await

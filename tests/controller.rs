@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::cluster::PrivateCluster;
 use common::controller::ControllerArgs;
+use common::linstor_nfs::advertise;
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually, serving, tool};
 use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Service};
@@ -748,5 +749,45 @@ async fn a_standing_warning_outlives_the_event_ttl() {
     assert!(repeats >= 2, "posted again while it stands: {repeats}");
     controller.stop().await;
     env.remove_chart_permissions(&cluster.kubeconfig());
+    env.cleanup().await;
+}
+
+/// A claim LINSTOR CSI serves itself gets nothing of the shared-volume loop but its condition,
+/// which follows what LINSTOR's nfs-helper advertises: no server yet, then who serves it, where
+/// and since when, and through a move (the slice deleted, then made again naming the new node)
+/// the new server.
+#[tokio::test]
+#[ignore = "needs a control plane (see common::NEEDS_CLUSTER)"]
+async fn a_claim_linstor_csi_serves_is_told_who_serves_it_where_and_since_when() {
+    let env = common::setup("ctl-linstor").await;
+    let nodes = env.sim_nodes(&["a", "b"]).await;
+    let controller = env.start_controller(&[]).await;
+    let (_, pv) = env.bound_rwx_claim_served_by_linstor_nfs("theirs").await;
+    let pv = pv.metadata.name.unwrap();
+
+    let waiting = env
+        .claim_condition_becomes("theirs", "False", "LinstorNfsNotAdvertised")
+        .await;
+    assert!(waiting.contains(&format!("{}/{pv}", env.ns)), "{waiting}");
+
+    let first = advertise(&env, &pv, &nodes[0].name, "10.244.1.7", 2050).await;
+    let since = first.metadata.creation_timestamp.unwrap().0.to_string();
+    let served = env
+        .claim_condition_says("theirs", "True", "ServedByLinstorCsi", "10.244.1.7:2050")
+        .await;
+    let pod = format!("{}/linstor-csi-nfs-server-{}", env.ns, nodes[0].name);
+    assert!(served.contains(&since) && served.contains(&pod), "{served}");
+
+    let moved = advertise(&env, &pv, &nodes[1].name, "10.244.2.9", 2050).await;
+    let since = moved.metadata.creation_timestamp.unwrap().0.to_string();
+    let after_move = env
+        .claim_condition_says("theirs", "True", "ServedByLinstorCsi", "10.244.2.9:2050")
+        .await;
+    assert!(after_move.contains(&since), "{after_move}");
+
+    // Nothing written for it: no Service, no mount endpoint.
+    assert_eq!(env.cluster_ip(&pv).await, None);
+    assert_eq!(env.pv_annotation(&pv, MOUNT_ENDPOINT).await, None);
+    controller.stop().await;
     env.cleanup().await;
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use common::drbd::{healthy, three_nodes};
 use common::eventually;
+use common::linstor_nfs::advertise;
 use serde_json::{Value, json};
 
 const AGENT_SELECTOR: &str = "app.kubernetes.io/name=shared-volume-controller,app.kubernetes.io/component=agent";
@@ -39,6 +40,7 @@ async fn status_shows_the_leader_the_agents_and_each_served_claim() {
     }
     repair_pod_that_cannot_pull_its_image(&env, &nodes[2].name).await;
     env.bound_rwx_claim_served_by_linstor_nfs("theirs").await;
+    advertise(&env, &env.pv_name("theirs"), &nodes[1].name, "10.244.1.7", 2050).await;
 
     let view: Value = eventually(
         "a status with the leader and the served claim",
@@ -207,5 +209,10 @@ fn linstors_own_claim_is_listed(view: &Value, text: &str, namespace: &str) {
         .lines()
         .find(|l| l.trim_start().starts_with(&format!("{namespace}/theirs")))
         .unwrap_or_else(|| panic!("a line for LINSTOR's claim: {text}"));
-    assert!(line.contains("nfs://linstor-csi-nfs"), "{line}");
+    assert_eq!(theirs["server"], "10.244.1.7:2050", "{theirs}");
+    assert!(theirs["since"].is_string(), "{theirs}");
+    assert!(
+        line.contains("nfs://linstor-csi-nfs") && line.contains("10.244.1.7:2050"),
+        "{line}"
+    );
 }

@@ -1,5 +1,6 @@
 //! What the controller watches, kept in stores that reconciles read instead of the API: the PVs,
-//! and the Services, Endpoints and EndpointSlices it manages, as JSON ([`CompactStore`]); the
+//! the Services, Endpoints and EndpointSlices it manages, and the slices LINSTOR CSI advertises
+//! its own NFS servers with, as JSON ([`CompactStore`]); the
 //! claims in the kube-runtime Controller's own reflector store. The watches also trigger the
 //! reconciles. A fresh set is made for each term of leadership.
 
@@ -18,6 +19,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use super::compact_store::CompactStore;
 use super::condition::fingerprint_besides_own_condition;
 use crate::kube_client::{drop_managed_fields, paged};
+use crate::names::linstor_nfs_selector;
 use crate::sharedvolume::claim::{trim_claim, trim_pv};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -29,6 +31,8 @@ pub struct Caches {
     pub services: CompactStore<Service>,
     pub endpoints: CompactStore<Endpoints>,
     pub slices: CompactStore<EndpointSlice>,
+    /// The slices LINSTOR CSI's nfs-helper advertises its own NFS servers with (read only).
+    pub linstor_slices: CompactStore<EndpointSlice>,
 }
 
 /// The watch streams behind [`Caches`], to feed the kube-runtime Controller.
@@ -40,6 +44,7 @@ pub struct Triggers {
     pub services: BoxStream<'static, Result<Service, watcher::Error>>,
     pub endpoints: BoxStream<'static, Result<Endpoints, watcher::Error>>,
     pub slices: BoxStream<'static, Result<EndpointSlice, watcher::Error>>,
+    pub linstor_slices: BoxStream<'static, Result<EndpointSlice, watcher::Error>>,
 }
 
 impl Caches {
@@ -52,6 +57,9 @@ impl Caches {
         let (services, service_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
         let (endpoints, endpoint_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
         let (slices, slice_stream) = compact(scoped(client, namespace), managed(), drop_managed_fields);
+        // In the namespace of LINSTOR's Service, whichever namespace the claims are in.
+        let nfs_helper = paged(watcher::Config::default().labels(&linstor_nfs_selector()));
+        let (linstor_slices, linstor_slice_stream) = compact(Api::all(client.clone()), nfs_helper, drop_managed_fields);
         let (claim_store, claims) = reflected(scoped(client, namespace), all(), trim_claim, {
             let mut triggers = ClaimTriggers::default();
             move |event| triggers.on(event)
@@ -61,6 +69,7 @@ impl Caches {
             services,
             endpoints,
             slices,
+            linstor_slices,
         };
         let triggers = Triggers {
             claims,
@@ -69,6 +78,7 @@ impl Caches {
             services: service_stream,
             endpoints: endpoint_stream,
             slices: slice_stream,
+            linstor_slices: linstor_slice_stream,
         };
         (caches, triggers)
     }
@@ -76,11 +86,12 @@ impl Caches {
     /// Resolves once every store has listed its objects. Until then a reconcile reads the API:
     /// a store still listing would take what exists for missing.
     pub async fn synced(&self) {
-        futures::future::join4(
+        futures::future::join5(
             self.pvs.listed(),
             self.services.listed(),
             self.endpoints.listed(),
             self.slices.listed(),
+            self.linstor_slices.listed(),
         )
         .await;
     }
@@ -99,6 +110,10 @@ impl Caches {
 
     pub fn slice(&self, namespace: &str, name: &str) -> Option<EndpointSlice> {
         self.slices.get(Some(namespace), name)
+    }
+
+    pub fn linstor_slice(&self, namespace: &str, name: &str) -> Option<EndpointSlice> {
+        self.linstor_slices.get(Some(namespace), name)
     }
 }
 

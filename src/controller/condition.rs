@@ -18,6 +18,7 @@ use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER, SERVICE_ENDPO
 use crate::sharedvolume::claim::ready_condition;
 use crate::sharedvolume::classify::Skip;
 use crate::sharedvolume::desired::service_name;
+use crate::sharedvolume::linstor::{LinstorExport, LinstorServer};
 
 /// What the condition states.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,10 +87,46 @@ pub fn stated(
         Outcome::Skipped(Skip::NotBound) if known_ours => {
             Stated::new(false, "NotBound", "the claim is not bound to a volume yet".into())
         }
+        Outcome::ServedByLinstor { export, server } => served_by_linstor(export, server.as_ref()),
         // A move in flight lasts a round trip: the condition says where it went once it landed.
         Outcome::MoveHeld(_) | Outcome::Skipped(_) => return None,
     };
     Some(stated)
+}
+
+/// What LINSTOR CSI advertises for a volume it serves itself: who serves it, where and since
+/// when, or that no server is advertised (before its server first starts, and during a move).
+fn served_by_linstor(export: &LinstorExport, server: Option<&LinstorServer>) -> Stated {
+    let LinstorExport {
+        url,
+        namespace,
+        resource,
+    } = export;
+    let Some(server) = server else {
+        let slice = match namespace {
+            Some(namespace) => format!("no EndpointSlice {namespace}/{resource} of its nfs-helper"),
+            None => {
+                format!("the export names no <Service>.<namespace>.svc host, so its slice {resource} cannot be found")
+            }
+        };
+        return Stated::new(
+            false,
+            "LinstorNfsNotAdvertised",
+            format!(
+                "LINSTOR CSI serves it (clients mount {url}) but advertises no NFS server for it: {slice};                  nfs-helper writes one once the volume is primary and its server started, so a move lasts until then"
+            ),
+        );
+    };
+    let pod = server.pod.as_deref().unwrap_or("a pod it does not name");
+    let since = server.since.as_deref().unwrap_or("a time it does not say");
+    Stated::new(
+        true,
+        "ServedByLinstorCsi",
+        format!(
+            "LINSTOR CSI serves it: clients mount {url}; its NFS server is {} (pod {pod}), advertised since {since}",
+            server.address
+        ),
+    )
 }
 
 /// How long after an agent's move its claim's condition waits to be written: a node's loss moves
@@ -214,6 +251,22 @@ mod tests {
             ..MoveStamp::new("192.0.2.7:2049", "8")
         };
         let invalid = Ok(Outcome::Invalid(Invalid::new("ServiceNameTaken", "rename it".into())));
+        let export = LinstorExport {
+            url: "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/srv/pvc-1".into(),
+            namespace: Some("piraeus-datastore".into()),
+            resource: "pvc-1".into(),
+        };
+        let linstor = |server: Option<LinstorServer>| {
+            Ok(Outcome::ServedByLinstor {
+                export: export.clone(),
+                server,
+            })
+        };
+        let advertised = LinstorServer {
+            address: "10.244.1.7:2050".into(),
+            pod: Some("piraeus-datastore/linstor-csi-nfs-server-x7k2p".into()),
+            since: Some("2026-11-28T10:00:00Z".into()),
+        };
         let waiting = Ok(Outcome::Skipped(Skip::NoServiceEndpoint));
         // (case, how the reconcile ended, known to be ours, (ready, reason) stated)
         type Case = (
@@ -237,6 +290,18 @@ mod tests {
                 None,
             ),
             ("bad input", invalid, false, Some((false, "ServiceNameTaken"))),
+            (
+                "LINSTOR CSI advertises its server, unfiltered too",
+                linstor(Some(advertised.clone())),
+                false,
+                Some((true, "ServedByLinstorCsi")),
+            ),
+            (
+                "LINSTOR CSI advertises no server (a move)",
+                linstor(None),
+                false,
+                Some((false, "LinstorNfsNotAdvertised")),
+            ),
             (
                 "waiting, filters name the storage",
                 waiting,
@@ -266,6 +331,15 @@ mod tests {
             let got = stated(&result, &claim, known_ours).map(|s| (s.ready, s.reason.clone()));
             let expected = expected.map(|(ready, reason)| (ready, reason.to_owned()));
             assert_eq!(got, expected, "{case}");
+        }
+        let message = stated(&linstor(Some(advertised)), &claim, false).unwrap().message;
+        for said in [
+            "nfs://linstor-csi-nfs",
+            "10.244.1.7:2050",
+            "linstor-csi-nfs-server-x7k2p",
+            "2026-11-28T10:00:00Z",
+        ] {
+            assert!(message.contains(said), "{said} in {message}");
         }
         let message = stated(&served(Some(MoveStamp::new("192.0.2.7:2049", "8"))), &claim, false)
             .unwrap()

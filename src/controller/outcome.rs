@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::deadline::TimedOut;
 use crate::kube_client::Refusal;
 use crate::sharedvolume::classify::{Invalid, Skip};
+use crate::sharedvolume::linstor::{LinstorExport, LinstorServer};
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::VolumeError;
 
@@ -61,6 +62,12 @@ pub enum Outcome {
     RepairDeferred(Duration),
     /// Served, and an agent's move of its endpoints is in flight: looked at again after this.
     MoveHeld(Duration),
+    /// LINSTOR CSI serves it over NFS itself: nothing is written for it but its condition, which
+    /// says what LINSTOR advertises (no server while its nfs-helper advertises none).
+    ServedByLinstor {
+        export: LinstorExport,
+        server: Option<LinstorServer>,
+    },
 }
 
 /// What a reconcile has to tell on its claim, as Events: collected while it runs and posted in one

@@ -76,3 +76,18 @@ pub(super) async fn objects(ctx: &Context, shared: &SharedVolume, look: Look) ->
         fresh: true,
     })
 }
+
+/// The slice LINSTOR CSI's nfs-helper advertises a volume's server with, if any: from the cache
+/// once it has listed, else from the API.
+pub(super) async fn linstor_slice(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<EndpointSlice>, kube::Error> {
+    if let Some(caches) = ctx.caches() {
+        return Ok(caches.linstor_slice(namespace, name));
+    }
+    Api::<EndpointSlice>::namespaced(ctx.client.clone(), namespace)
+        .get_opt(name)
+        .await
+}

@@ -20,6 +20,7 @@ use crate::deadline::within;
 use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER};
 use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
+use crate::sharedvolume::linstor::{self, LinstorExport};
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, VolumeError, VolumeInfo};
 
@@ -32,11 +33,11 @@ pub async fn reconcile(claim: Arc<PersistentVolumeClaim>, ctx: Arc<Context>) -> 
         .unwrap_or_else(|timed_out| Err(timed_out.into()));
     // The histogram users watch describes work on shared volumes: a skip (RWO, unbound,
     // filtered) takes microseconds and would drown the reconciles that matter.
-    if !matches!(result, Ok(Outcome::Skipped(_))) {
+    if !matches!(result, Ok(Outcome::Skipped(_) | Outcome::ServedByLinstor { .. })) {
         ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
     }
     let (label, standing) = match &result {
-        Ok(Outcome::Skipped(_)) => ("skipped", Standing::NotServed),
+        Ok(Outcome::Skipped(_) | Outcome::ServedByLinstor { .. }) => ("skipped", Standing::NotServed),
         Ok(Outcome::Invalid(_)) => ("invalid", Standing::Invalid),
         Ok(Outcome::Shared { .. }) => ("shared", Standing::Shared),
         Ok(Outcome::RepairDeferred(_)) => ("deferred", Standing::Shared),
@@ -151,9 +152,13 @@ async fn reconcile_claim(
             fresh: true,
         },
     };
-    let found = match find_shared_volume(claim, ctx, pv).await? {
-        Finding::Shared(found) => *found,
-        Finding::NotManaged(why) => return Ok(not_managed(ctx, claim, why, tells)),
+    let linstor_export = pv.value.as_ref().and_then(linstor::export_of);
+    let found = match (find_shared_volume(claim, ctx, pv).await?, linstor_export) {
+        (Finding::Shared(found), _) => *found,
+        (Finding::NotManaged(NotManaged::Skip(Skip::ServedElsewhere)), Some(export)) => {
+            return served_by_linstor(ctx, export).await;
+        }
+        (Finding::NotManaged(why), _) => return Ok(not_managed(ctx, claim, why, tells)),
     };
     let key = ClaimKey::of(claim);
     let (found, current) = match follow_moves(claim, ctx, &key, found, tells).await? {
@@ -194,6 +199,17 @@ async fn reconcile_claim(
     ctx.events.clear_warnings(&claim.object_ref(&()));
     warn_if_other_family(&shared, &ensured.cluster_ip, tells);
     publish_mount_endpoint(ctx, &pv, &volume, &shared, ensured, tells).await
+}
+
+/// What LINSTOR CSI advertises for a volume it serves itself: the server of its nfs-helper slice.
+/// Nothing is written for it but the claim's condition.
+async fn served_by_linstor(ctx: &Context, export: LinstorExport) -> Result<Outcome, ReconcileError> {
+    let slice = match &export.namespace {
+        Some(namespace) => reads::linstor_slice(ctx, namespace, &export.resource).await?,
+        None => None,
+    };
+    let server = slice.as_ref().and_then(linstor::advertised);
+    Ok(Outcome::ServedByLinstor { export, server })
 }
 
 /// Where following an agent's move left the reconcile.

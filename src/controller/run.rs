@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::ResourceExt;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -37,6 +38,7 @@ pub(crate) async fn run_controller(
     let client = ctx.client.clone();
     let managed = watcher::Config::default().labels(&managed_selector());
     let (caches, triggers) = Caches::new(&client, namespace.as_deref(), &managed);
+    let pvs = caches.pvs.clone();
     let use_caches = {
         let ctx = ctx.clone();
         tokio::spawn(async move {
@@ -50,6 +52,9 @@ pub(crate) async fn run_controller(
         .owns_stream(triggers.endpoints)
         .owns_stream(triggers.slices)
         .watches_stream(triggers.pvs, claim_of_volume)
+        .watches_stream(triggers.linstor_slices, move |slice| {
+            pvs.get(None, &slice.name_any()).and_then(claim_of_volume)
+        })
         .with_config(controller::Config::default().concurrency(concurrency))
         // Errors of every watch also pass through the controller's own back-off: keep it as
         // short as the watches' own, or a restarted API server is waited out for half a minute.
@@ -133,7 +138,9 @@ fn liveness_probes(watchdog: Watchdog) -> impl futures::Stream<Item = ObjectRef<
     })
 }
 
-/// A PV change is a change of the claim it is bound to.
+/// A PV change is a change of the claim it is bound to. So is a change of the slice LINSTOR CSI
+/// advertises a volume's server with: it is named after the resource, which LINSTOR CSI names
+/// after the PV.
 fn claim_of_volume(pv: PersistentVolume) -> Option<ObjectRef<PersistentVolumeClaim>> {
     let claim = bound_claim(&pv)?;
     Some(ObjectRef::new(&claim.name).within(&claim.namespace))

@@ -59,13 +59,13 @@ pub fn served_elsewhere(pv: &PersistentVolume) -> bool {
     attributes.is_some_and(|a| SERVED_ELSEWHERE_ATTRIBUTES.iter().any(|k| a.contains_key(*k)))
 }
 
-/// Whether the volume's owner opted it out (`storageos.com/shared-volume: "false"` on the PV).
 /// The PV's own NFS port, when it names a valid one (`0` and non-numbers are not).
 pub fn nfs_port(pv: &PersistentVolume) -> Option<u16> {
     let port = pv.annotations().get(NFS_PORT_ANNOTATION)?;
     port.parse().ok().filter(|p| *p != 0)
 }
 
+/// Whether the volume's owner opted it out (`storageos.com/shared-volume: "false"` on the PV).
 pub fn opted_out(pv: &PersistentVolume) -> bool {
     pv.annotations()
         .get(SHARED_VOLUME_OPT_OUT_ANNOTATION)

@@ -7,11 +7,13 @@ mod view;
 use anyhow::{Context, Result};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::ListParams;
 use kube::{Api, Client};
 
 use crate::cli::{StatusArgs, StatusOutput};
+use crate::names::linstor_nfs_selector;
 use view::{Observed, build, table};
 
 pub async fn run(args: StatusArgs, client: Client) -> Result<()> {
@@ -63,6 +65,11 @@ async fn read(client: &Client, namespace: String, args: &StatusArgs) -> Result<O
             .list(&all)
             .await
             .context("cannot list PersistentVolumes")?
+            .items,
+        linstor_slices: Api::<EndpointSlice>::all(client.clone())
+            .list(&ListParams::default().labels(&linstor_nfs_selector()))
+            .await
+            .context("cannot list the EndpointSlices of LINSTOR CSI's nfs-helper")?
             .items,
         lease_name: args.lease_name.clone(),
         namespace,

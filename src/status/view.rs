@@ -6,14 +6,16 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::agent::report::Report;
-use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION, SERVED_ELSEWHERE_ATTRIBUTES};
+use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION};
 use crate::names::{lease_name, report_lease_name};
 use crate::sharedvolume::claim::ready_condition;
+use crate::sharedvolume::linstor;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::csi_resource_name;
 
@@ -32,6 +34,8 @@ pub struct Observed {
     pub nodes: Vec<Node>,
     pub claims: Vec<PersistentVolumeClaim>,
     pub pvs: Vec<PersistentVolume>,
+    /// The slices LINSTOR CSI's nfs-helper advertises its servers with.
+    pub linstor_slices: Vec<EndpointSlice>,
 }
 
 #[derive(Debug, PartialEq, Serialize)]
@@ -56,6 +60,10 @@ pub struct LinstorClaim {
     pub volume: String,
     /// LINSTOR CSI's `nfs://<its Service>:<port>/…`.
     pub export: String,
+    /// The server its nfs-helper advertises (`IP:port`), none while it advertises none.
+    pub server: Option<String>,
+    /// When it advertised that server (RFC 3339): the end of the last move.
+    pub since: Option<String>,
     /// The node whose agent reports the volume's DRBD resource as Primary: where LINSTOR's NFS
     /// server runs.
     pub primary_node: Option<String>,
@@ -159,7 +167,7 @@ pub fn build(observed: &Observed, now: Timestamp) -> StatusView {
         served_by_linstor: observed
             .claims
             .iter()
-            .filter_map(|claim| linstor_claim(claim, &observed.pvs, &reports))
+            .filter_map(|claim| linstor_claim(claim, observed, &reports))
             .collect(),
     }
 }
@@ -261,6 +269,7 @@ fn reservations(guard: &Lease, now: Timestamp) -> Vec<Reservation> {
         .collect()
 }
 
+/// A claim the controller states a condition on, but for LINSTOR CSI's own (listed apart).
 fn claim(claim: &PersistentVolumeClaim, pvs: &[PersistentVolume], reports: &BTreeMap<&str, Report>) -> Option<Claim> {
     let condition = ready_condition(claim)?;
     let volume = claim
@@ -269,6 +278,9 @@ fn claim(claim: &PersistentVolumeClaim, pvs: &[PersistentVolume], reports: &BTre
         .and_then(|s| s.volume_name.clone())
         .unwrap_or_default();
     let pv = pvs.iter().find(|pv| pv.name_any() == volume);
+    if pv.and_then(linstor::export_of).is_some() {
+        return None;
+    }
     let primary_node = primary_node(pv, &volume, reports);
     let annotations = pv.map(|pv| pv.annotations());
     Some(Claim {
@@ -296,22 +308,27 @@ fn primary_node(pv: Option<&PersistentVolume>, volume: &str, reports: &BTreeMap<
         .map(|(node, _)| (*node).to_owned())
 }
 
-/// A claim whose PV carries LINSTOR CSI's NFS export: its export, and where it is primary.
+/// A claim whose PV carries LINSTOR CSI's NFS export: its export, the server advertised for it,
+/// and where it is primary.
 fn linstor_claim(
     claim: &PersistentVolumeClaim,
-    pvs: &[PersistentVolume],
+    observed: &Observed,
     reports: &BTreeMap<&str, Report>,
 ) -> Option<LinstorClaim> {
     let volume = claim.spec.as_ref()?.volume_name.clone()?;
-    let pv = pvs.iter().find(|pv| pv.name_any() == volume)?;
-    let attributes = pv.spec.as_ref()?.csi.as_ref()?.volume_attributes.as_ref()?;
-    let export = SERVED_ELSEWHERE_ATTRIBUTES
+    let pv = observed.pvs.iter().find(|pv| pv.name_any() == volume)?;
+    let export = linstor::export_of(pv)?;
+    let server = observed
+        .linstor_slices
         .iter()
-        .find_map(|key| attributes.get(*key))?;
+        .filter(|slice| slice.namespace() == export.namespace && slice.name_any() == export.resource)
+        .find_map(linstor::advertised);
     Some(LinstorClaim {
         namespace: claim.namespace().unwrap_or_default(),
         name: claim.name_any(),
-        export: export.clone(),
+        export: export.url,
+        server: server.as_ref().map(|s| s.address.clone()),
+        since: server.and_then(|s| s.since),
         primary_node: primary_node(Some(pv), &volume, reports),
         volume,
     })
@@ -408,12 +425,18 @@ fn linstor_table(claims: &[LinstorClaim]) -> String {
     let rows: Vec<Vec<String>> = claims
         .iter()
         .map(|c| {
-            let primary = c.primary_node.clone().unwrap_or_else(|| "-".into());
-            vec![format!("{}/{}", c.namespace, c.name), c.export.clone(), primary]
+            let dash = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
+            vec![
+                format!("{}/{}", c.namespace, c.name),
+                c.export.clone(),
+                c.server.clone().unwrap_or_else(|| "NONE ADVERTISED".into()),
+                dash(&c.since),
+                dash(&c.primary_node),
+            ]
         })
         .collect();
     let header = format!("\nServed by LINSTOR CSI ({})\n", claims.len());
-    header + &columns(&["CLAIM", "EXPORT", "PRIMARY"], &rows)
+    header + &columns(&["CLAIM", "EXPORT", "SERVER", "SINCE", "PRIMARY"], &rows)
 }
 
 fn repair_table(repairs: &[Repair]) -> String {
@@ -516,7 +539,10 @@ mod tests {
                         "message": "clients mount 10.96.0.10:2049", "lastTransitionTime": "2026-11-26T12:00:00Z"}]}}),
                 ),
                 parse(json!({"metadata": {"namespace": "apps", "name": "rwo"}, "spec": {"volumeName": "pv-2"}})),
-                parse(json!({"metadata": {"namespace": "apps", "name": "theirs"}, "spec": {"volumeName": "pv-3"}})),
+                parse(
+                    json!({"metadata": {"namespace": "apps", "name": "theirs"}, "spec": {"volumeName": "pv-3"},
+                    "status": {"conditions": [{"type": "SharedVolumeReady", "status": "True", "reason": "ServedByLinstorCsi"}]}}),
+                ),
             ],
             pvs: vec![
                 parse(json!({"metadata": {"name": "pv-1", "annotations": {
@@ -529,6 +555,10 @@ mod tests {
                         "nfs://linstor-csi-nfs.piraeus-datastore.svc:2051/srv/linstor-csi-nfs/pvc-1"}}}}),
                 ),
             ],
+            linstor_slices: vec![parse(json!({
+                "metadata": {"name": "pvc-1", "namespace": "piraeus-datastore", "creationTimestamp": "2026-11-26T11:58:00Z",
+                    "labels": {"endpointslice.kubernetes.io/managed-by": "nfs-helper.linstor.csi.linbit.com"}},
+                "addressType": "IPv4", "endpoints": [{"addresses": ["10.244.1.7"]}], "ports": [{"name": "pvc-1", "port": 2051}]}))],
         }
     }
 
@@ -626,7 +656,19 @@ mod tests {
             .find(|l| l.trim_start().starts_with("apps/theirs"))
             .unwrap();
         assert!(line.contains(":2051/") && line.ends_with("node-a"), "{text}");
+        assert_eq!(theirs["server"], "10.244.1.7:2051");
+        assert_eq!(theirs["since"], "2026-11-26T11:58:00Z");
+        assert!(line.contains("10.244.1.7:2051  2026-11-26T11:58:00Z"), "{line}");
+        let mut unadvertised = observed();
+        unadvertised.linstor_slices.clear();
+        let text = table(&build(&unadvertised, NOW.parse().unwrap()));
+        assert!(text.contains("NONE ADVERTISED"), "{text}");
         assert_eq!(json["claims"][0]["primaryNode"], "node-a");
+        assert_eq!(
+            json["claims"].as_array().unwrap().len(),
+            1,
+            "LINSTOR's claim only apart: {json:#}"
+        );
         assert_eq!(json["agents"][0]["drbdReportedSecondsAgo"], 10);
         assert_eq!(json["leader"]["fresh"], true);
     }

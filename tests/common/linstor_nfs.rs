@@ -40,11 +40,7 @@ pub async fn a_held_client_through_a_linstor_move(
     path.start_server(0, RESOURCE);
     path.start_server(1, RESOURCE);
     let cluster_ip = linstor_service(env).await;
-    let on_a = server_pod(env, &path.nodes[0].name).await;
-    env.api::<EndpointSlice>()
-        .create(&Default::default(), &nfs_helper_slice(&a, &on_a))
-        .await
-        .unwrap();
+    advertise(env, RESOURCE, &path.nodes[0].name, &a, 2049).await;
     eventually("kube-proxy's rule to node a", WAIT, || {
         std::future::ready(path.programmed_port(&env.ns, SERVICE, RESOURCE, &a).then_some(()))
     })
@@ -58,14 +54,8 @@ pub async fn a_held_client_through_a_linstor_move(
     .await;
 
     // Node a is lost; nfs-helper on node b takes the volume over.
-    let on_b = server_pod(env, &path.nodes[1].name).await;
     path.fail(0);
-    let slices = env.api::<EndpointSlice>();
-    slices.delete(RESOURCE, &Default::default()).await.unwrap();
-    slices
-        .create(&Default::default(), &nfs_helper_slice(&b, &on_b))
-        .await
-        .unwrap();
+    advertise(env, RESOURCE, &path.nodes[1].name, &b, 2049).await;
     let moved = Instant::now();
     let mut followed = None;
     while moved.elapsed() < patience {
@@ -102,10 +92,32 @@ async fn linstor_service(env: &TestEnv) -> String {
     env.cluster_ip(SERVICE).await.expect("a ClusterIP")
 }
 
+/// What nfs-helper's move does on the node now primary for `resource` (its first `advertise
+/// start` too): `advertise clean`, deleting the slice, then a new one naming the server of
+/// `node` at `ip`:`port`, owned by its pod. The slice made.
+pub async fn advertise(env: &TestEnv, resource: &str, node: &str, ip: &str, port: u16) -> EndpointSlice {
+    let owner = server_pod(env, node).await;
+    let slices = env.api::<EndpointSlice>();
+    if slices.get_opt(resource).await.unwrap().is_some() {
+        slices.delete(resource, &Default::default()).await.unwrap();
+    }
+    let slice = nfs_helper_slice(resource, ip, port, &owner);
+    slices.create(&Default::default(), &slice).await.unwrap()
+}
+
 /// The NFS server's pod on `node`, as LINSTOR CSI runs one where the volume is primary: its
 /// reference for the slice's owner.
 async fn server_pod(env: &TestEnv, node: &str) -> Value {
     let name = format!("linstor-csi-nfs-server-{node}");
+    if let Some(pod) = env
+        .api::<k8s_openapi::api::core::v1::Pod>()
+        .get_opt(&name)
+        .await
+        .unwrap()
+    {
+        return json!({"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid,
+            "controller": true, "blockOwnerDeletion": true});
+    }
     let pod = env
         .running_pod_with(
             &name,
@@ -120,10 +132,10 @@ async fn server_pod(env: &TestEnv, node: &str) -> Value {
 }
 
 /// The slice nfs-helper's `advertise start` makes on the node at `ip`, owned by its server pod.
-fn nfs_helper_slice(ip: &str, owner: &Value) -> EndpointSlice {
+fn nfs_helper_slice(resource: &str, ip: &str, port: u16, owner: &Value) -> EndpointSlice {
     serde_json::from_value(json!({
         "metadata": {
-            "name": RESOURCE,
+            "name": resource,
             "labels": {
                 "kubernetes.io/service-name": SERVICE,
                 "endpointslice.kubernetes.io/managed-by": "nfs-helper.linstor.csi.linbit.com",
@@ -132,7 +144,7 @@ fn nfs_helper_slice(ip: &str, owner: &Value) -> EndpointSlice {
         },
         "addressType": "IPv4",
         "endpoints": [{"addresses": [ip]}],
-        "ports": [{"name": RESOURCE, "port": 2049}],
+        "ports": [{"name": resource, "port": port}],
     }))
     .unwrap()
 }

@@ -252,13 +252,15 @@ impl TestEnv {
     }
 
     /// An RWX filesystem claim bound to a PV shaped as LINSTOR CSI's NFS export makes them (1.10+):
-    /// its own NFS server, behind its own Service, serves the volume.
+    /// its own NFS server, behind its own Service (`linstor-csi-nfs`, in this namespace), serves
+    /// the volume.
     pub async fn bound_rwx_claim_served_by_linstor_nfs(
         &self,
         claim: &str,
     ) -> (PersistentVolumeClaim, PersistentVolume) {
         let export = format!(
-            "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/srv/linstor-csi-nfs/{}",
+            "nfs://linstor-csi-nfs.{}.svc:2050/srv/linstor-csi-nfs/{}",
+            self.ns,
             self.pv_name(claim)
         );
         let attributes = [("linstor.csi.linbit.com/nfs-export".to_owned(), export)].into();
