@@ -12,6 +12,9 @@ pub const MOUNT_ENDPOINT_ANNOTATION: &str = "storageos.com/nfs-mount-endpoint";
 /// endpoints move to and the PV resourceVersion the move was decided over (JSON). The controller
 /// tells a move in flight from drift by it.
 pub const MOVE_STAMP_ANNOTATION: &str = "storageos.com/nfs-endpoint-move";
+/// The agent on a volume's primary, on the PV: its published NFS server does not answer
+/// (`SilentServer` as JSON); taken away once it answers again.
+pub const SILENT_SERVER_ANNOTATION: &str = "storageos.com/nfs-server-not-answering";
 /// Kubernetes's annotation on Endpoints and EndpointSlices: when the change they carry was
 /// triggered. kube-proxy's `network_programming_duration_seconds` is measured from it.
 pub const LAST_CHANGE_TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";

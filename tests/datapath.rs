@@ -182,8 +182,9 @@ async fn a_client_of_linstor_csis_own_rwx_follows_its_move() {
 
 /// A primary is published only once its NFS server answers an RPC NULL call: until its server
 /// starts, the endpoint stays unpublished and the agent says why; then it is published within
-/// seconds. A server that dies while published is reported (an Event, the agent's gauge) and the
-/// endpoint stays: there is nowhere else to send the clients.
+/// seconds. A server that dies while published is reported (an Event, the agent's gauge, the PV,
+/// the claim's condition) and the endpoint stays: there is nowhere else to send the clients. Once
+/// it answers again, the PV's word is taken back and the condition is ready again.
 #[tokio::test]
 #[ignore = "needs a control plane and root: run `make test`"]
 async fn a_primary_is_published_once_its_server_answers_and_a_dead_server_is_reported() {
@@ -203,6 +204,21 @@ async fn a_primary_is_published_once_its_server_answers_and_a_dead_server_is_rep
     );
     assert_eq!(probed.died_gauge, 1.0, "{probed:?}");
     assert!(probed.endpoint_after_death.is_some(), "the endpoint stays where it is");
+    let endpoint = probed.endpoint_after_death.as_deref().unwrap();
+    let said = probed.said_on_pv.as_deref().unwrap_or_default();
+    assert!(
+        said.contains(endpoint),
+        "the PV says which server is silent: {probed:?}"
+    );
+    assert!(
+        probed.condition_while_dead.contains(endpoint) && probed.condition_while_dead.contains("does not answer"),
+        "{probed:?}"
+    );
+    assert!(
+        probed.taken_back_after <= Duration::from_secs(10),
+        "the word taken back {:?} after the server answered again",
+        probed.taken_back_after
+    );
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;
 }

@@ -30,6 +30,7 @@ use crate::deadline::within;
 use crate::events::EventSink;
 use crate::metrics::AgentMetrics;
 use crate::names::LOST_QUORUM_TAINT;
+use crate::sharedvolume::silence::SilentServer;
 use crate::tell::Tell;
 use ledger::Ledger;
 use memory::{Memory, Remembered};
@@ -93,7 +94,8 @@ impl Scope {
             // it for undecided and forget it, or it is told again every round.
             ActionKey::Publish { .. }
             | ActionKey::HoldPublication { .. }
-            | ActionKey::WarnServerNotAnswering { .. } => Self::Publications,
+            | ActionKey::WarnServerNotAnswering { .. }
+            | ActionKey::ServerAnswers(_) => Self::Publications,
             _ => Self::Steps,
         }
     }
@@ -229,6 +231,16 @@ impl Executor {
                 self.count_refused(about, "guard");
                 return telling::refusal(about, refused.failing_over(), why);
             }
+            // Said on the PV first (a write, retried on failure), then reported as the others.
+            Action::WarnServerNotAnswering { mark: true, .. } if !self.settings.dry_run => {
+                let result = within(self.settings.operations_timeout, self.execute(action, drbd_read_at))
+                    .await
+                    .unwrap_or_else(|timed_out| Err(timed_out.into()));
+                return match result {
+                    Ok(_) => telling::report(action, about),
+                    Err(_) => telling::outcome(action, about, result),
+                };
+            }
             Action::HoldFailOver { .. }
             | Action::HoldPublication { .. }
             | Action::WarnServerNotAnswering { .. }
@@ -324,6 +336,21 @@ impl Executor {
                 Outcome::Done(None)
             }
             Action::PublishServiceEndpoint { .. } => self.publish(action, drbd_read_at).await?,
+            Action::WarnServerNotAnswering {
+                pv,
+                endpoint,
+                why,
+                mark: true,
+                ..
+            } => {
+                let silent = SilentServer {
+                    endpoint: endpoint.clone(),
+                    since: k8s_openapi::jiff::Timestamp::now().to_string(),
+                    why: why.clone(),
+                };
+                writes::say_server_silent(client, pv, Some(&silent.text())).await?
+            }
+            Action::ServerAnswers { pv, .. } => writes::say_server_silent(client, pv, None).await?,
             Action::HoldFailOver { .. }
             | Action::HoldPublication { .. }
             | Action::WarnServerNotAnswering { .. }

@@ -92,6 +92,16 @@ pub enum Action {
         /// The endpoint is published already (the server stopped answering while serving).
         published: bool,
         why: String,
+        /// Say so on the PV too (published, and the PV does not say it of this endpoint yet).
+        mark: bool,
+    },
+    /// A published NFS server the PV says does not answer answers again (or the PV says it of
+    /// an endpoint from before a move): the PV's word is taken away.
+    ServerAnswers {
+        node: String,
+        resource: String,
+        pv: String,
+        endpoint: String,
     },
     /// An evacuation that would stop the volume: no connected peer has all of its data.
     HoldEvacuation {
@@ -149,6 +159,7 @@ pub enum ActionKey {
         resource: String,
         published: bool,
     },
+    ServerAnswers(String),
     WarnCoexistence(Vec<String>),
     Refused(Box<ActionKey>),
 }
@@ -239,6 +250,7 @@ impl Action {
                 resource: resource.clone(),
                 published: *published,
             },
+            Self::ServerAnswers { resource, .. } => ActionKey::ServerAnswers(resource.clone()),
             Self::WarnCoexistence { pods, .. } => ActionKey::WarnCoexistence(pods.clone()),
             Self::Refused { action, .. } => ActionKey::Refused(Box::new(action.key())),
         }
@@ -267,6 +279,7 @@ impl Action {
             Self::HoldEvacuation { .. } => "hold_evacuation",
             Self::WarnServerNotAnswering { published: false, .. } => "wait_for_server",
             Self::WarnServerNotAnswering { .. } => "warn_server_not_answering",
+            Self::ServerAnswers { .. } => "server_answers",
             Self::WarnCoexistence { .. } => "warn_coexistence",
             Self::Refused { action, .. } => action.kind(),
         }
@@ -315,6 +328,9 @@ impl Action {
             } => format!(
                 "warn that the NFS server of PV {pv} at {endpoint} on node {node}, its published endpoint, does not answer an RPC NULL call ({why})"
             ),
+            Self::ServerAnswers { node, pv, endpoint, .. } => format!(
+                "take back the word on PV {pv} that its NFS server does not answer: the server node {node} publishes at {endpoint} answers"
+            ),
             Self::WarnCoexistence { node, pods } => {
                 format!(
                     "warn that Piraeus's HA Controller runs on node {node} ({})",
@@ -347,6 +363,7 @@ impl Action {
             Self::WarnServerNotAnswering { .. } => {
                 "its clients get no answer: with the promoter's BindsTo, drbd-reactor demotes the resource when the server's unit fails and a peer takes over; otherwise restart the server on the node (the volume's NFS unit)"
             }
+            Self::ServerAnswers { .. } => "its clients get answers again",
             Self::HoldEvacuation { .. } => {
                 "no connected peer has an UpToDate replica to take the primary role over: evicting its consumers would stop the volume; bring a replica up to date or add one"
             }
@@ -423,6 +440,7 @@ impl Action {
             Self::HoldPublication { .. } => (Level::Warning, "PublicationHeld"),
             Self::HoldEvacuation { .. } => (Level::Warning, "EvacuationHeld"),
             Self::WarnServerNotAnswering { .. } => (Level::Warning, "NfsServerNotAnswering"),
+            Self::ServerAnswers { .. } => (Level::Normal, "NfsServerAnswering"),
             Self::WarnCoexistence { .. } => (Level::Warning, "PiraeusHaControllerRunning"),
             Self::Refused { .. } => (Level::Warning, "FailOverRefused"),
         }
@@ -443,6 +461,7 @@ impl Action {
             | Self::HoldFailOver { pv, .. }
             | Self::HoldPublication { pv, .. }
             | Self::WarnServerNotAnswering { pv, .. }
+            | Self::ServerAnswers { pv, .. }
             | Self::HoldEvacuation { pv, .. } => reference::<PersistentVolume>(None, pv, None),
             Self::ForceSecondary { node, pv: None, .. } | Self::WarnCoexistence { node, .. } => {
                 reference::<Node>(None, node, None)

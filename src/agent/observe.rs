@@ -17,6 +17,7 @@ use super::view::{AttachmentView, Liveness, NodeView, Observed, PeerReport, PodV
 use crate::names::{IGNORE_FAIL_OVER_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::sharedvolume::claim::{bound_claim, nfs_port, pv_backs_shared_claim};
 use crate::sharedvolume::filters::Filters;
+use crate::sharedvolume::silence::SilentServer;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, csi_resource_name};
 
@@ -88,6 +89,7 @@ pub fn observe(
             service_endpoint: pv.annotations().get(SERVICE_ENDPOINT_ANNOTATION).cloned(),
             nfs_port: nfs_port(pv),
             moved_by: MoveStamp::read(pv.metadata.annotations.as_ref()).and_then(|stamp| stamp.node),
+            silent_server: SilentServer::read(pv.metadata.annotations.as_ref()),
         };
         volumes.insert(resource, view);
     }

@@ -88,6 +88,7 @@ impl ServerProbes {
         let held = decide::not_answering(&actions, false);
         if watching {
             self.warnings = decide::served_but_not_answering(observed, &published, &unanswered);
+            actions.extend(decide::answering_again(observed, &published, &unanswered));
         }
         actions.extend(self.warnings.iter().cloned());
         for resource in &held {

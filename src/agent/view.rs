@@ -1,6 +1,7 @@
 //! The agent's vocabulary of what it observes: this node's DRBD state and the Kubernetes objects
 //! that matter to it, as plain values the decisions read. Built by [`super::observe`].
 
+use crate::sharedvolume::silence::SilentServer;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,8 @@ pub struct VolumeView {
     pub nfs_port: Option<u16>,
     /// The node whose agent moved the endpoint last, as its stamp on the PV says.
     pub moved_by: Option<String>,
+    /// What an agent said on the PV of a published server that does not answer.
+    pub silent_server: Option<SilentServer>,
 }
 
 /// What a peer's agent last stated about its DRBD resources, from its heartbeat Lease.

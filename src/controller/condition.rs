@@ -19,6 +19,7 @@ use crate::sharedvolume::claim::ready_condition;
 use crate::sharedvolume::classify::Skip;
 use crate::sharedvolume::desired::service_name;
 use crate::sharedvolume::linstor::{LinstorExport, LinstorServer};
+use crate::sharedvolume::silence::SilentServer;
 
 /// What the condition states.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,10 +56,18 @@ pub fn stated(
             mount_endpoint,
             server,
             moved,
+            silent,
             ..
         } => {
             let service = service_name(pv);
             let mut message = format!("clients mount {mount_endpoint} (Service {service}); the NFS server is {server}");
+            if let Some(SilentServer { since, why, .. }) = silent {
+                message.push_str(&format!(
+                    ", which does not answer an RPC NULL call since {since} ({why}), as the agent on its node finds; \
+                     the Warning NfsServerNotAnswering on PV {pv} says what to check"
+                ));
+                return Some(Stated::new(false, "NfsServerNotAnswering", message));
+            }
             let reason = match moved {
                 Some(stamp) => {
                     let node = stamp.node.as_deref().unwrap_or("a node its agent did not name");
@@ -239,6 +248,7 @@ mod tests {
             published: false,
             server: "192.0.2.7:2049".into(),
             moved,
+            silent: None,
         })
     }
 
@@ -290,6 +300,22 @@ mod tests {
                 None,
             ),
             ("bad input", invalid, false, Some((false, "ServiceNameTaken"))),
+            (
+                "its server does not answer",
+                Ok(Outcome::Shared {
+                    mount_endpoint: "10.96.0.10:2049".into(),
+                    published: true,
+                    server: "192.0.2.7:2049".into(),
+                    moved: None,
+                    silent: Some(SilentServer {
+                        endpoint: "192.0.2.7:2049".into(),
+                        since: "2026-11-28T12:00:00Z".into(),
+                        why: "connection refused".into(),
+                    }),
+                }),
+                false,
+                Some((false, "NfsServerNotAnswering")),
+            ),
             (
                 "LINSTOR CSI advertises its server, unfiltered too",
                 linstor(Some(advertised.clone())),

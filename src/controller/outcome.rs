@@ -8,6 +8,7 @@ use crate::deadline::TimedOut;
 use crate::kube_client::Refusal;
 use crate::sharedvolume::classify::{Invalid, Skip};
 use crate::sharedvolume::linstor::{LinstorExport, LinstorServer};
+use crate::sharedvolume::silence::SilentServer;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::VolumeError;
 
@@ -57,6 +58,8 @@ pub enum Outcome {
         server: String,
         /// The last agent's move of it, as stamped on the PV.
         moved: Option<MoveStamp>,
+        /// What the agent on its primary says on the PV: the server does not answer.
+        silent: Option<SilentServer>,
     },
     /// Served, but something keeps changing its objects: the repair waits this long.
     RepairDeferred(Duration),

@@ -21,6 +21,7 @@ use crate::names::{CLAIM_CONDITION_TYPE, CONTROLLER_FIELD_MANAGER};
 use crate::sharedvolume::classify::{self, Invalid, NotManaged, Skip};
 use crate::sharedvolume::desired::{self, SharedVolume};
 use crate::sharedvolume::linstor::{self, LinstorExport};
+use crate::sharedvolume::silence::SilentServer;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::{ClaimKey, VolumeError, VolumeInfo};
 
@@ -163,7 +164,7 @@ async fn reconcile_claim(
     let key = ClaimKey::of(claim);
     let (found, current) = match follow_moves(claim, ctx, &key, found, tells).await? {
         Followed::Ready(ready) => *ready,
-        Followed::Ended(outcome) => return Ok(outcome),
+        Followed::Ended(outcome) => return Ok(*outcome),
     };
     let Found { pv, volume, shared, .. } = found;
     let plan = Plan::of(&shared, ctx.settings.write_endpoints.writes());
@@ -214,11 +215,11 @@ async fn served_by_linstor(ctx: &Context, export: LinstorExport) -> Result<Outco
 
 /// Where following an agent's move left the reconcile.
 enum Followed {
-    /// What to plan from: the volume and its objects as they are (boxed: they are large, and the
-    /// other way out is small).
+    /// What to plan from: the volume and its objects as they are (boxed, as the other way out:
+    /// both are large).
     Ready(Box<(Found, Current)>),
     /// The reconcile ends here: the move is held, or the fresh PV is no longer served.
-    Ended(Outcome),
+    Ended(Box<Outcome>),
 }
 
 /// Reads the claim's objects, and where they differ from the PV because an agent is moving
@@ -250,7 +251,9 @@ async fn follow_moves(
                 let pv = reads::pv(ctx, &name, Look::Fresh).await?;
                 found = match find_shared_volume(claim, ctx, pv).await? {
                     Finding::Shared(found) => *found,
-                    Finding::NotManaged(why) => return Ok(Followed::Ended(not_managed(ctx, claim, why, tells))),
+                    Finding::NotManaged(why) => {
+                        return Ok(Followed::Ended(Box::new(not_managed(ctx, claim, why, tells))));
+                    }
                 };
             }
             MoveStep::ReadEndpoints => {
@@ -263,7 +266,7 @@ async fn follow_moves(
                 let now = Instant::now();
                 let mut wait = MOVE_HOLD;
                 ctx.book(|book| wait = book.hold(key, stamp, now + MOVE_HOLD, now));
-                return Ok(Followed::Ended(Outcome::MoveHeld(wait)));
+                return Ok(Followed::Ended(Box::new(Outcome::MoveHeld(wait))));
             }
         }
     }
@@ -347,6 +350,7 @@ async fn publish_mount_endpoint(
             published: false,
             server: shared.server.to_string(),
             moved: MoveStamp::read(pv.metadata.annotations.as_ref()),
+            silent: SilentServer::of_endpoint(pv.metadata.annotations.as_ref(), &shared.server.to_string()),
         });
     }
     if created && let Some(previous) = &volume.mount_endpoint {
@@ -368,6 +372,7 @@ async fn publish_mount_endpoint(
         published: true,
         server: shared.server.to_string(),
         moved: MoveStamp::read(pv.metadata.annotations.as_ref()),
+        silent: SilentServer::of_endpoint(pv.metadata.annotations.as_ref(), &shared.server.to_string()),
     })
 }
 
@@ -595,6 +600,7 @@ mod tests {
             published: false,
             server: server.into(),
             moved: None,
+            silent: None,
         }
     }
 

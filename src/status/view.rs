@@ -12,10 +12,11 @@ use kube::ResourceExt;
 use serde::Serialize;
 
 use crate::agent::report::Report;
-use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION};
+use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::names::{lease_name, report_lease_name};
 use crate::sharedvolume::claim::ready_condition;
 use crate::sharedvolume::linstor;
+use crate::sharedvolume::silence::SilentServer;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::csi_resource_name;
 
@@ -126,6 +127,8 @@ pub struct Claim {
     /// The node whose agent reports the volume's DRBD resource as Primary.
     pub primary_node: Option<String>,
     pub last_move: Option<Move>,
+    /// The agent on its primary says its published NFS server does not answer: since when, why.
+    pub server_not_answering: Option<SilentServer>,
 }
 
 #[derive(Debug, PartialEq, Serialize)]
@@ -295,6 +298,9 @@ fn claim(claim: &PersistentVolumeClaim, pvs: &[PersistentVolume], reports: &BTre
             node: stamp.node,
             at: stamp.at,
         }),
+        server_not_answering: annotations
+            .and_then(|a| a.get(SERVICE_ENDPOINT_ANNOTATION))
+            .and_then(|endpoint| SilentServer::of_endpoint(annotations, endpoint)),
         volume,
     })
 }
@@ -547,6 +553,9 @@ mod tests {
             pvs: vec![
                 parse(json!({"metadata": {"name": "pv-1", "annotations": {
                     "storageos.com/nfs-mount-endpoint": "10.96.0.10:2049",
+                    "storageos.com/nfs-service-endpoint": "10.0.0.1:2049",
+                    "storageos.com/nfs-server-not-answering":
+                        r#"{"endpoint":"10.0.0.1:2049","since":"2026-11-26T12:00:10Z","why":"connection refused"}"#,
                     "storageos.com/nfs-endpoint-move": r#"{"endpoint":"10.0.0.1:2049","overPvVersion":"7","node":"node-a","at":"2026-11-26T11:59:00Z"}"#}},
                 "spec": {"csi": {"driver": "linstor.csi.linbit.com", "volumeHandle": "pvc-1/0"}}})),
                 parse(
@@ -664,6 +673,7 @@ mod tests {
         let text = table(&build(&unadvertised, NOW.parse().unwrap()));
         assert!(text.contains("NONE ADVERTISED"), "{text}");
         assert_eq!(json["claims"][0]["primaryNode"], "node-a");
+        assert_eq!(json["claims"][0]["serverNotAnswering"]["since"], "2026-11-26T12:00:10Z");
         assert_eq!(
             json["claims"].as_array().unwrap().len(),
             1,

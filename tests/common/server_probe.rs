@@ -14,6 +14,7 @@ use super::{SERVICE_ENDPOINT, TestEnv, eventually};
 
 const NOT_ANSWERING: &str = "storageos_drbd_agent_nfs_servers_not_answering";
 const REASON: &str = "NfsServerNotAnswering";
+const SILENT_SERVER: &str = "storageos.com/nfs-server-not-answering";
 const WAIT: Duration = Duration::from_secs(30);
 
 /// What the probe made of the server's start and death.
@@ -30,6 +31,13 @@ pub struct Probed {
     pub died: String,
     pub died_gauge: f64,
     pub endpoint_after_death: Option<String>,
+    /// What the PV said of the dead server (`storageos.com/nfs-server-not-answering`), and the
+    /// claim's condition then.
+    pub said_on_pv: Option<String>,
+    pub condition_while_dead: String,
+    /// From the server's restart to the PV's word taken back, and the condition then.
+    pub taken_back_after: Duration,
+    pub condition_after: String,
 }
 
 /// Node a is the primary of a new volume; its server starts only after the agent has had time to
@@ -72,6 +80,19 @@ pub async fn a_server_that_starts_late_then_dies(env: &TestEnv) -> Probed {
     let died = told(env, &pv, "its published endpoint").await;
     let died_gauge = agent.metric(NOT_ANSWERING).await;
     let endpoint_after_death = env.pv_annotation(&pv, SERVICE_ENDPOINT).await;
+    let condition_while_dead = env
+        .claim_condition_becomes("data", "False", "NfsServerNotAnswering")
+        .await;
+    let said_on_pv = env.pv_annotation(&pv, SILENT_SERVER).await;
+
+    path.start_server(0, &pv);
+    let restarted = Instant::now();
+    eventually("the PV's word taken back once the server answers", WAIT, || async {
+        env.pv_annotation(&pv, SILENT_SERVER).await.is_none().then_some(())
+    })
+    .await;
+    let taken_back_after = restarted.elapsed();
+    let condition_after = env.claim_condition_becomes("data", "True", "ServedAfterMove").await;
     for process in [agent, controller] {
         process.stop().await;
     }
@@ -84,6 +105,10 @@ pub async fn a_server_that_starts_late_then_dies(env: &TestEnv) -> Probed {
         died,
         died_gauge,
         endpoint_after_death,
+        said_on_pv,
+        condition_while_dead,
+        taken_back_after,
+        condition_after,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The Kubernetes writes of the steps, each guarded so that it changes only what was decided
 //! about: UID preconditions on deletes, the resourceVersion read on a taint's patch.
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, Pod};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, EvictParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, Client};
@@ -11,7 +11,7 @@ use super::Outcome;
 use crate::agent::action::PodRef;
 use crate::agent::view::AttachmentView;
 use crate::kube_client::api_status;
-use crate::names::AGENT_FIELD_MANAGER;
+use crate::names::{AGENT_FIELD_MANAGER, SILENT_SERVER_ANNOTATION};
 
 pub async fn evict(client: &Client, pod: &PodRef, grace_period_seconds: u32) -> Result<Outcome, kube::Error> {
     let params = EvictParams {
@@ -113,5 +113,22 @@ pub async fn change_taint(client: &Client, node: &str, key: &str, value: Option<
             Err(err) if api_status(&err) == Some(409) && attempts < 5 => continue,
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// Says on the PV (`value` given) or takes back that its published NFS server does not answer:
+/// a merge patch of that one annotation, so that the publication's own applied annotations are
+/// left as they are. A PV gone is nothing to say.
+pub async fn say_server_silent(client: &Client, pv: &str, value: Option<&str>) -> Result<Outcome, kube::Error> {
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let patch = json!({"metadata": {"annotations": {SILENT_SERVER_ANNOTATION: value}}});
+    let params = PatchParams {
+        field_manager: Some(AGENT_FIELD_MANAGER.into()),
+        ..Default::default()
+    };
+    match pvs.patch(pv, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => Ok(Outcome::Done(None)),
+        Err(err) if api_status(&err) == Some(404) => Ok(Outcome::Skipped("the PV is gone".into())),
+        Err(err) => Err(err),
     }
 }

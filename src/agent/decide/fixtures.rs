@@ -98,6 +98,7 @@ pub(crate) fn primary_lost() -> Observed {
         service_endpoint: Some("10.0.0.1:2049".into()),
         nfs_port: None,
         moved_by: None,
+        silent_server: None,
     };
     Observed {
         node: "node-b".into(),
@@ -181,6 +182,7 @@ pub(crate) fn kinds(actions: &[Action]) -> Vec<String> {
             Action::HoldEvacuation { resource, .. } => format!("hold evacuation {resource}"),
             Action::HoldPublication { resource, .. } => format!("hold publication {resource}"),
             Action::WarnServerNotAnswering { resource, .. } => format!("server not answering {resource}"),
+            Action::ServerAnswers { resource, .. } => format!("server answers {resource}"),
             Action::WarnCoexistence { pods, .. } => format!("warn coexistence {}", pods.join(",")),
             Action::Refused { action, .. } => format!("refused {}", kinds(&[(**action).clone()])[0]),
         })

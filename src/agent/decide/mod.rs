@@ -23,7 +23,9 @@ use super::view::{Observed, Timers};
 
 pub use fail_over::guard_allows;
 pub use publication::republish;
-pub use server_gate::{Unanswered, endpoints_to_probe, held_until_answered, not_answering, served_but_not_answering};
+pub use server_gate::{
+    Unanswered, answering_again, endpoints_to_probe, held_until_answered, not_answering, served_but_not_answering,
+};
 pub use settings::DecisionSettings;
 
 /// Decides what to do now: [`publications`], then the [`steps`]. `timers` is updated in place:

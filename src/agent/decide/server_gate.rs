@@ -59,6 +59,29 @@ pub fn served_but_not_answering(observed: &Observed, served: &[Action], unanswer
         .collect()
 }
 
+/// For each of `served` whose server answered while its PV says it does not (or says so of an
+/// endpoint from before a move), the PV's word taken back.
+pub fn answering_again(observed: &Observed, served: &[Action], unanswered: &Unanswered) -> Vec<Action> {
+    served
+        .iter()
+        .filter_map(|action| match action {
+            Action::PublishServiceEndpoint { pv, endpoint, .. } if !unanswered.contains_key(endpoint) => {
+                let (resource, _) = observed
+                    .volumes
+                    .iter()
+                    .find(|(_, v)| v.pv == *pv && v.silent_server.is_some())?;
+                Some(Action::ServerAnswers {
+                    node: observed.node.clone(),
+                    resource: resource.clone(),
+                    pv: pv.clone(),
+                    endpoint: endpoint.clone(),
+                })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// The resources `actions` warn of: held for their server (`published` false), or published
 /// and not answering.
 pub fn not_answering(actions: &[Action], published: bool) -> BTreeSet<String> {
@@ -74,8 +97,10 @@ pub fn not_answering(actions: &[Action], published: bool) -> BTreeSet<String> {
 }
 
 fn warning(observed: &Observed, pv: &str, endpoint: &str, published: bool, why: &str) -> Option<Action> {
-    let resource = observed.volumes.iter().find(|(_, v)| v.pv == pv).map(|(r, _)| r)?;
+    let (resource, volume) = observed.volumes.iter().find(|(_, v)| v.pv == pv)?;
+    let said = volume.silent_server.as_ref().is_some_and(|s| s.endpoint == endpoint);
     Some(Action::WarnServerNotAnswering {
+        mark: published && !said,
         node: observed.node.clone(),
         resource: resource.clone(),
         pv: pv.to_owned(),
@@ -91,6 +116,7 @@ mod tests {
     use super::super::publications;
     use super::*;
     use crate::agent::view::Timers;
+    use crate::sharedvolume::silence::SilentServer;
     use std::time::Instant;
 
     /// This node the primary of pvc-1 with quorum, its endpoint published at node a's.
@@ -141,5 +167,56 @@ mod tests {
         );
         assert!(not_answering(&warned, false).is_empty());
         assert_eq!(not_answering(&warned, true).len(), 1);
+    }
+
+    #[test]
+    fn a_silent_server_is_said_on_its_pv_once_and_taken_back_when_it_answers() {
+        let mut observed = primary_here_published_elsewhere();
+        let decided = publications(&observed, &settings(), &mut Timers::new(), Instant::now());
+        let Action::PublishServiceEndpoint { endpoint, .. } = &decided[0] else {
+            panic!("{decided:?}")
+        };
+        let endpoint = endpoint.clone();
+        let mark = |actions: &[Action]| match actions {
+            [Action::WarnServerNotAnswering { mark, .. }] => *mark,
+            other => panic!("{other:?}"),
+        };
+        let silent = unanswered(&endpoint);
+        assert!(
+            !mark(&held_until_answered(&observed, decided.clone(), &silent)),
+            "unpublished: nothing to say on the PV"
+        );
+        assert!(
+            mark(&served_but_not_answering(&observed, &decided, &silent)),
+            "published: said on the PV"
+        );
+        assert!(answering_again(&observed, &decided, &silent).is_empty());
+        assert!(
+            answering_again(&observed, &decided, &Unanswered::new()).is_empty(),
+            "nothing said, nothing to take back"
+        );
+
+        let said = |endpoint: &str| SilentServer {
+            endpoint: endpoint.into(),
+            since: "2026-11-28T12:00:00Z".into(),
+            why: "connection refused".into(),
+        };
+        observed.volumes.get_mut("pvc-1").unwrap().silent_server = Some(said(&endpoint));
+        assert!(
+            !mark(&served_but_not_answering(&observed, &decided, &silent)),
+            "said already"
+        );
+        assert!(answering_again(&observed, &decided, &silent).is_empty(), "still silent");
+        let back = answering_again(&observed, &decided, &Unanswered::new());
+        assert!(
+            matches!(&back[..], [Action::ServerAnswers { pv, .. }] if pv == "pvc-1"),
+            "{back:?}"
+        );
+
+        // Said of the endpoint before a move: this server's silence is said anew, its answer
+        // takes the old word back.
+        observed.volumes.get_mut("pvc-1").unwrap().silent_server = Some(said("10.9.9.9:2049"));
+        assert!(mark(&served_but_not_answering(&observed, &decided, &silent)));
+        assert_eq!(answering_again(&observed, &decided, &Unanswered::new()).len(), 1);
     }
 }
