@@ -50,6 +50,7 @@ pub use agent::observe::{Snapshot, observe};
 pub use agent::view::Timers;
 pub use conntrack::Flow;
 pub use conntrack::table::{Table as ConntrackTable, TableError as ConntrackError};
+pub use core_endpoints::WriteEndpoints;
 pub use sharedvolume::claim::bound_claim;
 pub use sharedvolume::classify::claim_owner;
 pub use sharedvolume::desired::{self, SharedVolume, is_dns1035_label, service_name};
