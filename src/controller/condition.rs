@@ -261,22 +261,6 @@ mod tests {
             ..MoveStamp::new("192.0.2.7:2049", "8")
         };
         let invalid = Ok(Outcome::Invalid(Invalid::new("ServiceNameTaken", "rename it".into())));
-        let export = LinstorExport {
-            url: "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/srv/pvc-1".into(),
-            namespace: Some("piraeus-datastore".into()),
-            resource: "pvc-1".into(),
-        };
-        let linstor = |server: Option<LinstorServer>| {
-            Ok(Outcome::ServedByLinstor {
-                export: export.clone(),
-                server,
-            })
-        };
-        let advertised = LinstorServer {
-            address: "10.244.1.7:2050".into(),
-            pod: Some("piraeus-datastore/linstor-csi-nfs-server-x7k2p".into()),
-            since: Some("2026-11-28T10:00:00Z".into()),
-        };
         let waiting = Ok(Outcome::Skipped(Skip::NoServiceEndpoint));
         // (case, how the reconcile ended, known to be ours, (ready, reason) stated)
         type Case = (
@@ -300,34 +284,6 @@ mod tests {
                 None,
             ),
             ("bad input", invalid, false, Some((false, "ServiceNameTaken"))),
-            (
-                "its server does not answer",
-                Ok(Outcome::Shared {
-                    mount_endpoint: "10.96.0.10:2049".into(),
-                    published: true,
-                    server: "192.0.2.7:2049".into(),
-                    moved: None,
-                    silent: Some(SilentServer {
-                        endpoint: "192.0.2.7:2049".into(),
-                        since: "2026-11-28T12:00:00Z".into(),
-                        why: "connection refused".into(),
-                    }),
-                }),
-                false,
-                Some((false, "NfsServerNotAnswering")),
-            ),
-            (
-                "LINSTOR CSI advertises its server, unfiltered too",
-                linstor(Some(advertised.clone())),
-                false,
-                Some((true, "ServedByLinstorCsi")),
-            ),
-            (
-                "LINSTOR CSI advertises no server (a move)",
-                linstor(None),
-                false,
-                Some((false, "LinstorNfsNotAdvertised")),
-            ),
             (
                 "waiting, filters name the storage",
                 waiting,
@@ -358,6 +314,56 @@ mod tests {
             let expected = expected.map(|(ready, reason)| (ready, reason.to_owned()));
             assert_eq!(got, expected, "{case}");
         }
+        let message = stated(&served(Some(MoveStamp::new("192.0.2.7:2049", "8"))), &claim, false)
+            .unwrap()
+            .message;
+        assert!(
+            message.contains("10.96.0.10:2049") && message.contains("node"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn a_claim_linstor_serves_and_a_silent_server_are_stated_whatever_the_filters() {
+        let claim = claim_with(None);
+        let export = LinstorExport {
+            url: "nfs://linstor-csi-nfs.piraeus-datastore.svc:2050/srv/pvc-1".into(),
+            namespace: Some("piraeus-datastore".into()),
+            resource: "pvc-1".into(),
+        };
+        let linstor = |server: Option<LinstorServer>| {
+            Ok(Outcome::ServedByLinstor {
+                export: export.clone(),
+                server,
+            })
+        };
+        let advertised = LinstorServer {
+            address: "10.244.1.7:2050".into(),
+            pod: Some("piraeus-datastore/linstor-csi-nfs-server-x7k2p".into()),
+            since: Some("2026-11-28T10:00:00Z".into()),
+        };
+        let silent = Ok(Outcome::Shared {
+            mount_endpoint: "10.96.0.10:2049".into(),
+            published: true,
+            server: "192.0.2.7:2049".into(),
+            moved: None,
+            silent: Some(SilentServer {
+                endpoint: "192.0.2.7:2049".into(),
+                since: "2026-11-28T12:00:00Z".into(),
+                why: "connection refused".into(),
+            }),
+        });
+        let reason = |result| stated(&result, &claim, false).map(|s| (s.ready, s.reason));
+        assert_eq!(
+            reason(linstor(Some(advertised.clone()))),
+            Some((true, "ServedByLinstorCsi".into()))
+        );
+        assert_eq!(
+            reason(linstor(None)),
+            Some((false, "LinstorNfsNotAdvertised".into())),
+            "a move"
+        );
+        assert_eq!(reason(silent), Some((false, "NfsServerNotAnswering".into())));
         let message = stated(&linstor(Some(advertised)), &claim, false).unwrap().message;
         for said in [
             "nfs://linstor-csi-nfs",
@@ -367,13 +373,6 @@ mod tests {
         ] {
             assert!(message.contains(said), "{said} in {message}");
         }
-        let message = stated(&served(Some(MoveStamp::new("192.0.2.7:2049", "8"))), &claim, false)
-            .unwrap()
-            .message;
-        assert!(
-            message.contains("10.96.0.10:2049") && message.contains("node"),
-            "{message}"
-        );
     }
 
     #[test]
