@@ -10,8 +10,10 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
-# The manifest declares the benchmarks: cargo refuses to build without their sources.
+# The manifest declares the benchmarks: cargo refuses to build without their sources. Nor without
+# the manifest of the tests' helpers, a member of the workspace (their sources it does not need).
 COPY benches ./benches
+COPY tests/common/Cargo.toml ./tests/common/
 # Downloaded crates and build artifacts stay in BuildKit caches between builds (per platform), so
 # a change to the sources rebuilds only this crate.
 ARG TARGETPLATFORM

@@ -6,8 +6,6 @@
 //! `make bench` runs the full sizes; `cargo test` (the test command) runs a smoke size that checks
 //! only that every step converges, never a time.
 
-#[path = "../tests/common/mod.rs"]
-mod common;
 #[path = "scale/conntrack.rs"]
 mod conntrack;
 #[path = "scale/nfs41.rs"]

@@ -11,8 +11,8 @@ start_tools
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --locked --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings (the tests' helpers too)"
+cargo clippy --locked --workspace --all-targets -- -D warnings
 step "the earlier commit the upgrade test starts from (hack/upgrade-from.sh), then the build"
 hack/upgrade-from.sh
 cargo build --locked --all-targets

@@ -1,8 +1,6 @@
 //! End-to-end tests of the `agent` subcommand: three simulated DRBD nodes (Node objects, a fake
 //! `drbdsetup` each), real agent processes and the real control plane.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use common::drbd::{

@@ -4,7 +4,6 @@
 
 #[path = "chart/attacker.rs"]
 mod attacker;
-mod common;
 
 use common::accounts::{SignIn, config_from};
 use common::controller::ControllerArgs;

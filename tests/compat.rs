@@ -2,8 +2,6 @@
 //! flags and the controller with the StorageOS api-manager's (single-dash, other controllers'
 //! flags included) both run, and honour each value, as their startup lines and behaviour show.
 
-mod common;
-
 use common::drbd::{healthy, three_nodes};
 use common::eventually;
 use common::process::{Process, free_addr};

@@ -1,8 +1,6 @@
 //! End-to-end tests of the `controller` subcommand with the `kubernetes` volume backend: the real
 //! binary against the real control plane, one namespace (and one controller process) per test.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -8,8 +8,6 @@
 //! stateful one (NFSv4.1, an open file and a lock) checks that what a client holds survives too.
 //! Each node's NFS server runs the install guide's ganesha template under the node's own hostname.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 

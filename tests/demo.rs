@@ -7,8 +7,6 @@
 //! must return data from it. Every step waits for the real outcome, so the demo fails (and exits
 //! non-zero) when any step did not happen.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use common::datapath::ProxyMode;

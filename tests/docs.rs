@@ -2,16 +2,14 @@
 //! anchor in the docs, and every link into them from the chart, the dashboard, the alerts and the
 //! tests, resolved; the changelog and the chart's `artifacthub.io/changes` saying the same.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 
-use common::docs::{ROOT, broken, markdown_links, repository_urls, sh_block_after};
+use common::docs::{broken, markdown_links, repository_urls, root, sh_block_after};
 
 /// Every file under `dirs` (relative to the repository), at any depth.
 fn files_under(dirs: &[&str]) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    let mut dirs: Vec<PathBuf> = dirs.iter().map(|d| Path::new(ROOT).join(d)).collect();
+    let mut dirs: Vec<PathBuf> = dirs.iter().map(|d| Path::new(root()).join(d)).collect();
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -37,7 +35,7 @@ fn pages() -> Vec<PathBuf> {
     let docs = files_under(&["docs"])
         .into_iter()
         .filter(|p| p.extension().is_some_and(|e| e == "md"));
-    top.iter().map(|p| Path::new(ROOT).join(p)).chain(docs).collect()
+    top.iter().map(|p| Path::new(root()).join(p)).chain(docs).collect()
 }
 
 /// Files outside the docs that link into them: the chart (values, templates, metadata), the
@@ -55,7 +53,7 @@ fn every_link_and_anchor_in_the_docs_resolves() {
         let text = std::fs::read_to_string(page).unwrap();
         for link in markdown_links(&text).into_iter().chain(repository_urls(&text)) {
             if let Some(why) = broken(page, &link) {
-                broken_links.push(format!("{}: {why}", page.strip_prefix(ROOT).unwrap().display()));
+                broken_links.push(format!("{}: {why}", page.strip_prefix(root()).unwrap().display()));
             }
         }
     }
@@ -73,7 +71,7 @@ fn every_link_into_the_docs_from_the_chart_dashboard_and_alerts_resolves() {
         for url in repository_urls(&text) {
             checked += 1;
             if let Some(why) = broken(&file, &url) {
-                broken_links.push(format!("{}: {why}", file.strip_prefix(ROOT).unwrap().display()));
+                broken_links.push(format!("{}: {why}", file.strip_prefix(root()).unwrap().display()));
             }
         }
     }
@@ -83,7 +81,7 @@ fn every_link_into_the_docs_from_the_chart_dashboard_and_alerts_resolves() {
 
 #[test]
 fn the_readme_is_short_and_leads_to_the_docs() {
-    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(Path::new(root()).join("README.md")).unwrap();
     let lines = readme.lines().count();
     assert!(lines <= 200, "README.md has {lines} lines: move detail into docs/");
     for needed in [
@@ -104,9 +102,9 @@ fn the_readme_is_short_and_leads_to_the_docs() {
 
 #[test]
 fn the_changelog_and_the_charts_changes_say_the_same() {
-    let changelog = std::fs::read_to_string(Path::new(ROOT).join("CHANGELOG.md")).unwrap();
+    let changelog = std::fs::read_to_string(Path::new(root()).join("CHANGELOG.md")).unwrap();
     let chart: serde_yaml::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(Path::new(ROOT).join("charts/shared-volume-controller/Chart.yaml")).unwrap(),
+        &std::fs::read_to_string(Path::new(root()).join("charts/shared-volume-controller/Chart.yaml")).unwrap(),
     )
     .unwrap();
     let version = chart["version"].as_str().unwrap();
@@ -142,7 +140,7 @@ fn the_changelog_and_the_charts_changes_say_the_same() {
         logged.iter().all(|(kind, _)| kinds.contains(&kind.as_str())),
         "{logged:?}"
     );
-    let license = std::fs::read_to_string(Path::new(ROOT).join("LICENSE")).unwrap();
+    let license = std::fs::read_to_string(Path::new(root()).join("LICENSE")).unwrap();
     assert!(license.contains("Apache License") && license.contains("Version 2.0"));
 }
 
@@ -150,7 +148,7 @@ fn the_changelog_and_the_charts_changes_say_the_same() {
 /// source) is named on the metrics page, where operators look a label value up.
 #[test]
 fn the_metrics_page_names_every_reconcile_error_reason() {
-    let source = std::fs::read_to_string(Path::new(ROOT).join("src/controller/outcome.rs")).unwrap();
+    let source = std::fs::read_to_string(Path::new(root()).join("src/controller/outcome.rs")).unwrap();
     let body = source
         .split("pub fn reason(&self) -> &'static str {")
         .nth(1)
@@ -161,7 +159,7 @@ fn the_metrics_page_names_every_reconcile_error_reason() {
         .filter_map(|line| line.split("=> \"").nth(1)?.split('"').next())
         .collect();
     assert!(reasons.len() >= 5, "{reasons:?}");
-    let page = std::fs::read_to_string(Path::new(ROOT).join("docs/reference/metrics.md")).unwrap();
+    let page = std::fs::read_to_string(Path::new(root()).join("docs/reference/metrics.md")).unwrap();
     let row = page
         .lines()
         .find(|l| l.starts_with("| `storageos_shared_volume_reconcile_errors_total{reason}`"))

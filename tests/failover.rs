@@ -3,8 +3,6 @@
 //! covers whole fail-overs across agents, and consumers that do not hold DRBD are left alone.
 //! Simulated DRBD nodes (a fake `drbdsetup` each), real agent processes, the real control plane.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use common::drbd::{

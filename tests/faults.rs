@@ -5,8 +5,6 @@
 //! Sizes are small in the test command; `SVC_FAULTS_LONG=1` runs the long version (see the
 //! docs/explanation/guarantees.md).
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};

@@ -1,8 +1,6 @@
 //! Proves the test control plane is real: ClusterIP allocation, EndpointSlice mirroring and
 //! garbage collection through owner references all happen.
 
-mod common;
-
 use std::time::Duration;
 
 use common::{NEEDS_CLUSTER, eventually};

@@ -2,8 +2,6 @@
 //! firing, and the Grafana dashboard's shape (variables on every query, units on every panel, names
 //! the binary exports). The demo runs the dashboard's queries against a real Prometheus.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::process::Command;
 

@@ -2,8 +2,6 @@
 //! them at once, with the controller running. A watch records every version of every
 //! EndpointSlice; none may point back at the lost node once it has moved.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

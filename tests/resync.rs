@@ -2,8 +2,6 @@
 //! sees no write while the controller reconciles every volume again and again. This lives in its
 //! own test binary so that no other test writes while it counts (cargo runs binaries one by one).
 
-mod common;
-
 use std::time::Duration;
 
 use common::{eventually, grown, serving, writes};

@@ -12,8 +12,6 @@
 //! promoter starts and clients that mount the Service's address and `/export`, as the client PV
 //! names them.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::Duration;

@@ -14,8 +14,6 @@
 //! `soak: <faults> faults (<by kind>), <violations> violations, converged in <s> s, seed <seed>`.
 //! Without `SOAK_SECONDS` the test does nothing but say so.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -2,8 +2,6 @@
 //! claim. Its JSON names the leader, each agent with its heartbeat and DRBD report, and the claim
 //! with its condition, mount endpoint and primary node; its table says the same for people.
 
-mod common;
-
 use std::time::Duration;
 
 use common::drbd::{healthy, three_nodes};

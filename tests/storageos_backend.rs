@@ -1,8 +1,6 @@
 //! End-to-end tests of the `storageos` volume backend: the controller against the real control
 //! plane and a local StorageOS API (tests/common/storageos.rs) with expiring tokens and conflicts.
 
-mod common;
-
 use std::time::Duration;
 
 use common::process::Process;

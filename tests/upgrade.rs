@@ -6,8 +6,6 @@
 //! endpoint stays; the new version writes only what the upgrade page's migration table lists; and
 //! it fails a node over afterwards.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 

@@ -6,7 +6,6 @@
 use std::time::Duration;
 
 use super::Figure;
-use super::common;
 use common::datapath::{NfsGrace, ProxyMode};
 use common::outage::{ClientModel, Move, Outage, Scenario};
 use common::stateful::Tally;

@@ -13,10 +13,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use super::common::datapath::{DataPath, ProxyMode};
-use super::common::process::{http_get, sample_value};
-use super::common::{self, TestEnv};
 use super::{CONCURRENCY, Figure};
+use common::datapath::{DataPath, ProxyMode};
+use common::process::{http_get, sample_value};
+use common::{self, TestEnv};
 
 /// Where moved volumes' slices point: TEST-NET-1, never routed (no traffic is sent; only rules).
 const MOVED_TO: &str = "192.0.2";

@@ -19,10 +19,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use super::common::accounts::{SignIn, config_from};
-use super::common::cluster::PrivateCluster;
-use super::common::{self, TestEnv};
 use super::{Figure, Identities, product_mass_move_on};
+use common::accounts::{SignIn, config_from};
+use common::cluster::PrivateCluster;
+use common::{self, TestEnv};
 
 /// What the tenant offers: writes a second, and how many it keeps in flight at most.
 const TENANT_RATE: u64 = 400;

@@ -10,9 +10,9 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
-use super::common::TestEnv;
-use super::common::drbd::NODE_LABEL;
 use super::{client_as, refused};
+use common::TestEnv;
+use common::drbd::NODE_LABEL;
 
 const CONTROLLER_LEASE: &str = "shared-volume-controller";
 
@@ -290,7 +290,7 @@ async fn the_agents_own_writes_go_through(env: &TestEnv, agent_sa: &str, victims
         .patch(&victims.node, &patch, &merge(json!({"spec": {"taints": taints}})))
         .await
         .expect("the agent adds a drbd.linbit.com taint");
-    let endpoint = json!({"metadata": {"annotations": {super::common::SERVICE_ENDPOINT: "10.0.0.9:2049"}}});
+    let endpoint = json!({"metadata": {"annotations": {common::SERVICE_ENDPOINT: "10.0.0.9:2049"}}});
     Api::<PersistentVolume>::all(agent.clone())
         .patch(&victims.pv, &patch, &merge(endpoint))
         .await

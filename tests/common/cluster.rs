@@ -6,7 +6,7 @@ use std::process::Command;
 
 use super::accounts::config_from;
 
-const CLUSTER_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/hack/cluster.sh");
+const CLUSTER_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../hack/cluster.sh");
 
 pub struct PrivateCluster {
     pub dir: PathBuf,

@@ -33,7 +33,7 @@ const NODE_RANGE: &str = "10.211.0.0/16";
 const PREFIX: &str = "svcdp";
 /// Where the volume is exported on every node's NFS server.
 pub const EXPORT: &str = "/export";
-const INSTALL_GUIDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/how-to/install.md");
+const INSTALL_GUIDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/how-to/install.md");
 /// Comment on the rules that keep the traffic of the data path on this machine.
 const FENCE: &str = "svcdp-fence";
 /// The fence: packets to the service or node ranges, or forwarded from the nodes, that would

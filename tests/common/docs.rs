@@ -4,7 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-pub const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The repository's root (this crate is `tests/common` in it), as a plain path.
+pub fn root() -> &'static str {
+    static ROOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        root.canonicalize().unwrap().display().to_string()
+    })
+}
 /// How this repository's files are linked from outside it (alerts, the dashboard, Chart.yaml).
 pub const REPOSITORY_URL: &str = "https://github.com/shared-volume-controller/shared-volume-controller/blob/";
 
@@ -15,7 +22,7 @@ pub fn sh_block_after(page: &str, heading: &str) -> String {
 
 /// The first code block of `language` after `heading` in `page`.
 pub fn block_after(page: &str, heading: &str, language: &str) -> String {
-    let text = std::fs::read_to_string(Path::new(ROOT).join(page)).unwrap();
+    let text = std::fs::read_to_string(Path::new(root()).join(page)).unwrap();
     let section = &text[text.find(heading).unwrap_or_else(|| panic!("{page} has {heading}"))..];
     let block = section
         .split(&format!("```{language}\n"))
@@ -99,7 +106,7 @@ pub fn repository_urls(text: &str) -> Vec<String> {
 /// The repository's tags.
 fn tags() -> Vec<String> {
     let out = std::process::Command::new("git")
-        .args(["-C", ROOT, "tag", "--list"])
+        .args(["-C", root(), "tag", "--list"])
         .output()
         .expect("git");
     String::from_utf8_lossy(&out.stdout)
@@ -121,7 +128,7 @@ pub fn broken(from: &Path, link: &str) -> Option<String> {
                 ));
             }
             let (path, anchor) = path.split_once('#').unwrap_or((path, ""));
-            (Path::new(ROOT).join(path), anchor)
+            (Path::new(root()).join(path), anchor)
         }
         None if link.contains("://") || link.starts_with("mailto:") => return None,
         None => {
@@ -145,5 +152,5 @@ pub fn broken(from: &Path, link: &str) -> Option<String> {
 
 fn shown(path: &Path) -> String {
     let path: PathBuf = path.components().collect();
-    path.strip_prefix(ROOT).unwrap_or(&path).display().to_string()
+    path.strip_prefix(root()).unwrap_or(&path).display().to_string()
 }

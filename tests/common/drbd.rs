@@ -20,7 +20,7 @@ use super::{TestEnv, eventually, serving};
 /// Label on every Node a test creates: `svc-test=<test id>`.
 pub const NODE_LABEL: &str = "svc-test";
 /// The simulated `drbdsetup` every agent of the tests runs.
-pub const FAKE_DRBDSETUP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fake-drbdsetup");
+pub const FAKE_DRBDSETUP: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/fixtures/fake-drbdsetup");
 /// The agent's timings in the tests, unless a test sets its own: decisions within seconds.
 pub const TEST_AGENT_TIMINGS: [(&str, &str); 5] = [
     ("--drbd-status-interval", "1s"),

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use super::tool;
 
-pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/shared-volume-controller");
+pub const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../charts/shared-volume-controller");
 
 /// The chart as a release ships it: packaged by `helm package` once per test process (into
 /// cargo's scratch folder for tests), which is what users install. Returns the package's path.
@@ -15,7 +15,7 @@ pub fn packaged_chart() -> &'static str {
     static PACKAGED: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     PACKAGED.get_or_init(|| {
         // One folder, made again by each run: only the chart tests install the package.
-        let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("packaged-chart");
+        let dir = super::process::profile_dir().join("../tmp/packaged-chart");
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         run(tool("helm").args(["package", CHART, "-d"]).arg(&dir));

@@ -1,6 +1,5 @@
 //! Helpers shared by the end-to-end tests. They run against the control plane named by
 //! `KUBECONFIG` (started by `make test`), each test in a namespace of its own.
-#![allow(dead_code)]
 
 pub mod accounts;
 pub mod audit;

@@ -33,7 +33,7 @@ impl Process {
 
     /// Like [`Process::start`], with extra environment variables.
     pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::start_program(env!("CARGO_BIN_EXE_shared-volume-controller").as_ref(), name, args, env)
+        Self::start_program(&product_binary(), name, args, env)
     }
 
     /// Like [`Process::start_with_env`], running `program` instead of this tree's binary (another
@@ -145,4 +145,18 @@ pub fn sample_value(exposition: &str, sample: &str) -> Option<f64> {
         .lines()
         .filter(|line| !line.starts_with('#'))
         .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// Cargo's folder of the profile this test or benchmark binary was built in (`target/debug`,
+/// `target/release`): it runs from `deps` in there.
+pub fn profile_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the running binary's path");
+    let deps = exe.parent().expect("the binary's folder");
+    deps.parent().expect("the profile's folder").to_path_buf()
+}
+
+/// This tree's `shared-volume-controller`, built beside the tests (Cargo builds a package's
+/// binaries before its integration tests and benchmarks).
+pub fn product_binary() -> std::path::PathBuf {
+    profile_dir().join("shared-volume-controller")
 }

@@ -11,10 +11,16 @@ use tokio::process::{Child, Command};
 
 use super::eventually;
 
-const DASHBOARD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/shared-volume-controller.json");
+const DASHBOARD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../grafana/shared-volume-controller.json"
+);
 /// The alerts as a plain rules file, for a Prometheus without the Operator: it selects the jobs
 /// [`CONTROLLER_JOB`] and [`AGENT_JOB`].
-const PLAIN_RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/prometheus-rules.yaml");
+const PLAIN_RULES: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../docs/reference/prometheus-rules.yaml"
+);
 pub const CONTROLLER_JOB: &str = "shared-volume-controller";
 pub const AGENT_JOB: &str = "shared-volume-agent";
 
