@@ -8,7 +8,6 @@
 //! stateful one (NFSv4.1, an open file and a lock) checks that what a client holds survives too.
 //! Each node's NFS server runs the install guide's ganesha template under the node's own hostname.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::datapath::{NfsGrace, ProxyMode, leftovers, service_chain_reaches};
@@ -141,10 +140,14 @@ async fn a_node_without_clients_of_a_moved_volume_lists_its_table_twice() {
     let quiet = a_move_no_client_here_mounts(&env, ProxyMode::Iptables, within).await;
     eprintln!("{quiet:?}");
     let quiet = quiet.unwrap_or_else(|| panic!("the move's sweep still runs {within:?} after the move"));
-    assert_eq!(quiet.ended, BTreeMap::from([("kube-proxy", 1.0)]), "{quiet:?}");
+    // The repair follows every volume of the cluster: another test's move in the same seconds is
+    // swept too, so what is asked holds for each sweep, not for a count of one.
+    let sweeps = quiet.ended.get("kube-proxy").copied().unwrap_or(0.0);
+    assert!(sweeps >= 1.0, "kube-proxy's word ended the move's sweep: {quiet:?}");
+    assert_eq!(quiet.ended.len(), 1, "and nothing else ended one: {quiet:?}");
     assert!(
-        quiet.listings <= 3.0,
-        "two listings, a third if a tick fell short: {quiet:?}"
+        quiet.listings <= 2.0 * sweeps + 1.0,
+        "two listings a sweep, a third if a tick fell short: {quiet:?}"
     );
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;
