@@ -177,7 +177,9 @@ where
 struct ClaimTriggers {
     /// Fingerprint and name of every claim held, by uid.
     seen: HashMap<String, (u64, ObjectRef<PersistentVolumeClaim>)>,
-    /// A list under way: the claims it changed, and the uids it has.
+    /// A list under way: the claims it changed, by name alone (the reflector holds each whole
+    /// already, and a first list brings every claim: a second copy of each would be the
+    /// controller's peak), and the uids it has.
     listing: Option<(Vec<PersistentVolumeClaim>, HashSet<String>)>,
 }
 
@@ -198,7 +200,7 @@ impl ClaimTriggers {
                 let (listed, uids) = self.listing.get_or_insert_default();
                 uids.insert(claim.uid().unwrap_or_default());
                 if changed {
-                    listed.push(claim);
+                    listed.push(bare_claim(&ObjectRef::from_obj(&claim)));
                 }
                 Vec::new()
             }
@@ -394,10 +396,12 @@ mod tests {
         for uid in ["a", "b", "gone"] {
             assert!(triggers.on(watcher::Event::InitApply(claim(uid, "rwx"))).is_empty());
         }
-        assert_eq!(
-            names(triggers.on(watcher::Event::InitDone)),
-            ["claim-a", "claim-b", "claim-gone"]
+        let listed = triggers.on(watcher::Event::InitDone);
+        assert!(
+            listed.iter().all(|claim| claim.spec.is_none()),
+            "held by name alone until the list is complete"
         );
+        assert_eq!(names(listed), ["claim-a", "claim-b", "claim-gone"]);
         assert!(
             triggers.on(watcher::Event::Apply(claim("a", "rwx"))).is_empty(),
             "nothing changed"
