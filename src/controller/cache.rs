@@ -142,7 +142,7 @@ where
     K: Resource + Clone + Serialize + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     events
-        .map_ok(move |event| futures::stream::iter(store.apply(event).into_iter().map(Ok)))
+        .map_ok(move |event| futures::stream::iter(store.apply(event).map(Ok)))
         .try_flatten()
 }
 
