@@ -337,9 +337,7 @@ async fn writes_core_endpoints(client: &Client) -> bool {
     *WRITES
         .get_or_init(|| async {
             let info = client.apiserver_version().await.unwrap();
-            let number = |s: &str| s.trim_end_matches('+').parse().ok();
-            let version = number(&info.major).zip(number(&info.minor));
-            WriteEndpoints::Auto.resolve(version)
+            WriteEndpoints::Auto.resolve_reported(&info)
         })
         .await
 }

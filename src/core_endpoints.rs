@@ -4,6 +4,7 @@
 //! an older one, where some tools may still read Endpoints, gets both. `--write-endpoints`
 //! decides it for the cluster instead.
 
+use k8s_openapi::apimachinery::pkg::version::Info;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -39,6 +40,11 @@ impl WriteEndpoints {
             Self::Never => false,
             Self::Auto => version.is_none_or(|(major, minor)| major == 1 && minor < DEPRECATED_SINCE_MINOR),
         }
+    }
+
+    /// [`Self::resolve`] on the version an API server reports.
+    pub fn resolve_reported(self, info: &Info) -> bool {
+        self.resolve(parse_version(&info.major, &info.minor))
     }
 
     /// [`Self::resolve`] against the API server `client` talks to; its answer is logged. `auto`

@@ -52,12 +52,14 @@ pub fn is_filesystem(volume_mode: Option<&String>) -> bool {
 /// Whether another NFS server serves this volume on its own address (LINSTOR CSI's NFS export:
 /// its CSI volume attributes say where): nothing of this product publishes or serves it.
 pub fn served_elsewhere(pv: &PersistentVolume) -> bool {
-    let attributes = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.as_ref())
-        .and_then(|c| c.volume_attributes.as_ref());
-    attributes.is_some_and(|a| SERVED_ELSEWHERE_ATTRIBUTES.iter().any(|k| a.contains_key(*k)))
+    elsewhere_export(pv).is_some()
+}
+
+/// Where another NFS server exports this volume, as its CSI volume attributes say
+/// (`nfs://<its Service>:<port>/…`).
+pub fn elsewhere_export(pv: &PersistentVolume) -> Option<&String> {
+    let attributes = pv.spec.as_ref()?.csi.as_ref()?.volume_attributes.as_ref()?;
+    SERVED_ELSEWHERE_ATTRIBUTES.iter().find_map(|key| attributes.get(*key))
 }
 
 /// The PV's own NFS port, when it names a valid one (`0` and non-numbers are not).

@@ -7,7 +7,8 @@
 use k8s_openapi::api::core::v1::PersistentVolume;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 
-use crate::names::{LINSTOR_NFS_SLICE_MANAGER, SERVED_ELSEWHERE_ATTRIBUTES, SLICE_MANAGED_BY_LABEL};
+use super::claim::elsewhere_export;
+use crate::names::{LINSTOR_NFS_SLICE_MANAGER, SLICE_MANAGED_BY_LABEL};
 use crate::volume::csi_resource_name;
 
 /// What a LINSTOR-served PV says about its export.
@@ -35,10 +36,7 @@ pub struct LinstorServer {
 
 /// The export of a PV LINSTOR CSI serves itself, if it is one.
 pub fn export_of(pv: &PersistentVolume) -> Option<LinstorExport> {
-    let attributes = pv.spec.as_ref()?.csi.as_ref()?.volume_attributes.as_ref()?;
-    let url = SERVED_ELSEWHERE_ATTRIBUTES
-        .iter()
-        .find_map(|key| attributes.get(*key))?;
+    let url = elsewhere_export(pv)?;
     Some(LinstorExport {
         namespace: service_namespace(url),
         resource: csi_resource_name(pv)?,
