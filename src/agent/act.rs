@@ -233,9 +233,7 @@ impl Executor {
             }
             // Said on the PV first (a write, retried on failure), then reported as the others.
             Action::WarnServerNotAnswering { mark: true, .. } if !self.settings.dry_run => {
-                let result = within(self.settings.operations_timeout, self.execute(action, drbd_read_at))
-                    .await
-                    .unwrap_or_else(|timed_out| Err(timed_out.into()));
+                let result = self.execute_in_time(action, drbd_read_at).await;
                 return match result {
                     Ok(_) => telling::report(action, about),
                     Err(_) => telling::outcome(action, about, result),
@@ -262,9 +260,7 @@ impl Executor {
         {
             return refused;
         }
-        let result = within(self.settings.operations_timeout, self.execute(action, drbd_read_at))
-            .await
-            .unwrap_or_else(|timed_out| Err(timed_out.into()));
+        let result = self.execute_in_time(action, drbd_read_at).await;
         let label = match &result {
             Ok(Outcome::Done(_)) => "ok",
             Ok(Outcome::Skipped(_)) => "skipped",
@@ -312,6 +308,13 @@ impl Executor {
                 Some(telling::guard_failed(about, node, &err))
             }
         }
+    }
+
+    /// [`Self::execute`] within `--operations-timeout`.
+    async fn execute_in_time(&self, action: &Action, drbd_read_at: Instant) -> Result<Outcome, AgentError> {
+        within(self.settings.operations_timeout, self.execute(action, drbd_read_at))
+            .await
+            .unwrap_or_else(|timed_out| Err(timed_out.into()))
     }
 
     async fn execute(&self, action: &Action, drbd_read_at: Instant) -> Result<Outcome, AgentError> {

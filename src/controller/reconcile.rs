@@ -345,13 +345,7 @@ async fn publish_mount_endpoint(
             );
             tells.add(Level::Normal, "ServiceRestored", "RecreateService", note);
         }
-        return Ok(Outcome::Shared {
-            mount_endpoint,
-            published: false,
-            server: shared.server.to_string(),
-            moved: MoveStamp::read(pv.metadata.annotations.as_ref()),
-            silent: SilentServer::of_endpoint(pv.metadata.annotations.as_ref(), &shared.server.to_string()),
-        });
+        return Ok(served(pv, shared, mount_endpoint, false));
     }
     if created && let Some(previous) = &volume.mount_endpoint {
         let note = format!(
@@ -367,13 +361,21 @@ async fn publish_mount_endpoint(
         shared.server
     );
     tells.add(Level::Normal, "MountEndpointPublished", "PublishMountEndpoint", note);
-    Ok(Outcome::Shared {
+    Ok(served(pv, shared, mount_endpoint, true))
+}
+
+/// A served claim's outcome: its mount endpoint, whether this reconcile published it, and what
+/// the PV says of its server (the last move, a server that does not answer).
+fn served(pv: &PersistentVolume, shared: &SharedVolume, mount_endpoint: String, published: bool) -> Outcome {
+    let annotations = pv.metadata.annotations.as_ref();
+    let server = shared.server.to_string();
+    Outcome::Shared {
         mount_endpoint,
-        published: true,
-        server: shared.server.to_string(),
-        moved: MoveStamp::read(pv.metadata.annotations.as_ref()),
-        silent: SilentServer::of_endpoint(pv.metadata.annotations.as_ref(), &shared.server.to_string()),
-    })
+        published,
+        moved: MoveStamp::read(annotations),
+        silent: SilentServer::of_endpoint(annotations, &server),
+        server,
+    }
 }
 
 /// A Service cannot change its address family, and changing it would change the address clients

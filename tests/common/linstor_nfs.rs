@@ -109,24 +109,18 @@ pub async fn advertise(env: &TestEnv, resource: &str, node: &str, ip: &str, port
 /// reference for the slice's owner.
 async fn server_pod(env: &TestEnv, node: &str) -> Value {
     let name = format!("linstor-csi-nfs-server-{node}");
-    if let Some(pod) = env
+    let existing = env
         .api::<k8s_openapi::api::core::v1::Pod>()
         .get_opt(&name)
         .await
-        .unwrap()
-    {
-        return json!({"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid,
-            "controller": true, "blockOwnerDeletion": true});
-    }
-    let pod = env
-        .running_pod_with(
-            &name,
-            node,
-            json!({"name": "scratch", "emptyDir": {}}),
-            json!({}),
-            json!({}),
-        )
-        .await;
+        .unwrap();
+    let pod = match existing {
+        Some(pod) => pod,
+        None => {
+            let scratch = json!({"name": "scratch", "emptyDir": {}});
+            env.running_pod_with(&name, node, scratch, json!({}), json!({})).await
+        }
+    };
     json!({"apiVersion": "v1", "kind": "Pod", "name": name, "uid": pod.metadata.uid,
         "controller": true, "blockOwnerDeletion": true})
 }
