@@ -122,7 +122,7 @@ fn served_by_linstor(export: &LinstorExport, server: Option<&LinstorServer>) -> 
             false,
             "LinstorNfsNotAdvertised",
             format!(
-                "LINSTOR CSI serves it (clients mount {url}) but advertises no NFS server for it: {slice};                  nfs-helper writes one once the volume is primary and its server started, so a move lasts until then"
+                "LINSTOR CSI serves it (clients mount {url}) but advertises no NFS server for it: {slice}; nfs-helper writes one once the volume is primary and its server started, so a move lasts until then"
             ),
         );
     };
