@@ -14,7 +14,7 @@ use serde::Serialize;
 use crate::agent::report::Report;
 use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
 use crate::names::{lease_name, report_lease_name};
-use crate::sharedvolume::claim::ready_condition;
+use crate::sharedvolume::claim::{ready_condition, served_elsewhere};
 use crate::sharedvolume::linstor;
 use crate::sharedvolume::silence::SilentServer;
 use crate::sharedvolume::stamp::MoveStamp;
@@ -281,7 +281,7 @@ fn claim(claim: &PersistentVolumeClaim, pvs: &[PersistentVolume], reports: &BTre
         .and_then(|s| s.volume_name.clone())
         .unwrap_or_default();
     let pv = pvs.iter().find(|pv| pv.name_any() == volume);
-    if pv.and_then(linstor::export_of).is_some() {
+    if pv.is_some_and(served_elsewhere) {
         return None;
     }
     let primary_node = primary_node(pv, &volume, reports);
