@@ -10,10 +10,11 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
-# The manifest declares the benchmarks: cargo refuses to build without their sources. Nor without
-# the manifest of the tests' helpers, a member of the workspace (their sources it does not need).
+# The manifest declares the benchmarks: cargo refuses to build without their sources. The tests'
+# helpers are a member of the workspace: copied whole, so that cargo loads them as the package
+# Cargo.lock was made with (a manifest without its library may be read as another package).
 COPY benches ./benches
-COPY tests/common/Cargo.toml ./tests/common/
+COPY tests/common ./tests/common
 # Downloaded crates and build artifacts stay in BuildKit caches between builds (per platform), so
 # a change to the sources rebuilds only this crate.
 ARG TARGETPLATFORM
