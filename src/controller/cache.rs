@@ -259,6 +259,30 @@ pub fn watch_backoff() -> ExponentialBackoff {
         .into()
 }
 
+/// The controller's back-off over the triggers of all its watches together: none. kube-runtime
+/// pauses the merged triggers after an error from any one watch, so while several fail (an API
+/// server restarting) their errors queue behind each other's pauses and a healthy watch's changes
+/// wait with them: half a minute after a restart in the fault tests. Each watch already backs off
+/// on its own ([`watch_backoff`]).
+pub fn trigger_backoff() -> NoDelay {
+    NoDelay
+}
+
+/// A back-off that never waits.
+pub struct NoDelay;
+
+impl Iterator for NoDelay {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl kube::runtime::utils::Backoff for NoDelay {
+    fn reset(&mut self) {}
+}
+
 /// Waits until `ready` (a store's readiness, made anew each time) says yes (`true`) or that it never
 /// will (`false`), asking again every 250 ms: a store's readiness signal wakes only its most recent
 /// waiter, and the kube-runtime Controller waits on it too.

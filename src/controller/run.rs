@@ -11,7 +11,7 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::cache::{Caches, until_ready, watch_backoff};
+use super::cache::{Caches, trigger_backoff, until_ready};
 use super::context::Context;
 use super::outcome::ReconcileError;
 use super::reconcile;
@@ -56,9 +56,7 @@ pub(crate) async fn run_controller(
             pvs.get(None, &slice.name_any()).and_then(claim_of_volume)
         })
         .with_config(controller::Config::default().concurrency(concurrency))
-        // Errors of every watch also pass through the controller's own back-off: keep it as
-        // short as the watches' own, or a restarted API server is waited out for half a minute.
-        .trigger_backoff(watch_backoff())
+        .trigger_backoff(trigger_backoff())
         .graceful_shutdown_on({
             let stop = stop.clone();
             async move { stop.cancelled().await }
@@ -144,4 +142,64 @@ fn liveness_probes(watchdog: Watchdog) -> impl futures::Stream<Item = ObjectRef<
 fn claim_of_volume(pv: PersistentVolume) -> Option<ObjectRef<PersistentVolumeClaim>> {
     let claim = bound_claim(&pv)?;
     Some(ObjectRef::new(&claim.name).within(&claim.namespace))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::stream;
+    use k8s_openapi::api::core::v1::Service;
+    use kube::runtime::controller::Action;
+    use kube::runtime::reflector;
+    use std::time::Duration;
+
+    /// After an API server restart every watch fails for a while, each retrying on its own
+    /// back-off. A claim another watch brings meanwhile reaches the reconciler at once: the
+    /// failing watch's errors hold back no other watch's triggers.
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_watch_holds_back_no_other_watchs_trigger() {
+        let (claims, mut writer) = reflector::store::<PersistentVolumeClaim>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let failing = stream::unfold((), |()| async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Some((Err::<Service, _>(watcher::Error::NoResourceVersion), ()))
+        });
+        let claim_arrives = Duration::from_secs(3);
+        let claim = PersistentVolumeClaim {
+            metadata: kube::api::ObjectMeta {
+                name: Some("data".into()),
+                namespace: Some("apps".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let healthy = stream::once(async move {
+            tokio::time::sleep(claim_arrives).await;
+            Ok(claim)
+        })
+        .chain(stream::pending());
+        let start = tokio::time::Instant::now();
+        let mut results = Controller::for_stream(healthy, claims)
+            .owns_stream(failing)
+            .trigger_backoff(trigger_backoff())
+            .run(
+                |_, _: Arc<()>| async { Ok::<_, std::io::Error>(Action::await_change()) },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            )
+            .boxed();
+        // The claim is not in the store: the applier answers its trigger with ObjectNotFound.
+        let reached = loop {
+            match results.next().await.expect("the controller runs") {
+                Err(controller::Error::ObjectNotFound(object)) if object.name == "data" => break start.elapsed(),
+                _ => continue,
+            }
+        };
+        assert!(
+            reached < claim_arrives + Duration::from_millis(200),
+            "the claim's trigger reached the reconciler {:?} after it arrived",
+            reached - claim_arrives
+        );
+    }
 }
