@@ -656,19 +656,37 @@ mod tests {
         assert_eq!(event_reason(seen.bodies.last().unwrap()), "ServiceNameTaken");
     }
 
+    /// A reconcile that read no Service (a cache behind, after an etcd restart) while the Service
+    /// stands at the published address: the API server refuses the address before it sees the
+    /// name is taken. The Service found is the one clients mount; no retries, no new address.
+    #[tokio::test]
+    async fn a_service_read_as_missing_but_there_at_the_published_address_is_kept() {
+        let pv = pv("192.0.2.1:2049", Some("10.96.0.10:2049"));
+        let service = service_at(&shared_of(&pv), "10.96.0.10", CLAIM_UID);
+        let mut script = reads_of(&pv, not_found(&format!("GET {SERVICE}")));
+        script.push(answer(&format!("POST {SERVICES}"), 422, address_taken()));
+        script.push(answer(&format!("GET {SERVICE}"), 200, service));
+        let (outcome, _) = reconcile_against(script).await;
+        assert_eq!(outcome, served_at_published_address("192.0.2.1:2049"));
+    }
+
+    fn address_taken() -> Value {
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
+            "message": "Service \"pv-data\" is invalid: spec.clusterIPs: Invalid value: []string{\"10.96.0.10\"}: failed to allocate IP 10.96.0.10: provided IP is already allocated"})
+    }
+
     #[tokio::test]
     async fn a_published_address_not_yet_released_is_asked_for_again() {
         let pv = pv("192.0.2.1:2049", Some("10.96.0.10:2049"));
         let shared = shared_of(&pv);
         let (endpoints, slice) = converged_endpoints(&shared);
-        let taken = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Invalid", "code": 422,
-            "message": "Service \"pv-data\" is invalid: spec.clusterIPs: Invalid value: []string{\"10.96.0.10\"}: failed to allocate IP 10.96.0.10: provided IP is already allocated"});
         let script = vec![
             answer(&format!("GET {PV}"), 200, serde_json::to_value(&pv).unwrap()),
             not_found(&format!("GET {SERVICE}")),
             not_found(&format!("GET {ENDPOINTS}")),
             not_found(&format!("GET {SLICE}")),
-            answer(&format!("POST {SERVICES}"), 422, taken),
+            answer(&format!("POST {SERVICES}"), 422, address_taken()),
+            not_found(&format!("GET {SERVICE}")),
             answer(
                 &format!("POST {SERVICES}"),
                 201,
@@ -684,7 +702,7 @@ mod tests {
             served_at_published_address("192.0.2.1:2049"),
             "clients keep the address they mount"
         );
-        for asked in [&seen.bodies[4], &seen.bodies[5]] {
+        for asked in [&seen.bodies[4], &seen.bodies[6]] {
             assert_eq!(
                 asked["spec"]["clusterIP"], "10.96.0.10",
                 "both creates ask for the published address"

@@ -38,19 +38,17 @@ pub(crate) async fn ensure_service(
             (applied.unwrap_or_else(|| existing.clone()), false)
         }
         None => match create_service(&services, shared, desired, published).await? {
-            Some(created) => {
+            Created::New(created) => {
                 tracing::info!(service = %format!("{}/{}", shared.namespace, shared.service_name), "Service created");
                 (created, true)
             }
-            // Not read before, but there: read it, and it must be ours.
-            None => match services.get_opt(&shared.service_name).await? {
-                Some(found) if !owned(&found) => return Ok(None),
-                Some(found) => {
-                    let applied = apply_if_changed(&services, CONTROLLER_FIELD_MANAGER, desired, Some(&found)).await?;
-                    (applied.unwrap_or(found), false)
-                }
-                None => return Err(ReconcileError::Gone(shared.service_name.clone())),
-            },
+            // Not read before, but there: it must be ours.
+            Created::Existing(found) if !owned(&found) => return Ok(None),
+            Created::Existing(found) => {
+                let applied = apply_if_changed(&services, CONTROLLER_FIELD_MANAGER, desired, Some(&found)).await?;
+                (applied.unwrap_or(found), false)
+            }
+            Created::Gone => return Err(ReconcileError::Gone(shared.service_name.clone())),
         },
     };
     let cluster_ip = match cluster_ip(&current) {
@@ -66,28 +64,44 @@ pub(crate) async fn ensure_service(
 const ADDRESS_RELEASE_GRACE: Duration = Duration::from_secs(5);
 const ADDRESS_RETRY_INTERVAL: Duration = Duration::from_millis(200);
 
+/// What a create of the Service came to.
+enum Created {
+    New(Service),
+    /// The name was taken after all: the Service as read then.
+    Existing(Service),
+    /// The name was taken, and no longer is when read.
+    Gone,
+}
+
 /// Creates the Service in its server's family, asking for the published ClusterIP when there is
 /// one; when that address stays taken past [`ADDRESS_RELEASE_GRACE`] (or is no longer in the
-/// service range), takes a new one: the caller warns that clients must remount.
+/// service range), takes a new one: the caller warns that clients must remount. The API server
+/// refuses a taken address before it looks at the name, so a refusal is first checked against a
+/// Service of that name, one a cache still behind read as missing (after an etcd restart).
 async fn create_service(
     services: &Api<Service>,
     shared: &SharedVolume,
     desired: &Service,
     published: Option<&str>,
-) -> Result<Option<Service>, kube::Error> {
+) -> Result<Created, kube::Error> {
     let new = desired::new_service(desired, shared, published);
     if new.spec.as_ref().is_none_or(|spec| spec.cluster_ip.is_none()) {
-        return create(services, CONTROLLER_FIELD_MANAGER, &new).await;
+        return created_or_read(services, shared, &new).await;
     }
     let service = format!("{}/{}", shared.namespace, shared.service_name);
     let deadline = Instant::now() + ADDRESS_RELEASE_GRACE;
     loop {
         match create(services, CONTROLLER_FIELD_MANAGER, &new).await {
             Err(kube::Error::Api(status)) if status.code == 422 => {
-                if still_allocated(&status) && Instant::now() < deadline {
-                    tracing::debug!(%service, published, "the published address is not free yet; waiting for its release");
-                    tokio::time::sleep(ADDRESS_RETRY_INTERVAL).await;
-                    continue;
+                if still_allocated(&status) {
+                    if let Some(found) = services.get_opt(&shared.service_name).await? {
+                        return Ok(Created::Existing(found));
+                    }
+                    if Instant::now() < deadline {
+                        tracing::debug!(%service, published, "the published address is not free yet; waiting for its release");
+                        tokio::time::sleep(ADDRESS_RETRY_INTERVAL).await;
+                        continue;
+                    }
                 }
                 tracing::warn!(
                     %service,
@@ -96,11 +110,31 @@ async fn create_service(
                     "cannot recreate the Service at its published address; taking a new one"
                 );
                 let anywhere = desired::new_service(desired, shared, None);
-                return create(services, CONTROLLER_FIELD_MANAGER, &anywhere).await;
+                return created_or_read(services, shared, &anywhere).await;
             }
-            result => return result,
+            Ok(Some(created)) => return Ok(Created::New(created)),
+            Ok(None) => return read_taken(services, shared).await,
+            Err(err) => return Err(err),
         }
     }
+}
+
+async fn created_or_read(
+    services: &Api<Service>,
+    shared: &SharedVolume,
+    new: &Service,
+) -> Result<Created, kube::Error> {
+    match create(services, CONTROLLER_FIELD_MANAGER, new).await? {
+        Some(created) => Ok(Created::New(created)),
+        None => read_taken(services, shared).await,
+    }
+}
+
+async fn read_taken(services: &Api<Service>, shared: &SharedVolume) -> Result<Created, kube::Error> {
+    Ok(match services.get_opt(&shared.service_name).await? {
+        Some(found) => Created::Existing(found),
+        None => Created::Gone,
+    })
 }
 
 /// The API server's refusal of a ClusterIP some Service still holds (not one outside the range).
