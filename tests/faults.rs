@@ -353,8 +353,9 @@ async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
         claims += count;
         names
     };
+    let mut mounted = Vec::new();
     for claim in more_claims(5) {
-        env.shared_claim(&claim, "192.0.2.120:2049").await;
+        mounted.push(env.shared_claim(&claim, "192.0.2.120:2049").await);
     }
     let cpu_before = cpu_seconds(controller.pid());
 
@@ -367,23 +368,27 @@ async fn the_controller_rides_out_an_apiserver_and_then_an_etcd_restart() {
                 env.api::<Service>().list(&ListParams::default()).await.ok()
             })
             .await;
-            env.shared_claim(&claim, "192.0.2.121:2049").await;
+            mounted.push(env.shared_claim(&claim, "192.0.2.121:2049").await);
         }
         println!(
             "{component} restarted: 5 new claims published {:.1} s later",
             restarted.elapsed().as_secs_f64()
         );
     }
-    let pvs: Vec<String> = (0..claims).map(|i| env.pv_name(&format!("data-{i}"))).collect();
-    env.annotate_pv(&pvs[0], common::SERVICE_ENDPOINT, Some("192.0.2.122:2049"))
+    let moved = &mounted[0].0;
+    env.annotate_pv(moved, common::SERVICE_ENDPOINT, Some("192.0.2.122:2049"))
         .await;
     eventually("the endpoints to follow a move after both restarts", WAIT, || async {
-        let slice = env.api::<EndpointSlice>().get(&pvs[0]).await.ok()?;
+        let slice = env.api::<EndpointSlice>().get(moved).await.ok()?;
         let ip = slice.endpoints.first()?.addresses.first()?.clone();
         (ip == "192.0.2.122").then_some(())
     })
     .await;
 
+    for (pv, mount) in &mounted {
+        let now = env.pv_annotation(pv, common::MOUNT_ENDPOINT).await;
+        assert_eq!(now.as_ref(), Some(mount), "{pv}: clients keep the address they mount");
+    }
     assert_eq!(
         controller.get("/healthz").await.map(|(status, _)| status),
         Some(200),
