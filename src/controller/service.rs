@@ -112,9 +112,7 @@ async fn create_service(
                 let anywhere = desired::new_service(desired, shared, None);
                 return created_or_read(services, shared, &anywhere).await;
             }
-            Ok(Some(created)) => return Ok(Created::New(created)),
-            Ok(None) => return read_taken(services, shared).await,
-            Err(err) => return Err(err),
+            result => return settled(services, shared, result?).await,
         }
     }
 }
@@ -124,16 +122,22 @@ async fn created_or_read(
     shared: &SharedVolume,
     new: &Service,
 ) -> Result<Created, kube::Error> {
-    match create(services, CONTROLLER_FIELD_MANAGER, new).await? {
-        Some(created) => Ok(Created::New(created)),
-        None => read_taken(services, shared).await,
-    }
+    let created = create(services, CONTROLLER_FIELD_MANAGER, new).await?;
+    settled(services, shared, created).await
 }
 
-async fn read_taken(services: &Api<Service>, shared: &SharedVolume) -> Result<Created, kube::Error> {
-    Ok(match services.get_opt(&shared.service_name).await? {
-        Some(found) => Created::Existing(found),
-        None => Created::Gone,
+/// A create's answer (`None`: the name was taken), with the Service read when it was.
+async fn settled(
+    services: &Api<Service>,
+    shared: &SharedVolume,
+    created: Option<Service>,
+) -> Result<Created, kube::Error> {
+    Ok(match created {
+        Some(created) => Created::New(created),
+        None => match services.get_opt(&shared.service_name).await? {
+            Some(found) => Created::Existing(found),
+            None => Created::Gone,
+        },
     })
 }
 
