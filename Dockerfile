@@ -11,10 +11,10 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 # The manifest declares the benchmarks: cargo refuses to build without their sources. The tests'
-# helpers are a member of the workspace: copied whole, so that cargo loads them as the package
-# Cargo.lock was made with (a manifest without its library may be read as another package).
+# helpers (tests/common) are a member of the workspace, which cargo loads whole, as Cargo.lock
+# was made with it: the tests folder is copied as it stands, like the others, not a folder inside.
 COPY benches ./benches
-COPY tests/common ./tests/common
+COPY tests ./tests
 # Downloaded crates and build artifacts stay in BuildKit caches between builds (per platform), so
 # a change to the sources rebuilds only this crate.
 ARG TARGETPLATFORM

@@ -29,7 +29,10 @@ while read -r -a words; do
       mkdir -p "$context/$destination"
       cp -R "$source" "$context/$destination/"
     else
-      mkdir -p "$(dirname "$context/$destination")"
+      # Docker makes a missing parent folder; tools that read the Dockerfile's COPY lines and copy
+      # by hand do not (a nested destination failed that way): each lands directly in WORKDIR.
+      [[ -d "$(dirname "$context/$destination")" ]] ||
+        { echo "check-image-build: COPY $source $destination: copy its parent folder instead" >&2; exit 1; }
       cp -R "$source" "$context/$destination"
     fi
   done
