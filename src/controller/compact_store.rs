@@ -74,21 +74,21 @@ impl<K: Resource + Serialize + DeserializeOwned> CompactStore<K> {
                 if let Some((key, packed)) = self.encoded(&object) {
                     objects().live.insert(key, packed);
                 }
-                Changed::one(object)
+                Changed::One(Some(object))
             }
             watcher::Event::InitApply(object) => {
                 if let Some((key, packed)) = self.encoded(&object) {
                     objects().listing.get_or_insert_default().insert(key, packed);
                 }
-                Changed::none()
+                Changed::One(None)
             }
             watcher::Event::Delete(object) => {
                 objects().live.remove(key_of(&object).as_str());
-                Changed::one(object)
+                Changed::One(Some(object))
             }
             watcher::Event::Init => {
                 objects().listing = Some(HashMap::new());
-                Changed::none()
+                Changed::One(None)
             }
             watcher::Event::InitDone => {
                 let replaced = {
@@ -100,12 +100,11 @@ impl<K: Resource + Serialize + DeserializeOwned> CompactStore<K> {
                 };
                 self.shared.listed.send_replace(true);
                 match replaced {
-                    Some(before) => Changed {
-                        object: None,
+                    Some(before) => Changed::Listed {
                         packed: self.changed_by_list(before).into_iter(),
-                        store: Some(self.clone()),
+                        store: self.clone(),
                     },
-                    None => Changed::none(),
+                    None => Changed::One(None),
                 }
             }
         }
@@ -176,38 +175,24 @@ impl<K: Resource + Serialize + DeserializeOwned> CompactStore<K> {
 }
 
 /// The objects one watch event changed in a [`CompactStore`], parsed as they are taken.
-pub struct Changed<K> {
-    object: Option<K>,
-    packed: std::vec::IntoIter<Box<[u8]>>,
-    store: Option<CompactStore<K>>,
-}
-
-impl<K> Changed<K> {
-    fn none() -> Self {
-        Self {
-            object: None,
-            packed: Vec::new().into_iter(),
-            store: None,
-        }
-    }
-
-    fn one(object: K) -> Self {
-        Self {
-            object: Some(object),
-            ..Self::none()
-        }
-    }
+pub enum Changed<K> {
+    /// The object an `Apply` or a `Delete` brought, or none.
+    One(Option<K>),
+    /// What a complete list changed, still packed.
+    Listed {
+        packed: std::vec::IntoIter<Box<[u8]>>,
+        store: CompactStore<K>,
+    },
 }
 
 impl<K: Resource + Serialize + DeserializeOwned> Iterator for Changed<K> {
     type Item = K;
 
     fn next(&mut self) -> Option<K> {
-        if let Some(object) = self.object.take() {
-            return Some(object);
+        match self {
+            Changed::One(object) => object.take(),
+            Changed::Listed { packed, store } => packed.find_map(|packed| store.parsed(&packed)),
         }
-        let store = self.store.as_ref()?;
-        self.packed.by_ref().find_map(|packed| store.parsed(&packed))
     }
 }
 
