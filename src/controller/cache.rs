@@ -264,11 +264,6 @@ pub fn watch_backoff() -> ExponentialBackoff {
 /// server restarting) their errors queue behind each other's pauses and a healthy watch's changes
 /// wait with them: half a minute after a restart in the fault tests. Each watch already backs off
 /// on its own ([`watch_backoff`]).
-pub fn trigger_backoff() -> NoDelay {
-    NoDelay
-}
-
-/// A back-off that never waits.
 pub struct NoDelay;
 
 impl Iterator for NoDelay {

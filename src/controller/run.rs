@@ -11,7 +11,7 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 
-use super::cache::{Caches, trigger_backoff, until_ready};
+use super::cache::{Caches, NoDelay, until_ready};
 use super::context::Context;
 use super::outcome::ReconcileError;
 use super::reconcile;
@@ -56,7 +56,7 @@ pub(crate) async fn run_controller(
             pvs.get(None, &slice.name_any()).and_then(claim_of_volume)
         })
         .with_config(controller::Config::default().concurrency(concurrency))
-        .trigger_backoff(trigger_backoff())
+        .trigger_backoff(NoDelay)
         .graceful_shutdown_on({
             let stop = stop.clone();
             async move { stop.cancelled().await }
@@ -182,7 +182,7 @@ mod tests {
         let start = tokio::time::Instant::now();
         let mut results = Controller::for_stream(healthy, claims)
             .owns_stream(failing)
-            .trigger_backoff(trigger_backoff())
+            .trigger_backoff(NoDelay)
             .run(
                 |_, _: Arc<()>| async { Ok::<_, std::io::Error>(Action::await_change()) },
                 |_, _, _| Action::await_change(),
