@@ -207,8 +207,9 @@ async fn node_a_fails(story: &Story, env: &TestEnv, nodes: &[SimNode], agents: &
         "+{:.2}s node-a tainted drbd.linbit.com/lost-quorum:NoSchedule",
         failed.elapsed().as_secs_f64()
     ));
-    // Node-a's agent is silent and b and c hold the quorum: its pods cannot write. They are
-    // force-deleted and their attachments released while Kubernetes still shows node-a Ready.
+    // Node-a's agent and kubelet are silent and DRBD on b and c could take the data over (UpToDate,
+    // may_promote): its pods cannot write and nothing on node-a can stop them. They are
+    // force-deleted and their attachments released, Kubernetes showing node-a Ready or not.
     let pods: Api<Pod> = env.api();
     eventually("the pods force-deleted", wait(), || async {
         let left = pods.list(&Default::default()).await.unwrap().items.len();
@@ -216,7 +217,7 @@ async fn node_a_fails(story: &Story, env: &TestEnv, nodes: &[SimNode], agents: &
     })
     .await;
     story.say(format!(
-        "+{:.2}s the {} app pods on node-a force-deleted: node-a's agent is silent and node-b and node-c hold the quorum, so they cannot write",
+        "+{:.2}s the {} app pods on node-a force-deleted: node-a's agent and kubelet are silent, and DRBD on node-b and node-c says they may take the data over, so node-a cannot write",
         failed.elapsed().as_secs_f64(),
         CLAIMS.len()
     ));

@@ -65,3 +65,49 @@ async fn control_plane_allocates_mirrors_and_collects_garbage() {
     .await;
     env.cleanup().await;
 }
+
+/// The simulated DRBD outdates and refuses as DRBD does: a Secondary the Primary goes on without
+/// (quorum through a diskless tie-breaker) is Outdated and may not promote; a crashed Primary's
+/// UpToDate peer may; a Primary reachable through the mesh forbids it.
+#[test]
+fn the_simulated_drbd_outdates_and_refuses_promotion_as_drbd_does() {
+    use common::drbd_mesh::Mesh;
+    let word = |mesh: &Mesh, i: usize| mesh.state_of(i)["_drbd"]["may_promote"].clone();
+    let disk = |mesh: &Mesh, i: usize| mesh.state_of(i)["devices"][0]["disk-state"].clone();
+    let mut mesh = Mesh::new("pvc-1", &["a", "b", "c"], &[2]);
+    mesh.promote(0).unwrap();
+    assert_eq!(disk(&mesh, 2), "Diskless");
+    assert_eq!(word(&mesh, 1), false, "a Primary is connected");
+    mesh.cut(0, 1);
+    assert!(mesh.is_outdated(1));
+    assert_eq!(
+        mesh.state_of(1)["devices"][0]["quorum"],
+        true,
+        "b keeps quorum through c"
+    );
+    assert_eq!((disk(&mesh, 1), word(&mesh, 1)), ("Outdated".into(), false.into()));
+    assert!(mesh.promote(1).is_err(), "DRBD refuses an Outdated disk");
+    mesh.crash(0);
+    assert_eq!(
+        word(&mesh, 1),
+        false,
+        "still Outdated: only a resync brings the data back"
+    );
+
+    let mut crashed = Mesh::new("pvc-1", &["a", "b", "c"], &[2]);
+    crashed.promote(0).unwrap();
+    crashed.crash(0);
+    assert_eq!((disk(&crashed, 1), word(&crashed, 1)), ("UpToDate".into(), true.into()));
+    crashed.promote(1).unwrap();
+    assert_eq!(crashed.state_of(1)["role"], "Primary");
+
+    let mut reachable = Mesh::new("pvc-1", &["a", "b", "c"], &[]);
+    reachable.promote(0).unwrap();
+    reachable.cut(0, 1);
+    assert_eq!(word(&reachable, 1), false, "a is reachable through c");
+    let mut isolated = Mesh::new("pvc-1", &["a", "b", "c"], &[]);
+    isolated.promote(0).unwrap();
+    isolated.isolate(0);
+    assert_eq!(word(&isolated, 1), true, "a is reachable by nobody, and has no quorum");
+    assert_eq!(isolated.state_of(0)["suspended-quorum"], true);
+}

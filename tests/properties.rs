@@ -61,11 +61,11 @@ fn what_the_corpus_outputs_mean() {
     // Unknown roles and connection states are neither Primary nor Connected: never a reason to
     // promote on their account, and a peer in an unknown state is not counted as connected.
     let unknown = parse_status(&read("status-unknown-fields-roles-states.json")).unwrap();
-    assert!(!unknown[0].is_primary() && unknown[0].has_quorum() && unknown[0].may_promote());
+    assert!(!unknown[0].is_primary() && unknown[0].has_quorum() && unknown[0].quorum_without_primary_peer());
     assert!(!unknown[0].connections[0].is_connected() && !unknown[0].fully_connected());
     let minimal = parse_status(&read("status-minimal.json")).unwrap();
     assert!(
-        !minimal[0].has_quorum() && !minimal[0].may_promote(),
+        !minimal[0].has_quorum() && !minimal[0].quorum_without_primary_peer(),
         "no devices: no quorum"
     );
     let quorum = parse_quorum_enabled(&read("show-quorum-settings.json")).unwrap();

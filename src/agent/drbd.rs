@@ -43,6 +43,18 @@ pub struct Resource {
     pub devices: Vec<Device>,
     #[serde(default)]
     pub connections: Vec<Connection>,
+    /// DRBD's own word on whether this node may be promoted (`may_promote`), and its ranking of
+    /// this node among the candidates (`promotion_score`): printed by `drbdsetup events2` from
+    /// drbd-utils 9.x on, never by `status --json` (`None`: not said).
+    #[serde(skip)]
+    pub drbd_says: Option<PromotionWord>,
+}
+
+/// What DRBD itself says about promoting a resource here, as events2 prints it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromotionWord {
+    pub may_promote: bool,
+    pub promotion_score: i64,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -76,6 +88,55 @@ pub struct PeerDevice {
 pub const PRIMARY: &str = "Primary";
 pub const CONNECTED: &str = "Connected";
 pub const UP_TO_DATE: &str = "UpToDate";
+pub const DISKLESS: &str = "Diskless";
+
+/// Whether this node's DRBD could take a resource's data over from a peer it lost: the evidence
+/// every destructive step of a fail-over needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TakeOver {
+    /// This node is the Primary, with quorum and every disk UpToDate: it holds the data.
+    Holds,
+    /// DRBD would promote this node: every disk UpToDate and DRBD's own `may_promote` (events2),
+    /// or, where DRBD does not say, its equivalent (quorum, no Primary peer, nothing suspended).
+    MayPromote(Option<PromotionWord>),
+}
+
+/// Why this node's DRBD could not take a resource's data over.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CannotTakeOver {
+    /// A diskless replica (a tie-breaker, a client) holds no data of its own.
+    #[error("this node's replica is diskless")]
+    Diskless,
+    /// Outdated, Inconsistent…: DRBD refuses to promote a disk without all the data.
+    #[error("this node's disk is {0}, not UpToDate: DRBD would refuse to promote it")]
+    Disk(String),
+    #[error("this node's DRBD has no quorum")]
+    NoQuorum,
+    #[error("a peer is Primary")]
+    PrimaryPeer,
+    #[error("this node's IO is suspended or forced to fail")]
+    Suspended,
+    /// DRBD itself says no (a Primary it can reach through another peer, among other reasons).
+    #[error("DRBD says may_promote:no (promotion_score {0})")]
+    DrbdSaysNo(i64),
+}
+
+impl std::fmt::Display for TakeOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Holds => write!(f, "this node is Primary with quorum and its disk UpToDate"),
+            Self::MayPromote(Some(word)) => write!(
+                f,
+                "this node's disk is UpToDate and DRBD says may_promote:yes (promotion_score {})",
+                word.promotion_score
+            ),
+            Self::MayPromote(None) => write!(
+                f,
+                "this node's disk is UpToDate, it has quorum and no peer is Primary (DRBD's may_promote, as drbdsetup status shows it)"
+            ),
+        }
+    }
+}
 
 impl Resource {
     pub fn is_primary(&self) -> bool {
@@ -115,9 +176,46 @@ impl Resource {
         self.connections.iter().all(Connection::is_connected)
     }
 
-    /// Every local device has quorum and no peer is Primary: this node could take over.
-    pub fn may_promote(&self) -> bool {
-        self.has_quorum() && !self.connections.iter().any(|c| c.peer_role == PRIMARY)
+    /// Every local device has quorum and no connected peer is Primary: nobody else serves the
+    /// resource as far as this node sees. Not DRBD's verdict on the data: see [`Self::take_over`].
+    pub fn quorum_without_primary_peer(&self) -> bool {
+        self.has_quorum() && !self.primary_peer()
+    }
+
+    fn primary_peer(&self) -> bool {
+        self.connections.iter().any(|c| c.peer_role == PRIMARY)
+    }
+
+    /// Whether this node's DRBD could take the resource's data over: every local disk UpToDate,
+    /// and DRBD's own `may_promote` where events2 said it. Without DRBD's word, its equivalent:
+    /// quorum, no Primary peer, IO neither suspended nor forced to fail. A Primary holds the data
+    /// when it has quorum (DRBD never says may_promote of a Primary).
+    pub fn take_over(&self) -> Result<TakeOver, CannotTakeOver> {
+        if self.devices.iter().any(|d| d.disk_state == DISKLESS) {
+            return Err(CannotTakeOver::Diskless);
+        }
+        if let Some(d) = self.devices.iter().find(|d| d.disk_state != UP_TO_DATE) {
+            return Err(CannotTakeOver::Disk(match d.disk_state.as_str() {
+                "" => "not stated".into(),
+                state => state.into(),
+            }));
+        }
+        if !self.has_quorum() {
+            return Err(CannotTakeOver::NoQuorum);
+        }
+        if self.suspended || self.force_io_failures {
+            return Err(CannotTakeOver::Suspended);
+        }
+        if self.is_primary() {
+            return Ok(TakeOver::Holds);
+        }
+        if self.primary_peer() {
+            return Err(CannotTakeOver::PrimaryPeer);
+        }
+        match self.drbd_says {
+            Some(word) if !word.may_promote => Err(CannotTakeOver::DrbdSaysNo(word.promotion_score)),
+            word => Ok(TakeOver::MayPromote(word)),
+        }
     }
 }
 
@@ -327,7 +425,7 @@ mod tests {
         let resources = parse_status(STATUS).unwrap();
         assert_eq!(resources.len(), 2);
         let first = &resources[0];
-        assert!(first.is_primary() && first.has_quorum() && first.may_promote());
+        assert!(first.is_primary() && first.has_quorum() && first.quorum_without_primary_peer());
         let connected: Vec<(&str, bool)> = first
             .connections
             .iter()
@@ -336,14 +434,18 @@ mod tests {
         assert_eq!(connected, [("node-b", true), ("node-c", false)]);
         let second = &resources[1];
         assert!(second.suspended && second.force_io_failures);
-        assert!(!second.has_quorum() && !second.may_promote());
+        assert!(!second.has_quorum() && !second.quorum_without_primary_peer());
     }
 
     #[test]
     fn a_primary_peer_forbids_promotion_even_with_quorum() {
         let mut resource = parse_status(STATUS).unwrap().remove(1);
         resource.devices[0].quorum = true;
-        assert!(!resource.may_promote());
+        resource.devices[0].disk_state = UP_TO_DATE.into();
+        resource.suspended = false;
+        resource.force_io_failures = false;
+        assert!(!resource.quorum_without_primary_peer());
+        assert_eq!(resource.take_over(), Err(CannotTakeOver::PrimaryPeer));
     }
 
     #[test]
@@ -352,7 +454,7 @@ mod tests {
             name: "diskless".into(),
             ..Default::default()
         };
-        assert!(!resource.has_quorum() && !resource.may_promote());
+        assert!(!resource.has_quorum() && !resource.quorum_without_primary_peer());
     }
 
     #[test]
@@ -381,5 +483,103 @@ mod tests {
         let enabled = parse_quorum_enabled(shown).unwrap();
         let expected = ["pvc-1", "pvc-3", "pvc-5"].map(String::from);
         assert_eq!(enabled, HashSet::from(expected));
+    }
+
+    /// A Secondary with quorum and one UpToDate disk, its only peer Secondary.
+    fn secondary(disk: &str) -> Resource {
+        Resource {
+            name: "pvc-1".into(),
+            role: "Secondary".into(),
+            devices: vec![Device {
+                quorum: true,
+                disk_state: disk.into(),
+            }],
+            connections: vec![Connection {
+                name: "node-c".into(),
+                connection_state: CONNECTED.into(),
+                peer_role: "Secondary".into(),
+                peer_devices: vec![],
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_an_up_to_date_disk_that_drbd_would_promote_could_take_the_data_over() {
+        let said = |may_promote| {
+            let mut r = secondary(UP_TO_DATE);
+            r.drbd_says = Some(PromotionWord {
+                may_promote,
+                promotion_score: 10102,
+            });
+            r
+        };
+        let without_quorum = {
+            let mut r = secondary(UP_TO_DATE);
+            r.devices[0].quorum = false;
+            r
+        };
+        let primary = Resource {
+            role: PRIMARY.into(),
+            ..secondary(UP_TO_DATE)
+        };
+        let outdated_primary = Resource {
+            role: PRIMARY.into(),
+            ..secondary("Outdated")
+        };
+        let suspended = Resource {
+            suspended: true,
+            suspended_user: Some(true),
+            ..secondary(UP_TO_DATE)
+        };
+        let mut primary_peer = secondary(UP_TO_DATE);
+        primary_peer.connections[0].peer_role = PRIMARY.into();
+        let word = PromotionWord {
+            may_promote: true,
+            promotion_score: 10102,
+        };
+        let cases: [(&str, Resource, Result<TakeOver, CannotTakeOver>); 11] = [
+            (
+                "no word from DRBD",
+                secondary(UP_TO_DATE),
+                Ok(TakeOver::MayPromote(None)),
+            ),
+            ("DRBD says yes", said(true), Ok(TakeOver::MayPromote(Some(word)))),
+            ("DRBD says no", said(false), Err(CannotTakeOver::DrbdSaysNo(10102))),
+            (
+                "outdated",
+                secondary("Outdated"),
+                Err(CannotTakeOver::Disk("Outdated".into())),
+            ),
+            (
+                "inconsistent",
+                secondary("Inconsistent"),
+                Err(CannotTakeOver::Disk("Inconsistent".into())),
+            ),
+            (
+                "no disk state",
+                secondary(""),
+                Err(CannotTakeOver::Disk("not stated".into())),
+            ),
+            ("diskless", secondary(DISKLESS), Err(CannotTakeOver::Diskless)),
+            ("no quorum", without_quorum, Err(CannotTakeOver::NoQuorum)),
+            ("primary", primary, Ok(TakeOver::Holds)),
+            (
+                "outdated primary",
+                outdated_primary,
+                Err(CannotTakeOver::Disk("Outdated".into())),
+            ),
+            ("suspended", suspended, Err(CannotTakeOver::Suspended)),
+        ];
+        for (case, resource, expected) in cases {
+            assert_eq!(resource.take_over(), expected, "{case}");
+        }
+        assert_eq!(primary_peer.take_over(), Err(CannotTakeOver::PrimaryPeer));
+        let mut yes_but_outdated = said(true);
+        yes_but_outdated.devices[0].disk_state = "Outdated".into();
+        assert!(
+            yes_but_outdated.take_over().is_err(),
+            "this node's own disk counts even where DRBD would promote it (a diskless client may promote)"
+        );
     }
 }

@@ -185,9 +185,9 @@ impl DrbdBook {
         };
         self.last_read = Some((started, Instant::now()));
         match read {
-            Ok(state) => {
+            Ok(mut state) => {
                 self.quorum_read = true;
-                self.check_described(&state);
+                self.check_described(&mut state);
                 self.freshness.mark_read();
                 set_to_now(&self.metrics.drbd_last_read);
                 self.take(state);
@@ -203,13 +203,22 @@ impl DrbdBook {
     }
 
     /// The periodic read is the safety net under events2: where the two disagree, the read wins,
-    /// and the disagreement is counted and said.
-    fn check_described(&mut self, read: &DrbdState) {
+    /// and the disagreement is counted and said. Where they agree, the read keeps DRBD's word on
+    /// promotion, which only events2 prints.
+    fn check_described(&mut self, read: &mut DrbdState) {
         let Some(described) = self.described.take() else { return };
         if comparable(&described) != comparable(&read.resources) {
             self.metrics.events2_mismatches.inc();
             tracing::warn!("the DRBD state read differs from what drbdsetup events2 described; the read wins");
+            return;
         }
+        for resource in &mut read.resources {
+            resource.drbd_says = described
+                .iter()
+                .find(|d| d.name == resource.name)
+                .and_then(|d| d.drbd_says);
+        }
+        self.described = Some(described);
     }
 }
 
@@ -232,11 +241,13 @@ fn against_read(described_at: Instant, last_read: Option<(Instant, Instant)>) ->
     }
 }
 
-/// Resources in an order that does not depend on who listed them.
+/// Resources in an order that does not depend on who listed them, without what only events2
+/// prints.
 fn comparable(resources: &[Resource]) -> Vec<Resource> {
     let mut resources = resources.to_vec();
     resources.sort_by(|a, b| a.name.cmp(&b.name));
     for resource in &mut resources {
+        resource.drbd_says = None;
         resource.connections.sort_by(|a, b| a.name.cmp(&b.name));
     }
     resources
@@ -257,6 +268,7 @@ fn record_resources(metrics: &AgentMetrics, state: &DrbdState) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::drbd::PromotionWord;
     use super::super::source::{DrbdError, MockDrbdSource};
     use super::*;
 
@@ -415,6 +427,28 @@ mod tests {
         book.bring_up_to_date().await;
         assert_eq!(kept(&book), Some(state(&[resource("r1", "Secondary")], &["r1"])));
         assert_eq!(metrics.events2_mismatches.get(), 1);
+    }
+
+    /// `drbdsetup status` never prints DRBD's `may_promote`: a read that agrees with what events2
+    /// described keeps events2's word, and it is no disagreement.
+    #[tokio::test]
+    async fn a_read_that_agrees_with_events2_keeps_drbds_word_on_promotion() {
+        let (mut book, metrics) = book(reads_of_r1(["Secondary", "Secondary"]));
+        book.bring_up_to_date().await;
+        let word = PromotionWord {
+            may_promote: false,
+            promotion_score: 10101,
+        };
+        let said = Resource {
+            drbd_says: Some(word),
+            ..resource("r1", "Secondary")
+        };
+        book.heard(described(std::slice::from_ref(&said), false));
+        book.bring_up_to_date().await;
+        book.heard(DrbdChange::Unknown);
+        book.bring_up_to_date().await;
+        assert_eq!(kept(&book).unwrap().resources[0].drbd_says, Some(word));
+        assert_eq!(metrics.events2_mismatches.get(), 0);
     }
 
     /// A failed read leaves nothing to act on (what was read before may be exactly what changed),

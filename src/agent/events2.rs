@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::drbd::{Connection, Device, PeerDevice, Resource};
+use super::drbd::{Connection, Device, PeerDevice, PromotionWord, Resource};
 
 /// What one line did to the state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +42,8 @@ struct Kept {
     /// `no-data`, `fencing`, `quorum`). Empty until a line says.
     suspended: String,
     force_io_failures: bool,
+    /// `may_promote` and `promotion_score`, once a line said both (drbd-utils 9.x).
+    drbd_says: Option<PromotionWord>,
     /// Quorum and disk state by volume number.
     devices: BTreeMap<u32, Device>,
     /// By peer node id (a `change` line may not repeat the connection's name).
@@ -64,6 +66,7 @@ impl Events2State {
                 name: name.clone(),
                 role: kept.role.clone(),
                 force_io_failures: kept.force_io_failures,
+                drbd_says: kept.drbd_says,
                 devices: kept.devices.values().cloned().collect(),
                 connections: kept
                     .connections
@@ -172,7 +175,12 @@ impl Events2State {
             _ => {
                 let created = !self.resources.contains_key(name);
                 let kept = self.resources.entry(name.to_owned()).or_default();
-                let before = (kept.role.clone(), kept.suspended.clone(), kept.force_io_failures);
+                let before = (
+                    kept.role.clone(),
+                    kept.suspended.clone(),
+                    kept.force_io_failures,
+                    kept.drbd_says,
+                );
                 if let Some(role) = fields.get("role") {
                     kept.role = (*role).to_owned();
                 }
@@ -182,7 +190,13 @@ impl Events2State {
                 if let Some(forcing) = fields.get("force-io-failures") {
                     kept.force_io_failures = *forcing == "yes";
                 }
-                let after = (kept.role.clone(), kept.suspended.clone(), kept.force_io_failures);
+                kept.drbd_says = promotion_word(fields, kept.drbd_says);
+                let after = (
+                    kept.role.clone(),
+                    kept.suspended.clone(),
+                    kept.force_io_failures,
+                    kept.drbd_says,
+                );
                 Ok(if created {
                     Applied::Created
                 } else if before != after {
@@ -217,6 +231,21 @@ enum Verb {
     Exists { created: bool },
     Change,
     Destroy,
+}
+
+/// DRBD's word on promotion after a resource line: `may_promote:yes|no` and
+/// `promotion_score:N`, either of which a `change` line may print alone (the other is kept). A
+/// drbd-utils that prints no `may_promote` gives no word.
+fn promotion_word(fields: &BTreeMap<&str, &str>, before: Option<PromotionWord>) -> Option<PromotionWord> {
+    let may_promote = fields.get("may_promote").map(|v| *v == "yes");
+    let mut word = before.or(may_promote.map(|_| PromotionWord::default()))?;
+    if let Some(may_promote) = may_promote {
+        word.may_promote = may_promote;
+    }
+    if let Some(score) = fields.get("promotion_score").and_then(|v| v.parse().ok()) {
+        word.promotion_score = score;
+    }
+    Some(word)
 }
 
 /// The resource's suspension fields from what events2 printed (`no`, or `user,quorum`…).
@@ -337,7 +366,7 @@ mod tests {
         let resources = state.resources();
         assert_eq!(resources.len(), 1);
         let r = &resources[0];
-        assert!(r.is_primary() && r.has_quorum() && r.may_promote() && r.fully_connected());
+        assert!(r.is_primary() && r.has_quorum() && r.quorum_without_primary_peer() && r.fully_connected());
         let peers: Vec<&str> = r.connections.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(peers, ["node-b", "node-c"]);
     }
@@ -365,6 +394,20 @@ mod tests {
             .unwrap();
         let r = &state.resources()[0];
         assert!(r.suspended && r.force_io_failures);
+    }
+
+    #[test]
+    fn drbds_word_on_promotion_is_kept_and_changed_field_by_field() {
+        let mut state = fed(&DUMP);
+        let word = |state: &Events2State| state.resources()[0].drbd_says.unwrap();
+        assert_eq!((word(&state).may_promote, word(&state).promotion_score), (false, 10102));
+        let applied = state.apply("change resource name:pvc-1 role:Secondary may_promote:yes");
+        assert_eq!(applied, Ok(Applied::Changed));
+        assert_eq!((word(&state).may_promote, word(&state).promotion_score), (true, 10102));
+        state.apply("change resource name:pvc-1 promotion_score:2").unwrap();
+        assert_eq!((word(&state).may_promote, word(&state).promotion_score), (true, 2));
+        let older = fed(&["exists resource name:pvc-1 role:Secondary suspended:no", "exists -"]);
+        assert_eq!(older.resources()[0].drbd_says, None, "an older drbd-utils says nothing");
     }
 
     #[test]

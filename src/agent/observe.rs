@@ -107,6 +107,8 @@ pub fn observe(
         // The shell's fresh reads say how the API server answered (`super::peers`).
         api_answering_since: None,
         piraeus_ha_controllers: piraeus_ha_controllers(node, &snapshot.pods),
+        kubelet_silent_from: HashMap::new(),
+        unread_nodes: BTreeSet::new(),
     }
 }
 

@@ -65,6 +65,7 @@ impl PeerReads<'_> {
             .await;
             for node in unreadable {
                 observed.nodes.remove(&node);
+                observed.unread_nodes.insert(node);
             }
         }
         observed
@@ -135,19 +136,19 @@ async fn confirm_alive(
         })
         .map(|(node, _)| node.clone())
         .collect();
-    // A suspect's kubelet is read beside its agent, all nodes at once.
-    let checks = relevant.iter().map(|node| async move {
-        let kubelet = async {
-            if suspects.contains(node) {
-                kubelet_silent_from(node_leases, node, clock, timeout, api).await
-            } else {
-                None
-            }
-        };
-        futures::join!(peer_now(leases, node, clock, timeout, api), kubelet)
+    // Every suspect's kubelet is read, agent or not, beside the agents' heartbeats, all at once.
+    let kubelets = suspects.iter().map(|node| async move {
+        let silent_from = kubelet_silent_from(node_leases, node, clock, timeout, api).await;
+        (node.clone(), silent_from)
     });
-    let read = futures::future::join_all(checks).await;
-    for (node, (now, kubelet)) in relevant.iter().zip(read) {
+    let agents = futures::future::join_all(relevant.iter().map(|node| peer_now(leases, node, clock, timeout, api)));
+    let (kubelets, read) = futures::join!(futures::future::join_all(kubelets), agents);
+    let kubelets: std::collections::HashMap<String, Instant> = kubelets
+        .into_iter()
+        .filter_map(|(node, from)| Some((node, from?)))
+        .collect();
+    for (node, now) in relevant.iter().zip(read) {
+        let kubelet = kubelets.get(node).copied();
         let (Some(known), Some(now)) = (observed.reports.get_mut(node), now) else {
             continue;
         };
@@ -162,6 +163,7 @@ async fn confirm_alive(
         };
         known.quiet_from = now.silent_from.zip(kubelet).map(|(agent, kubelet)| agent.max(kubelet));
     }
+    observed.kubelet_silent_from = kubelets;
 }
 
 /// From when `node`'s kubelet counts as silent, as its node Lease says, read fresh. `None` when
@@ -211,8 +213,14 @@ async fn add_uncached_peers(
                 observed.nodes.insert(name.clone(), node_view(&node));
             }
             Ok(Ok(None)) => tracing::debug!(node = %name, "DRBD peer has no Node: nothing to fail over"),
-            Ok(Err(err)) => tracing::warn!(node = %name, error = %err, "cannot read the node of a DRBD peer"),
-            Err(timed_out) => tracing::warn!(node = %name, "cannot read the node of a DRBD peer: {timed_out}"),
+            Ok(Err(err)) => {
+                tracing::warn!(node = %name, error = %err, "cannot read the node of a DRBD peer");
+                observed.unread_nodes.insert(name.clone());
+            }
+            Err(timed_out) => {
+                tracing::warn!(node = %name, "cannot read the node of a DRBD peer: {timed_out}");
+                observed.unread_nodes.insert(name.clone());
+            }
         }
     }
 }

@@ -115,6 +115,12 @@ pub struct Observed {
     pub api_answering_since: Option<Instant>,
     /// Pods of Piraeus's own HA Controller running on this node (`namespace/name`).
     pub piraeus_ha_controllers: Vec<String>,
+    /// From when each suspected peer's kubelet counts as silent, from its node Lease read fresh
+    /// in this round. A node not here: its Lease was not read (not suspected, or the read failed).
+    pub kubelet_silent_from: HashMap<String, Instant>,
+    /// Suspected peers whose Node or pods could not be read in this round: nothing is done to
+    /// them, and what was counted of them before is kept (an unread node is not a Ready one).
+    pub unread_nodes: BTreeSet<String>,
 }
 
 /// Timers kept by the shell between rounds.
@@ -192,10 +198,11 @@ impl Timers {
             .chain(self.server_retry)
     }
 
-    /// Notes which Nodes are NotReady as of this read: a Ready one's count starts over.
-    pub fn note_readiness(&mut self, nodes: &BTreeMap<String, NodeView>, now: Instant) {
+    /// Notes which Nodes are NotReady as of this read: a Ready one's count starts over, and one
+    /// that could not be read keeps its count (a failed read is not a Ready one).
+    pub fn note_readiness(&mut self, nodes: &BTreeMap<String, NodeView>, unread: &BTreeSet<String>, now: Instant) {
         self.not_ready_since
-            .retain(|name, _| nodes.get(name).is_some_and(|node| !node.ready));
+            .retain(|name, _| unread.contains(name) || nodes.get(name).is_some_and(|node| !node.ready));
         for node in nodes.values().filter(|node| !node.ready) {
             self.not_ready_since.entry(node.name.clone()).or_insert(now);
         }
@@ -235,6 +242,11 @@ impl Observed {
     /// From when `node` counts as quiet (see [`PeerReport::quiet_from`]).
     pub fn quiet_from(&self, node: &str) -> Option<Instant> {
         self.reports.get(node)?.quiet_from
+    }
+
+    /// Whether `node`'s kubelet renews its node Lease as of `now`: `None` where it was not read.
+    pub fn kubelet_renews(&self, node: &str, now: Instant) -> Option<bool> {
+        self.kubelet_silent_from.get(node).map(|from| *from > now)
     }
 
     pub fn has_taint(&self, node: &str, key: &str) -> bool {

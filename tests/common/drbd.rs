@@ -73,10 +73,19 @@ impl SimNode {
             })
             .collect();
         write_atomically(&self.dir.join("show.json"), &Value::from(shown).to_string());
-        write_atomically(
-            &self.dir.join("status.json"),
-            &Value::from(resources.to_vec()).to_string(),
-        );
+        // DRBD's word on promotion goes to events2 alone, as drbd-utils prints it; the events2
+        // stand-in reads it when status.json is replaced, so it is written first.
+        let mut status = resources.to_vec();
+        let words: serde_json::Map<String, Value> = status
+            .iter_mut()
+            .map(|r| {
+                let word = r.as_object_mut().and_then(|r| r.remove("_drbd"));
+                let name = r["name"].as_str().unwrap_or_default().to_owned();
+                (name, word.unwrap_or_else(|| drbds_word(r)))
+            })
+            .collect();
+        write_atomically(&self.dir.join("promotion.json"), &Value::from(words).to_string());
+        write_atomically(&self.dir.join("status.json"), &Value::from(status).to_string());
     }
 
     /// The net options of the node's connections from the next [`SimNode::set`] on, as
@@ -105,6 +114,24 @@ pub fn node_monitor_grace_period() -> Duration {
         .and_then(|v| v.strip_suffix('s')?.parse().ok())
         .map(Duration::from_secs)
         .unwrap_or(Duration::from_secs(50))
+}
+
+/// DRBD's `may_promote` for a state a test wrote by hand, as DRBD decides it from what the node
+/// sees itself: a Secondary, every disk UpToDate with quorum, no connected Primary, IO not
+/// suspended (a Primary reachable only through another peer needs [`super::drbd_mesh::Mesh`]).
+fn drbds_word(resource: &Value) -> Value {
+    let devices = resource["devices"].as_array().cloned().unwrap_or_default();
+    let up_to_date = !devices.is_empty() && devices.iter().all(|d| d["disk-state"] == "UpToDate");
+    let quorum = !devices.is_empty() && devices.iter().all(|d| d["quorum"] == true);
+    let primary_peer = resource["connections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["peer-role"] == "Primary");
+    let may_promote =
+        resource["role"] == "Secondary" && up_to_date && quorum && !primary_peer && resource["suspended"] != true;
+    let score = if up_to_date && quorum { 10102 } else { 1 };
+    json!({"may_promote": may_promote, "promotion_score": score})
 }
 
 /// `ping-int 1` and `timeout 5` (DRBD wants `timeout` below `ping-int`): a tuned DRBD that

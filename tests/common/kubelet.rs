@@ -6,6 +6,11 @@
 //! It beats every second (a real kubelet: every 10 s against a 40 s Lease) on a thread and a client
 //! of its own, so that a test blocked in a subprocess, or a busy runtime, cannot starve it into a
 //! node loss nobody asked for.
+//!
+//! Like a live kubelet, it finishes what the API asks of its pods: a pod on its node that is being
+//! deleted (evicted, say) is deleted for good at its next beat, its containers taken as stopped.
+//! What it leaves out: containers (none run), the pod's grace period (they stop at once), and
+//! status updates other than the node's Ready condition.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,10 +18,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
@@ -136,6 +141,7 @@ async fn beat(client: &Client, node: &str) -> Result<(), kube::Error> {
     Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE)
         .patch(node, &PatchParams::apply("fake-kubelet").force(), &Patch::Apply(lease))
         .await?;
+    finish_deleted_pods(client, node).await?;
     if !shows_ready(&current) {
         let ready = NodeCondition {
             type_: "Ready".into(),
@@ -149,6 +155,32 @@ async fn beat(client: &Client, node: &str) -> Result<(), kube::Error> {
         nodes
             .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
             .await?;
+    }
+    Ok(())
+}
+
+/// Deletes for good the pods on `node` that are being deleted: their containers have stopped.
+async fn finish_deleted_pods(client: &Client, node: &str) -> Result<(), kube::Error> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let on_node = ListParams::default().fields(&format!("spec.nodeName={node}"));
+    for pod in pods.list(&on_node).await? {
+        if pod.metadata.deletion_timestamp.is_none() {
+            continue;
+        }
+        let (Some(namespace), Some(uid)) = (pod.namespace(), pod.uid()) else {
+            continue;
+        };
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        let _ = Api::<Pod>::namespaced(client.clone(), &namespace)
+            .delete(&pod.name_any(), &params)
+            .await;
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ pub mod controller;
 pub mod datapath;
 pub mod docs;
 pub mod drbd;
+pub mod drbd_mesh;
 pub mod held;
 pub mod helm;
 pub mod kubelet;

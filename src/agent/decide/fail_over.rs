@@ -1,7 +1,9 @@
 //! Fail-over: a peer whose link to this node is down, with consumers of a volume on its node, is
 //! failed over once the timeout ran out, and only when the evidence says it lost the volume (one
-//! dropped link is a suspicion, not evidence). The blast-radius guard refuses whole fail-overs
-//! past the limit.
+//! dropped link is a suspicion, not evidence) and this node's DRBD says it could take the data
+//! over (its disk UpToDate, DRBD's own `may_promote`): a node DRBD outdated never fails anyone
+//! over. Pods are force-deleted only on a node whose kubelet has stopped renewing its Lease. The
+//! blast-radius guard refuses whole fail-overs past the limit.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Instant;
@@ -9,7 +11,7 @@ use std::time::Instant;
 use super::select::{is_movable, volumes_with_quorum};
 use super::settings::DecisionSettings;
 use crate::agent::action::{Action, Cause};
-use crate::agent::drbd::Resource;
+use crate::agent::drbd::{CannotTakeOver, Resource, TakeOver};
 use crate::agent::report::ResourceReport;
 use crate::agent::view::{FailOverDone, Liveness, NodeView, Observed, PodView, Timers, VolumeView};
 use crate::names::{LOST_QUORUM_TAINT, TAINT_BY_FAIL_OVER};
@@ -36,12 +38,22 @@ pub(super) fn fail_overs(
     timers: &mut Timers,
     now: Instant,
 ) -> Vec<Action> {
-    timers.note_readiness(&observed.nodes, now);
+    timers.note_readiness(&observed.nodes, &observed.unread_nodes, now);
     timers.holds_end.clear();
     let mut holds = Vec::new();
     let mut by_node: BTreeMap<String, Vec<Action>> = BTreeMap::new();
     let mut live_timers = Vec::new();
-    for (resource, volume) in volumes_with_quorum(observed).filter(|(r, _)| r.may_promote()) {
+    for (resource, volume) in volumes_with_quorum(observed) {
+        // A diskless replica has no data to take over, where a peer is Primary its agent decides,
+        // and a node without quorum has lost the volume itself: none weighs a fail-over, nor says
+        // anything of one.
+        let take_over = resource.take_over();
+        if matches!(
+            take_over,
+            Err(CannotTakeOver::Diskless | CannotTakeOver::PrimaryPeer | CannotTakeOver::NoQuorum)
+        ) {
+            continue;
+        }
         for peer in resource.connections.iter().filter(|c| !c.is_connected()) {
             let node = observed.kube_node(&peer.name);
             let key = (resource.name.clone(), peer.name.clone());
@@ -65,7 +77,12 @@ pub(super) fn fail_overs(
                 seen: started,
                 not_ready_since: timers.not_ready_since.get(&node.name).copied(),
             };
-            let verdict = evidence(observed, settings, &suspicion, now);
+            let verdict = match &take_over {
+                Ok(_) => evidence(observed, settings, &suspicion, now),
+                Err(cannot) => Evidence::Alive(format!(
+                    "{cannot}: the peer may be Primary and writing without this node, which could not take the data over"
+                )),
+            };
             match &verdict {
                 Evidence::Alive(evidence) => {
                     // A late detection's hold ends by itself, or once the node goes quiet: the
@@ -83,11 +100,15 @@ pub(super) fn fail_overs(
                     })
                 }
                 Evidence::Lost(evidence) | Evidence::Crashed(evidence) => {
+                    let drbd = take_over.as_ref().map_or_else(ToString::to_string, TakeOver::to_string);
                     let note = format!(
-                        "node {} lost DRBD resource {} ({evidence}; link down for over {:?})",
+                        "node {} lost DRBD resource {} ({evidence}; link down for over {:?}; DRBD here: {drbd})",
                         node.name, resource.name, settings.fail_over_timeout
                     );
-                    let gone = !node.ready || matches!(verdict, Evidence::Crashed(_));
+                    // Force-deletion is for a node that cannot stop its pods: NotReady or crashed,
+                    // and never while its kubelet is seen renewing (it stops an evicted pod).
+                    let cannot_run = !node.ready || matches!(verdict, Evidence::Crashed(_));
+                    let gone = cannot_run && observed.kubelet_renews(&node.name, now) != Some(true);
                     let steps = fail_over_steps(settings, volume, node, gone, &note);
                     by_node.entry(node.name.clone()).or_default().extend(steps);
                 }
@@ -259,7 +280,17 @@ fn what_the_agents_said(
             ));
         }
     }
-    Evidence::Crashed("its agent has stated nothing since the link dropped".into())
+    if observed.kubelet_renews(&node.name, now) == Some(false) {
+        return Evidence::Crashed(
+            "its agent has stated nothing since the link dropped, and its kubelet stopped renewing its node Lease"
+                .into(),
+        );
+    }
+    // A live kubelet (or one not read) is evidence of life: its pods are evicted, not
+    // force-deleted, and only because this node's DRBD could take the data over without it.
+    Evidence::Lost(
+        "its agent has stated nothing since the link dropped, while this node holds the quorum without it; its kubelet is not known to have stopped".into(),
+    )
 }
 
 /// Whether the volume's NFS server listens on `node` (its service endpoint is one of the node's
@@ -419,6 +450,7 @@ mod tests {
     use super::super::fixtures::*;
     use super::super::*;
     use super::*;
+    use crate::agent::drbd::PromotionWord;
 
     #[test]
     fn fails_over_a_lost_peer_only_after_the_timeout() {
@@ -541,9 +573,29 @@ mod tests {
             ),
         ];
         for (case, reports, expected) in cases {
-            let mut observed = link_lost();
+            let mut observed = kubelet_stopped(link_lost());
             observed.reports = reports.into_iter().map(|(n, r)| (n.to_string(), r)).collect();
             assert_eq!(after_timeout(&observed, &settings()), expected, "{case}");
+            // A live kubelet is evidence of life: nothing is force-deleted on its node, and a
+            // silent agent's pods are evicted (this node's DRBD holds the data without it).
+            let alive = if expected == crashed {
+                fail_over.clone()
+            } else {
+                expected
+            };
+            let renewing = kubelet_renewing(observed.clone());
+            assert_eq!(
+                after_timeout(&renewing, &settings()),
+                alive,
+                "{case}, its kubelet renewing"
+            );
+            let mut unread = observed;
+            unread.kubelet_silent_from.clear();
+            assert_eq!(
+                after_timeout(&unread, &settings()),
+                alive,
+                "{case}, its kubelet not read"
+            );
         }
         let mut not_ready = primary_lost();
         not_ready.reports = [("node-a".to_string(), report(true, true, &["node-c"], &["node-b"], true))].into();
@@ -588,7 +640,7 @@ mod tests {
             report_interval: Duration::from_secs(2),
             ..settings()
         };
-        let mut not_yet = link_lost();
+        let mut not_yet = kubelet_stopped(link_lost());
         not_yet.reports = [(
             "node-a".to_string(),
             report(true, true, &["node-b", "node-c"], &[], true),
@@ -632,6 +684,7 @@ mod tests {
             let mut said = report(true, true, &["node-b", "node-c"], &[], true);
             said.quiet_from = Some(t0 + quiet_after);
             observed.reports = [("node-a".to_string(), said)].into();
+            observed.kubelet_silent_from.insert("node-a".into(), t0 + quiet_after);
             decide(&observed, &settings, &mut timers, t0);
             (observed, timers, t0)
         };
@@ -720,7 +773,7 @@ mod tests {
         };
         let t0 = Instant::now();
         let at = |observed: &Observed, seconds: u64| decided_after(observed, &settings, Duration::from_secs(seconds));
-        let mut silent = link_lost();
+        let mut silent = kubelet_stopped(link_lost());
         silent.api_answering_since = Some(t0);
         assert_eq!(at(&silent, 5), ["hold node-a"], "answering for 5 s of 10");
         assert_eq!(
@@ -1096,5 +1149,138 @@ mod tests {
         let mut observed = primary_lost();
         observed.volumes.get_mut("pvc-1").unwrap().pods[0].terminating = true;
         assert!(after_timeout(&observed, &settings()).contains(&"force-delete app".to_string()));
+    }
+
+    /// Kinds and the hold's evidence of the actions decided past the timeout, and for a minute.
+    fn held_for_a_minute(observed: &Observed) -> Vec<String> {
+        let settings = settings();
+        for elapsed in [settings.fail_over_timeout, Duration::from_secs(60)] {
+            let decided = decided_after(observed, &settings, elapsed);
+            assert!(
+                decided.iter().all(|a| a.starts_with("hold")),
+                "{decided:?} after {elapsed:?}"
+            );
+        }
+        let (t0, mut timers) = (Instant::now(), Timers::new());
+        decide(observed, &settings, &mut timers, t0);
+        decide(observed, &settings, &mut timers, t0 + Duration::from_secs(60))
+            .iter()
+            .map(|a| match a {
+                Action::HoldFailOver { evidence, .. } => evidence.clone(),
+                other => panic!("not a hold: {other:?}"),
+            })
+            .collect()
+    }
+
+    /// The strongest case for a fail-over (the peer NotReady, its agent and kubelet silent):
+    /// still nothing while this node's DRBD could not take the data over, and said so.
+    #[test]
+    fn a_node_that_could_not_take_the_data_over_never_fails_anyone_over() {
+        let lost = kubelet_stopped(primary_lost());
+        let with = |change: &dyn Fn(&mut Resource)| {
+            let mut observed = lost.clone();
+            change(&mut observed.drbd.resources[0]);
+            observed
+        };
+        let outdated = with(&|r| r.devices[0].disk_state = "Outdated".into());
+        let inconsistent = with(&|r| r.devices[0].disk_state = "Inconsistent".into());
+        let drbd_says_no = with(&|r| {
+            r.drbd_says = Some(PromotionWord {
+                may_promote: false,
+                promotion_score: 10101,
+            })
+        });
+        let suspended = with(&|r| r.suspended = true);
+        for (case, observed, says) in [
+            ("outdated", &outdated, "this node's disk is Outdated, not UpToDate"),
+            ("inconsistent", &inconsistent, "this node's disk is Inconsistent"),
+            (
+                "DRBD says no",
+                &drbd_says_no,
+                "DRBD says may_promote:no (promotion_score 10101)",
+            ),
+            ("suspended", &suspended, "suspended"),
+        ] {
+            let evidence = held_for_a_minute(observed);
+            assert!(evidence.iter().all(|e| e.contains(says)), "{case}: {evidence:?}");
+        }
+        // A diskless tie-breaker has nothing to take over, and a Primary peer decides for itself:
+        // neither says a word.
+        let diskless = with(&|r| r.devices[0].disk_state = "Diskless".into());
+        let primary_peer = with(&|r| r.connections[1].peer_role = "Primary".into());
+        for observed in [&diskless, &primary_peer] {
+            assert!(decided_after(observed, &settings(), Duration::from_secs(60)).is_empty());
+        }
+        // Once DRBD would promote it (the disk resynced, may_promote:yes), the fail-over goes on,
+        // and its steps name the evidence.
+        let mut resynced = outdated.clone();
+        resynced.drbd.resources[0].devices[0].disk_state = "UpToDate".into();
+        resynced.drbd.resources[0].drbd_says = Some(PromotionWord {
+            may_promote: true,
+            promotion_score: 10102,
+        });
+        let (t0, mut timers) = (Instant::now(), Timers::new());
+        decide(&outdated, &settings(), &mut timers, t0);
+        let steps = decide(&resynced, &settings(), &mut timers, t0 + settings().fail_over_timeout);
+        assert_eq!(kinds(&steps)[1], "force-delete app");
+        for step in &steps {
+            let note = step.note();
+            assert!(
+                note.contains(
+                    "DRBD here: this node's disk is UpToDate and DRBD says may_promote:yes (promotion_score 10102)"
+                ),
+                "{note}"
+            );
+        }
+    }
+
+    /// Nothing on a node whose kubelet renews is force-deleted, NotReady or not: its kubelet stops
+    /// an evicted pod, and the attachment goes once it has.
+    #[test]
+    fn nothing_is_force_deleted_while_the_nodes_kubelet_renews() {
+        let renewing = kubelet_renewing(primary_lost());
+        assert_eq!(
+            after_timeout(&renewing, &settings()),
+            ["taint node-a drbd.linbit.com/lost-quorum", "evict app"]
+        );
+        assert_eq!(
+            after_timeout(&kubelet_stopped(primary_lost()), &settings()),
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "force-delete app",
+                "delete-attachment csi-att-1"
+            ]
+        );
+    }
+
+    /// A Node that cannot be read in a round is neither Ready nor failed over in it: its NotReady
+    /// count goes on (under a flaky API server a crashed node's pods do not wait for minutes).
+    #[test]
+    fn a_failed_read_of_a_suspect_keeps_its_not_ready_count() {
+        let settings = DecisionSettings {
+            not_ready_counts_after: Duration::from_secs(20),
+            ..settings()
+        };
+        let mut observed = primary_lost();
+        observed.reports = [("node-a".to_string(), report(true, true, &["node-c"], &["node-b"], true))].into();
+        let mut unread = observed.clone();
+        unread.nodes.remove("node-a");
+        unread.unread_nodes.insert("node-a".into());
+        let (t0, mut timers) = (Instant::now(), Timers::new());
+        let at = |timers: &mut Timers, observed: &Observed, seconds: u64| {
+            kinds(&decide(observed, &settings, timers, t0 + Duration::from_secs(seconds)))
+        };
+        at(&mut timers, &observed, 0);
+        for second in [4, 9, 14, 19] {
+            assert!(
+                at(&mut timers, &unread, second).is_empty(),
+                "unread at {second} s: nothing done"
+            );
+        }
+        assert_eq!(
+            at(&mut timers, &observed, 20)[0],
+            "taint node-a drbd.linbit.com/lost-quorum",
+            "NotReady since 0 s, whatever was unread between"
+        );
     }
 }

@@ -21,7 +21,7 @@ pub(crate) fn resource(role: &str, quorum: bool, peers: &[(&str, &str, &str)]) -
         role: role.into(),
         devices: vec![Device {
             quorum,
-            ..Default::default()
+            disk_state: "UpToDate".into(),
         }],
         connections: peers
             .iter()
@@ -131,6 +131,21 @@ pub(crate) fn primary_lost() -> Observed {
 pub(crate) fn link_lost() -> Observed {
     let mut observed = primary_lost();
     observed.nodes.insert("node-a".into(), node("node-a", true, &[]).1);
+    observed
+}
+
+/// `observed` with node a's kubelet seen to have stopped renewing its node Lease a minute ago:
+/// together with its agent's silence, a crashed node.
+pub(crate) fn kubelet_stopped(mut observed: Observed) -> Observed {
+    let a_minute_ago = Instant::now().checked_sub(Duration::from_secs(60)).unwrap();
+    observed.kubelet_silent_from.insert("node-a".into(), a_minute_ago);
+    observed
+}
+
+/// `observed` with node a's kubelet renewing its node Lease for another minute.
+pub(crate) fn kubelet_renewing(mut observed: Observed) -> Observed {
+    let in_a_minute = Instant::now() + Duration::from_secs(60);
+    observed.kubelet_silent_from.insert("node-a".into(), in_a_minute);
     observed
 }
 

@@ -153,7 +153,7 @@ fn own_publication(
     resource: &Resource,
     volume: &VolumeView,
 ) -> Option<Result<Action, Action>> {
-    if !(resource.is_primary() && resource.may_promote()) {
+    if !(resource.is_primary() && resource.quorum_without_primary_peer()) {
         return None;
     }
     let claim = volume.shared_claim.clone()?;

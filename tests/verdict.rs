@@ -1,0 +1,139 @@
+//! End-to-end tests of the rule that destructive fail-over rests on DRBD's verdict, not on
+//! silence: the README's layout (a Primary on a, b diskful, c a diskless tie-breaker on a node
+//! that runs no agent), a simulated DRBD that outdates b when a goes on without it, real agent
+//! processes and the real control plane. Each test holds for a while what must never happen,
+//! then checks that a real loss is still handled in bounded time.
+//!
+//! `SVC_VERDICT_HOLD_SECONDS` (default 45: 45 fail-over timeouts of the tests' agents, past every
+//! allowance of their silence rules and the tests' NotReady grace) sets how long; the issue that
+//! asked for this test named 120 s.
+
+use std::time::{Duration, Instant};
+
+use common::drbd::{LOST_QUORUM, SimNode, app_on_node_a, drbd_taints, pod_state, teardown, untouched};
+use common::drbd_mesh::Mesh;
+use common::eventually;
+use common::process::Process;
+
+/// How long nothing may happen to the healthy primary.
+fn hold() -> Duration {
+    let seconds = std::env::var("SVC_VERDICT_HOLD_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    Duration::from_secs(seconds.unwrap_or(45))
+}
+
+/// Node a Primary with its pod `app` and attachment, b diskful, c a diskless tie-breaker; agents
+/// on a and b only (the chart's nodeSelector may leave c without one).
+async fn tie_breaker_layout(test: &str) -> (common::TestEnv, Vec<SimNode>, String, Mesh, String, Vec<Process>) {
+    let (env, nodes, pv) = app_on_node_a(test).await;
+    let mut mesh = Mesh::over(&pv, &nodes, &[2]);
+    mesh.promote(0).unwrap();
+    mesh.write(&nodes);
+    let attachment = env.attachment("att", &pv, &nodes[0].name).await;
+    let agents = vec![
+        env.start_agent(&nodes[0], &[]).await,
+        env.start_agent(&nodes[1], &[]).await,
+    ];
+    // Both agents have stated their view.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    (env, nodes, pv, mesh, attachment, agents)
+}
+
+/// Asserts for [`hold`] that node a keeps its pod, its attachment and no taint.
+async fn nothing_happens_to_a(env: &common::TestEnv, a: &SimNode, attachment: &str, why: &str) {
+    let since = Instant::now();
+    while since.elapsed() < hold() {
+        assert!(
+            untouched(env, "app").await,
+            "{why}: a's pod evicted or deleted after {:?}",
+            since.elapsed()
+        );
+        assert!(
+            env.attachment_exists(attachment).await,
+            "{why}: a's attachment deleted after {:?}",
+            since.elapsed()
+        );
+        assert_eq!(
+            drbd_taints(env, &a.name).await,
+            None,
+            "{why}: a tainted after {:?}",
+            since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Waits for a's pod and attachment to be gone, and says how long that took.
+async fn a_is_failed_over(env: &common::TestEnv, attachment: &str, bound: Duration) -> Duration {
+    let lost = Instant::now();
+    eventually("a's pod gone", bound, || async {
+        pod_state(env, "app").await.is_none().then_some(())
+    })
+    .await;
+    eventually("a's attachment deleted", bound, || async {
+        (!env.attachment_exists(attachment).await).then_some(())
+    })
+    .await;
+    lost.elapsed()
+}
+
+/// a's agent goes down (a rollout, an OOM kill) and meanwhile the a–b link drops: a keeps quorum
+/// through c and goes on writing, its kubelet renews, DRBD outdates b. b's agent does nothing to
+/// a: its own disk is Outdated. The old rule took a for crashed and force-deleted its pod. Once
+/// the link is back (b in sync again) and a really loses quorum, a's pod is evicted (its kubelet
+/// lives and finishes the eviction) and the attachment released.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_healthy_primary_whose_agent_restarts_keeps_its_pod_and_attachment() {
+    let (env, nodes, pv, mut mesh, attachment, mut agents) = tie_breaker_layout("verdict-agent-down").await;
+    let a = &nodes[0];
+    agents.remove(0).kill().await;
+    mesh.cut(0, 1);
+    mesh.write(&nodes);
+    assert!(mesh.is_outdated(1));
+    nothing_happens_to_a(&env, a, &attachment, "a's agent down, b Outdated").await;
+    let held = common::drbd::cluster_events(&env, &pv, "FailOverHeld").await;
+    assert!(
+        held.iter()
+            .filter_map(|e| e.note.as_deref())
+            .any(|n| n.contains("Outdated")),
+        "the hold says b's disk is Outdated: {:?}",
+        held.iter().map(|e| e.note.clone()).collect::<Vec<_>>()
+    );
+
+    mesh.heal(0, 1);
+    mesh.write(&nodes);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mesh.isolate(0);
+    mesh.write(&nodes);
+    let took = a_is_failed_over(&env, &attachment, Duration::from_secs(20)).await;
+    eprintln!("a isolated with its kubelet alive: pod evicted and attachment released after {took:?}");
+    assert!(env.taints(&a.name).await.iter().any(|t| t == LOST_QUORUM));
+    teardown(env, agents).await;
+}
+
+/// a is cut off from the API server alone: its agent and kubelet quiet (its Node goes NotReady),
+/// its DRBD links to c intact, the a–b link down, b Outdated. Nothing is done to a: b could not
+/// take the data over. Once b is back in sync and a really loses quorum, a's pod is force-deleted
+/// (its node cannot run anything) and the attachment released.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_primary_cut_off_from_the_api_server_alone_keeps_its_pod_and_attachment() {
+    let (env, nodes, _pv, mut mesh, attachment, mut agents) = tie_breaker_layout("verdict-api-cut").await;
+    let a = &nodes[0];
+    agents.remove(0).kill().await;
+    a.kubelet.stop();
+    mesh.cut(0, 1);
+    mesh.write(&nodes);
+    nothing_happens_to_a(&env, a, &attachment, "a cut off from the API server, b Outdated").await;
+
+    mesh.heal(0, 1);
+    mesh.write(&nodes);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mesh.isolate(0);
+    mesh.write(&nodes);
+    let took = a_is_failed_over(&env, &attachment, Duration::from_secs(20)).await;
+    eprintln!("a NotReady and isolated: pod force-deleted and attachment released after {took:?}");
+    teardown(env, agents).await;
+}
