@@ -4,9 +4,9 @@
 use std::time::{Duration, Instant};
 
 use common::drbd::{
-    FORCE_IO_ERROR, LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, fail_over_durations,
-    healthy, lost, no_labels, pod_state, resource, suspended, teardown, three_nodes, untouched, wait_for_eviction,
-    wait_for_slice_at, wait_for_taint,
+    FORCE_IO_ERROR, KUBELET_QUIET, LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints,
+    fail_over_durations, healthy, lost, no_labels, pod_state, resource, suspended, teardown, three_nodes, untouched,
+    wait_for_eviction, wait_for_slice_at, wait_for_taint,
 };
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually};
@@ -85,15 +85,19 @@ async fn node_a_is_lost_and_failed_over(
     agents: &mut Vec<Process>,
 ) -> FailOverSeen {
     // Node a dies: its agent and its kubelet with it; b and c see its DRBD links drop. The agents
-    // act on DRBD's evidence and a's silence while Kubernetes still has the node Ready: taint,
-    // force-delete the pod (it cannot write: b and c hold the quorum) and release the attachment,
-    // as the seeds' controller does, so that a replacement can attach before NotReady.
+    // act on DRBD's verdict (b and c could take the data over, so a cannot write) while
+    // Kubernetes still has the node Ready: taint and evict at once, then force-delete the pod and
+    // release the attachment once a's kubelet has gone silent too, as the seeds' controller does,
+    // so that a replacement can attach before NotReady with Kubernetes's defaults.
     agents.remove(0).stop().await;
     nodes[0].kubelet.stop();
     let failed_at = Instant::now();
     lost(nodes, &[pv], 0, None);
     wait_for_taint(env, &nodes[0].name, LOST_QUORUM, true).await;
     let tainted = failed_at.elapsed();
+    wait_for_eviction(env, "app").await;
+    let evicted = failed_at.elapsed();
+    let ready_when_evicted = env.node_ready(&nodes[0].name).await;
     eventually("the pod on node a force-deleted", WAIT, || async {
         pod_state(env, "app").await.is_none().then_some(())
     })
@@ -103,12 +107,15 @@ async fn node_a_is_lost_and_failed_over(
     })
     .await;
     let fail_over = failed_at.elapsed();
-    let ready_when_moved = env.node_ready(&nodes[0].name).await;
     env.wait_not_ready(&nodes[0].name).await;
     let not_ready = failed_at.elapsed();
     assert!(
-        ready_when_moved && fail_over < not_ready,
-        "the pod and attachment are gone before Kubernetes decides: {fail_over:?} vs NotReady at {not_ready:?}"
+        ready_when_evicted && evicted < not_ready,
+        "the pod is evicted before Kubernetes decides: {evicted:?} vs NotReady at {not_ready:?}"
+    );
+    assert!(
+        fail_over < KUBELET_QUIET + Duration::from_secs(4),
+        "the pod and attachment are gone once a's kubelet is silent: {fail_over:?}"
     );
     // The agent that failed node a over reports how long the volume's fail-over took.
     let (count, sum) = fail_over_durations(agents, 1).await;

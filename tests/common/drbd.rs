@@ -106,6 +106,10 @@ impl SimNode {
     }
 }
 
+/// How long after its last renewal the agents take a kubelet for silent: one 10 s renewal of a
+/// 40 s node Lease and 3 s of slack, and a second for the round that reads it.
+pub const KUBELET_QUIET: Duration = Duration::from_secs(14);
+
 /// How long the control plane lets a silent node pass for Ready: `SVC_NODE_MONITOR_GRACE_PERIOD`
 /// (in seconds, as `hack/cluster.sh` passes it on), else Kubernetes's default, 50 s.
 pub fn node_monitor_grace_period() -> Duration {
@@ -313,7 +317,11 @@ impl TestEnv {
     /// node-lifecycle controller has marked it NotReady.
     pub async fn lose_node_and_wait_not_ready(&self, node: &SimNode) {
         node.kubelet.stop();
+        let stopped = std::time::Instant::now();
         self.wait_not_ready(&node.name).await;
+        // With Kubernetes's 40 s grace, a NotReady node's kubelet has long missed its renewal (the
+        // agents allow one 10 s renewal and 3 s); the tests' shorter grace comes before that.
+        tokio::time::sleep(KUBELET_QUIET.saturating_sub(stopped.elapsed())).await;
     }
 
     /// Waits until the node-lifecycle controller has marked `node` NotReady: its grace period
