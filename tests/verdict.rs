@@ -64,8 +64,20 @@ async fn nothing_happens_to_a(env: &common::TestEnv, a: &SimNode, attachment: &s
     }
 }
 
+/// The a–b link comes back (b in sync again), then a loses every link: b may take the data over.
 /// Waits for a's pod and attachment to be gone, and says how long that took.
-async fn a_is_failed_over(env: &common::TestEnv, attachment: &str, bound: Duration) -> Duration {
+async fn a_really_loses_quorum(
+    env: &common::TestEnv,
+    nodes: &[SimNode],
+    mesh: &mut Mesh,
+    attachment: &str,
+) -> Duration {
+    mesh.heal(0, 1);
+    mesh.write(nodes);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mesh.isolate(0);
+    mesh.write(nodes);
+    let bound = Duration::from_secs(20);
     let lost = Instant::now();
     eventually("a's pod gone", bound, || async {
         pod_state(env, "app").await.is_none().then_some(())
@@ -102,12 +114,7 @@ async fn a_healthy_primary_whose_agent_restarts_keeps_its_pod_and_attachment() {
         held.iter().map(|e| e.note.clone()).collect::<Vec<_>>()
     );
 
-    mesh.heal(0, 1);
-    mesh.write(&nodes);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    mesh.isolate(0);
-    mesh.write(&nodes);
-    let took = a_is_failed_over(&env, &attachment, Duration::from_secs(20)).await;
+    let took = a_really_loses_quorum(&env, &nodes, &mut mesh, &attachment).await;
     eprintln!("a isolated with its kubelet alive: pod evicted and attachment released after {took:?}");
     assert!(env.taints(&a.name).await.iter().any(|t| t == LOST_QUORUM));
     teardown(env, agents).await;
@@ -128,12 +135,7 @@ async fn a_primary_cut_off_from_the_api_server_alone_keeps_its_pod_and_attachmen
     mesh.write(&nodes);
     nothing_happens_to_a(&env, a, &attachment, "a cut off from the API server, b Outdated").await;
 
-    mesh.heal(0, 1);
-    mesh.write(&nodes);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    mesh.isolate(0);
-    mesh.write(&nodes);
-    let took = a_is_failed_over(&env, &attachment, Duration::from_secs(20)).await;
+    let took = a_really_loses_quorum(&env, &nodes, &mut mesh, &attachment).await;
     eprintln!("a NotReady and isolated: pod force-deleted and attachment released after {took:?}");
     teardown(env, agents).await;
 }

@@ -44,16 +44,9 @@ pub(super) fn fail_overs(
     let mut by_node: BTreeMap<String, Vec<Action>> = BTreeMap::new();
     let mut live_timers = Vec::new();
     for (resource, volume) in volumes_with_quorum(observed) {
-        // A diskless replica has no data to take over, where a peer is Primary its agent decides,
-        // and a node without quorum has lost the volume itself: none weighs a fail-over, nor says
-        // anything of one.
-        let take_over = resource.take_over();
-        if matches!(
-            take_over,
-            Err(CannotTakeOver::Diskless | CannotTakeOver::PrimaryPeer | CannotTakeOver::NoQuorum)
-        ) {
+        let Some(take_over) = weighs_fail_overs(resource) else {
             continue;
-        }
+        };
         for peer in resource.connections.iter().filter(|c| !c.is_connected()) {
             let node = observed.kube_node(&peer.name);
             let key = (resource.name.clone(), peer.name.clone());
@@ -99,17 +92,8 @@ pub(super) fn fail_overs(
                         evidence: evidence.clone(),
                     })
                 }
-                Evidence::Lost(evidence) | Evidence::Crashed(evidence) => {
-                    let drbd = take_over.as_ref().map_or_else(ToString::to_string, TakeOver::to_string);
-                    let note = format!(
-                        "node {} lost DRBD resource {} ({evidence}; link down for over {:?}; DRBD here: {drbd})",
-                        node.name, resource.name, settings.fail_over_timeout
-                    );
-                    // Force-deletion is for a node that cannot stop its pods: NotReady or crashed,
-                    // and never while its kubelet is seen renewing (it stops an evicted pod).
-                    let cannot_run = !node.ready || matches!(verdict, Evidence::Crashed(_));
-                    let gone = cannot_run && observed.kubelet_renews(&node.name, now) != Some(true);
-                    let steps = fail_over_steps(settings, volume, node, gone, &note);
+                Evidence::Lost(_) | Evidence::Crashed(_) => {
+                    let steps = steps_off(observed, settings, &suspicion, volume, &verdict, now);
                     by_node.entry(node.name.clone()).or_default().extend(steps);
                 }
             }
@@ -125,6 +109,42 @@ pub(super) fn fail_overs(
     }
     holds.extend(guard_fail_overs(observed, settings, by_node));
     holds
+}
+
+/// Whether this node weighs fail-overs of `resource`, and what its DRBD says of taking the data
+/// over. A diskless replica has no data to take over, where a peer is Primary its agent decides,
+/// and a node without quorum has lost the volume itself: none weighs a fail-over, nor says
+/// anything of one.
+fn weighs_fail_overs(resource: &Resource) -> Option<Result<TakeOver, CannotTakeOver>> {
+    let take_over = resource.take_over();
+    let not_a_candidate = matches!(
+        take_over,
+        Err(CannotTakeOver::Diskless | CannotTakeOver::PrimaryPeer | CannotTakeOver::NoQuorum)
+    );
+    (!not_a_candidate).then_some(take_over)
+}
+
+/// The steps that move the volume off a suspect the evidence says lost it, each noting the
+/// evidence and this node's DRBD verdict. Force-deletion is for a node that cannot stop its pods
+/// (NotReady, or crashed), and never while its kubelet is seen renewing: it stops an evicted pod.
+fn steps_off(
+    observed: &Observed,
+    settings: &DecisionSettings,
+    suspicion: &Suspicion,
+    volume: &VolumeView,
+    verdict: &Evidence,
+    now: Instant,
+) -> Vec<Action> {
+    let (Evidence::Lost(evidence) | Evidence::Crashed(evidence) | Evidence::Alive(evidence)) = verdict;
+    let (node, resource) = (suspicion.node, suspicion.resource);
+    let drbd = resource.take_over().map_or_else(|e| e.to_string(), |t| t.to_string());
+    let note = format!(
+        "node {} lost DRBD resource {} ({evidence}; link down for over {:?}; DRBD here: {drbd})",
+        node.name, resource.name, settings.fail_over_timeout
+    );
+    let cannot_run = !node.ready || matches!(verdict, Evidence::Crashed(_));
+    let gone = cannot_run && observed.kubelet_renews(&node.name, now) != Some(true);
+    fail_over_steps(settings, volume, node, gone, &note)
 }
 
 /// Whether a fail-over of the volume from the peer's node may start: a running pod there writes
