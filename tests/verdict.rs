@@ -23,19 +23,30 @@ fn hold() -> Duration {
     Duration::from_secs(seconds.unwrap_or(45))
 }
 
-/// Node a Primary with its pod `app` and attachment, b diskful, c a diskless tie-breaker; agents
-/// on a and b only (the chart's nodeSelector may leave c without one).
-async fn tie_breaker_layout(test: &str) -> (common::TestEnv, Vec<SimNode>, String, Mesh, String, Vec<Process>) {
+/// A layout of three nodes: a Primary with its pod `app` and attachment, b diskful, c diskless
+/// without an agent (the README's, the chart's nodeSelector leaving c out) or diskful with one.
+enum Layout {
+    TieBreaker,
+    ThreeDiskful,
+}
+
+type Scene = (common::TestEnv, Vec<SimNode>, String, Mesh, String, Vec<Process>);
+
+async fn set_up(test: &str, layout: Layout) -> Scene {
     let (env, nodes, pv) = app_on_node_a(test).await;
-    let mut mesh = Mesh::over(&pv, &nodes, &[2]);
+    let (diskless, with_agents): (&[usize], usize) = match layout {
+        Layout::TieBreaker => (&[2], 2),
+        Layout::ThreeDiskful => (&[], 3),
+    };
+    let mut mesh = Mesh::over(&pv, &nodes, diskless);
     mesh.promote(0).unwrap();
     mesh.write(&nodes);
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
-    let agents = vec![
-        env.start_agent(&nodes[0], &[]).await,
-        env.start_agent(&nodes[1], &[]).await,
-    ];
-    // Both agents have stated their view.
+    let mut agents = Vec::new();
+    for node in &nodes[..with_agents] {
+        agents.push(env.start_agent(node, &[]).await);
+    }
+    // Every agent has stated its view.
     tokio::time::sleep(Duration::from_secs(3)).await;
     (env, nodes, pv, mesh, attachment, agents)
 }
@@ -98,12 +109,17 @@ async fn a_really_loses_quorum(
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn a_healthy_primary_whose_agent_restarts_keeps_its_pod_and_attachment() {
-    let (env, nodes, pv, mut mesh, attachment, mut agents) = tie_breaker_layout("verdict-agent-down").await;
+    let (env, nodes, pv, mut mesh, attachment, mut agents) = set_up("verdict-agent-down", Layout::TieBreaker).await;
     let a = &nodes[0];
     agents.remove(0).kill().await;
     mesh.cut(0, 1);
     mesh.write(&nodes);
     assert!(mesh.is_outdated(1));
+    // Meanwhile a's kubelet misses renewals for 20 s (one that failed, retried at once, then
+    // its period): b may see it quiet, even NotReady with the tests' short grace.
+    a.kubelet.stop();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    a.kubelet.resume();
     nothing_happens_to_a(&env, a, &attachment, "a's agent down, b Outdated").await;
     let held = common::drbd::cluster_events(&env, &pv, "FailOverHeld").await;
     assert!(
@@ -127,7 +143,7 @@ async fn a_healthy_primary_whose_agent_restarts_keeps_its_pod_and_attachment() {
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn a_primary_cut_off_from_the_api_server_alone_keeps_its_pod_and_attachment() {
-    let (env, nodes, _pv, mut mesh, attachment, mut agents) = tie_breaker_layout("verdict-api-cut").await;
+    let (env, nodes, _pv, mut mesh, attachment, mut agents) = set_up("verdict-api-cut", Layout::TieBreaker).await;
     let a = &nodes[0];
     agents.remove(0).kill().await;
     a.kubelet.stop();
@@ -137,5 +153,33 @@ async fn a_primary_cut_off_from_the_api_server_alone_keeps_its_pod_and_attachmen
 
     let took = a_really_loses_quorum(&env, &nodes, &mut mesh, &attachment).await;
     eprintln!("a NotReady and isolated: pod force-deleted and attachment released after {took:?}");
+    teardown(env, agents).await;
+}
+
+/// Three diskful nodes, c's agent stopped, a cut off from the API server (its agent and kubelet
+/// quiet) and its link to b down: a goes on with quorum through c, DRBD outdates b, and b's
+/// agent, the only one left, does nothing to a. Once b is back in sync and a really loses quorum,
+/// a's pod and attachment are gone within the bound.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn three_diskful_nodes_with_one_agent_stopped_keep_a_primary_cut_off_from_the_api() {
+    let (env, nodes, _pv, mut mesh, attachment, mut agents) = set_up("verdict-three", Layout::ThreeDiskful).await;
+    let a = &nodes[0];
+    agents.remove(2).kill().await;
+    agents.remove(0).kill().await;
+    a.kubelet.stop();
+    mesh.cut(0, 1);
+    mesh.write(&nodes);
+    assert!(mesh.is_outdated(1));
+    nothing_happens_to_a(
+        &env,
+        a,
+        &attachment,
+        "three diskful, a cut off from the API server, b Outdated",
+    )
+    .await;
+
+    let took = a_really_loses_quorum(&env, &nodes, &mut mesh, &attachment).await;
+    eprintln!("three diskful, a NotReady and isolated: pod and attachment gone after {took:?}");
     teardown(env, agents).await;
 }

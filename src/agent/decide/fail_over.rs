@@ -300,17 +300,43 @@ fn what_the_agents_said(
             ));
         }
     }
-    if observed.kubelet_renews(&node.name, now) == Some(false) {
-        return Evidence::Crashed(
-            "its agent has stated nothing since the link dropped, and its kubelet stopped renewing its node Lease"
-                .into(),
-        );
+    what_its_silence_says(observed, &node.name, now)
+}
+
+/// What a peer's agent's silence since the link dropped says, nobody speaking for it: nothing
+/// when most peers' agents are silent at once; a crashed node once its kubelet stopped renewing
+/// too; else a lost volume whose pods are evicted, not force-deleted (a live kubelet, or one not
+/// read, is evidence of life), and only because this node's DRBD could take the data over.
+fn what_its_silence_says(observed: &Observed, node: &str, now: Instant) -> Evidence {
+    const SILENT: &str = "its agent has stated nothing since the link dropped";
+    if let Some(many) = silent_at_once(observed) {
+        return Evidence::Alive(format!(
+            "{SILENT}, but {many} at once: silence that wide is the API server's trouble, not the nodes' (held until their renewals resume)"
+        ));
     }
-    // A live kubelet (or one not read) is evidence of life: its pods are evicted, not
-    // force-deleted, and only because this node's DRBD could take the data over without it.
-    Evidence::Lost(
-        "its agent has stated nothing since the link dropped, while this node holds the quorum without it; its kubelet is not known to have stopped".into(),
-    )
+    if observed.kubelet_renews(node, now) == Some(false) {
+        return Evidence::Crashed(format!("{SILENT}, and its kubelet stopped renewing its node Lease"));
+    }
+    Evidence::Lost(format!(
+        "{SILENT}, while this node holds the quorum without it; its kubelet is not known to have stopped"
+    ))
+}
+
+/// Whether most of the peers' agents read this round are silent at once (two or more, over half):
+/// as Kubernetes's node-lifecycle controller holds evictions when most of a zone looks
+/// unhealthy, silence that wide is taken for the API server's trouble, not the nodes'. Says how
+/// many of how many.
+fn silent_at_once(observed: &Observed) -> Option<String> {
+    let read: Vec<Liveness> = observed
+        .reports
+        .iter()
+        .filter(|(node, _)| **node != observed.node)
+        .map(|(_, report)| report.liveness)
+        .filter(|liveness| *liveness != Liveness::Unknown)
+        .collect();
+    let silent = read.iter().filter(|l| **l == Liveness::Expired).count();
+    (silent >= 2 && 2 * silent > read.len())
+        .then(|| format!("{silent} of the {} peers' agents read are silent", read.len()))
 }
 
 /// Whether the volume's NFS server listens on `node` (its service endpoint is one of the node's
@@ -595,27 +621,12 @@ mod tests {
         for (case, reports, expected) in cases {
             let mut observed = kubelet_stopped(link_lost());
             observed.reports = reports.into_iter().map(|(n, r)| (n.to_string(), r)).collect();
-            assert_eq!(after_timeout(&observed, &settings()), expected, "{case}");
-            // A live kubelet is evidence of life: nothing is force-deleted on its node, and a
-            // silent agent's pods are evicted (this node's DRBD holds the data without it).
             let alive = if expected == crashed {
                 fail_over.clone()
             } else {
-                expected
+                expected.clone()
             };
-            let renewing = kubelet_renewing(observed.clone());
-            assert_eq!(
-                after_timeout(&renewing, &settings()),
-                alive,
-                "{case}, its kubelet renewing"
-            );
-            let mut unread = observed;
-            unread.kubelet_silent_from.clear();
-            assert_eq!(
-                after_timeout(&unread, &settings()),
-                alive,
-                "{case}, its kubelet not read"
-            );
+            decided_whatever_the_kubelet(case, &observed, &expected, &alive);
         }
         let mut not_ready = primary_lost();
         not_ready.reports = [("node-a".to_string(), report(true, true, &["node-c"], &["node-b"], true))].into();
@@ -623,6 +634,26 @@ mod tests {
             after_timeout(&not_ready, &settings())[0],
             "taint node-a drbd.linbit.com/lost-quorum",
             "a NotReady node is lost whatever it said"
+        );
+    }
+
+    /// `expected` with node a's kubelet stopped, and `alive` with it renewing or not read: a live
+    /// kubelet is evidence of life, so nothing is force-deleted on its node, and a silent agent's
+    /// pods are evicted (this node's DRBD holds the data without it).
+    fn decided_whatever_the_kubelet(case: &str, stopped: &Observed, expected: &[String], alive: &[String]) {
+        assert_eq!(after_timeout(stopped, &settings()), expected, "{case}");
+        let renewing = kubelet_renewing(stopped.clone());
+        assert_eq!(
+            after_timeout(&renewing, &settings()),
+            alive,
+            "{case}, its kubelet renewing"
+        );
+        let mut unread = stopped.clone();
+        unread.kubelet_silent_from.clear();
+        assert_eq!(
+            after_timeout(&unread, &settings()),
+            alive,
+            "{case}, its kubelet not read"
         );
     }
 
@@ -1301,6 +1332,41 @@ mod tests {
             at(&mut timers, &observed, 20)[0],
             "taint node-a drbd.linbit.com/lost-quorum",
             "NotReady since 0 s, whatever was unread between"
+        );
+    }
+
+    /// When most of the peers' agents read look silent at once, silence is not evidence: held,
+    /// and let go as soon as their renewals resume.
+    #[test]
+    fn silence_of_most_agents_at_once_is_not_evidence() {
+        let mut observed = kubelet_stopped(link_lost());
+        let silent = |node: &str| (node.to_string(), report(false, true, &[], &[], false));
+        observed.reports = [silent("node-a"), silent("node-c"), silent("node-d")].into();
+        let held = held_for_a_minute(&observed);
+        assert!(held[0].contains("3 of the 3 peers' agents read are silent"), "{held:?}");
+        observed
+            .reports
+            .insert("node-c".into(), report(false, true, &["node-b"], &["node-a"], true));
+        observed
+            .reports
+            .insert("node-d".into(), report(false, true, &["node-b"], &["node-a"], true));
+        assert_eq!(
+            after_timeout(&observed, &settings()),
+            [
+                "taint node-a drbd.linbit.com/lost-quorum",
+                "force-delete app",
+                "delete-attachment csi-att-1"
+            ],
+            "the others renew again: a alone is silent"
+        );
+        // A stated loss of quorum is no silence: it counts however many others are silent.
+        let mut said = observed.clone();
+        said.reports = [silent("node-c"), silent("node-d")].into();
+        said.reports
+            .insert("node-a".into(), report(true, false, &[], &["node-b", "node-c"], true));
+        assert_eq!(
+            after_timeout(&said, &settings())[0],
+            "taint node-a drbd.linbit.com/lost-quorum"
         );
     }
 }
