@@ -13,6 +13,7 @@ use serde_json::json;
 use super::api_health::ApiHealth;
 use super::error::AgentError;
 use super::quiet::{agent_silent_from, renews};
+use super::renewal_watch::RenewalWatch;
 use super::report::Report;
 use super::server_clock::{ServerClock, last_write};
 use crate::deadline::within;
@@ -124,12 +125,23 @@ pub async fn peer_now(
     clock: &ServerClock,
     timeout: Duration,
     api: &ApiHealth,
+    seen: Option<(&RenewalWatch, &str)>,
 ) -> Option<PeerNow> {
     let heartbeat = within(timeout, leases.get_opt(&lease_name(node))).await;
     api.record(&heartbeat);
     let heartbeat = heartbeat.ok()?.ok()?;
-    let alive = heartbeat.as_ref().is_some_and(|lease| renews(lease, clock));
-    let silent_from = heartbeat.and_then(|lease| agent_silent_from(&lease, clock, Instant::now()));
+    // Where the heartbeat is watched (by namespace), the renewal this agent saw counts first.
+    let seen = match (seen, heartbeat.as_ref()) {
+        (Some((renewals, namespace)), Some(lease)) => {
+            let key = (namespace.to_owned(), lease_name(node));
+            renewals.observe(&key, lease, Some(AGENT_FIELD_MANAGER));
+            renewals.last_renewed(&key)
+        }
+        _ => None,
+    };
+    let now = Instant::now();
+    let alive = heartbeat.as_ref().is_some_and(|lease| renews(lease, clock, seen, now));
+    let silent_from = heartbeat.and_then(|lease| agent_silent_from(&lease, clock, seen, now));
     let stated = within(timeout, leases.get_opt(&report_lease_name(node))).await;
     api.record(&stated);
     let report = stated.ok()?.ok()?.and_then(|lease| Report::of_lease(&lease));
@@ -181,6 +193,7 @@ mod tests {
                 &clock,
                 Duration::from_secs(5),
                 &api,
+                None,
             )
             .await;
             assert_eq!(read, None, "{status}: nothing known of the peer");
@@ -203,6 +216,7 @@ mod tests {
             &ServerClock::default(),
             Duration::from_secs(5),
             &api,
+            None,
         )
         .await
         .unwrap();
@@ -227,7 +241,7 @@ mod tests {
         let clock = ServerClock::default();
         clock.learned(Timestamp::now());
         let (leases, api) = (leases_answering(200, lease), ApiHealth::default());
-        let read = peer_now(&leases, "node-a", &clock, Duration::from_secs(5), &api);
+        let read = peer_now(&leases, "node-a", &clock, Duration::from_secs(5), &api, None);
         read.await.unwrap().alive
     }
 

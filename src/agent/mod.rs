@@ -26,6 +26,8 @@ mod peers;
 pub mod promoter;
 mod quiet;
 pub mod read_bound;
+mod renewal_watch;
+mod renewals;
 pub mod report;
 mod reporter;
 pub mod rpc_null;

@@ -177,6 +177,20 @@ fn satellite_nodes(snapshot: &Snapshot) -> HashMap<String, String> {
 /// The Kubernetes nodes of the DRBD peers `node` has lost the link to, for resources with a PV:
 /// the only other nodes whose pods and Node the decisions may need, to be read fresh before
 /// [`observe`]. Costs nothing while every link is up.
+/// The Kubernetes nodes of this node's DRBD peers, of the resources that have a PV: those whose
+/// liveness a fail-over may weigh.
+pub fn drbd_peer_nodes(node: &str, drbd: &DrbdState, snapshot: &Snapshot) -> BTreeSet<String> {
+    let with_pv: HashSet<String> = snapshot.pvs.iter().filter_map(|pv| csi_resource_name(pv)).collect();
+    let satellites = satellite_nodes(snapshot);
+    drbd.resources
+        .iter()
+        .filter(|r| with_pv.contains(&r.name))
+        .flat_map(|r| &r.connections)
+        .map(|c| satellites.get(&c.name).cloned().unwrap_or_else(|| c.name.clone()))
+        .filter(|peer| peer != node)
+        .collect()
+}
+
 pub fn suspected_peers(node: &str, drbd: &DrbdState, snapshot: &Snapshot) -> BTreeSet<String> {
     let disconnected: Vec<(&str, &str)> = drbd
         .resources

@@ -3,7 +3,7 @@
 //! destructive step depends on is read here, every round that has a suspect.
 
 use crate::sharedvolume::filters::Filters;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,12 +17,14 @@ use super::api_health::ApiHealth;
 use super::cache::trim_pod;
 use super::drbd::DrbdState;
 use super::heartbeat::peer_now;
-use super::observe::{Snapshot, node_view, observe, suspected_peers};
+use super::observe::{Snapshot, drbd_peer_nodes, node_view, observe, suspected_peers};
 use super::quiet;
+use super::renewal_watch::RenewalWatch;
+use super::renewals::LeaseKey;
 use super::server_clock::ServerClock;
 use super::view::{Liveness, Observed};
 use crate::deadline::within;
-use crate::names::NODE_LEASE_NAMESPACE;
+use crate::names::{AGENT_FIELD_MANAGER, NODE_LEASE_NAMESPACE, lease_name};
 
 /// Where a round's fresh reads go, and how long each may take.
 pub(crate) struct PeerReads<'a> {
@@ -31,8 +33,34 @@ pub(crate) struct PeerReads<'a> {
     pub timeout: Duration,
     /// Told how each read went.
     pub api: &'a ApiHealth,
-    /// The API server's clock, which peers' heartbeats are judged on.
+    /// The API server's clock, which peers' Leases are judged on where no renewal was seen.
     pub clock: &'a ServerClock,
+    /// The peers' renewals as this agent saw them, which silence is judged on first.
+    pub renewals: &'a RenewalWatch,
+    /// Where the agents' heartbeats are.
+    pub lease_namespace: &'a str,
+}
+
+/// The Leases that say whether this node's DRBD peers live, with the field manager of their
+/// writers: each peer's kubelet's node Lease and its agent's heartbeat.
+pub(crate) fn peer_leases(
+    node: &str,
+    state: &DrbdState,
+    snapshot: &Snapshot,
+    lease_namespace: &str,
+) -> BTreeMap<LeaseKey, Option<&'static str>> {
+    drbd_peer_nodes(node, state, snapshot)
+        .into_iter()
+        .flat_map(|peer| {
+            [
+                ((NODE_LEASE_NAMESPACE.to_owned(), peer.clone()), None),
+                (
+                    (lease_namespace.to_owned(), lease_name(&peer)),
+                    Some(AGENT_FIELD_MANAGER),
+                ),
+            ]
+        })
+        .collect()
 }
 
 impl PeerReads<'_> {
@@ -53,16 +81,16 @@ impl PeerReads<'_> {
         if !suspects.is_empty() {
             add_uncached_peers(self.client, &mut observed, &suspects, self.timeout, self.api).await;
             let node_leases = Api::namespaced(self.client.clone(), NODE_LEASE_NAMESPACE);
-            confirm_alive(
-                self.leases,
-                &node_leases,
-                &mut observed,
-                &suspects,
-                self.clock,
-                self.timeout,
-                self.api,
-            )
-            .await;
+            let reads = LeaseReads {
+                agents: self.leases,
+                kubelets: &node_leases,
+                clock: self.clock,
+                renewals: self.renewals,
+                lease_namespace: self.lease_namespace,
+                timeout: self.timeout,
+                api: self.api,
+            };
+            confirm_alive(&reads, &mut observed, &suspects).await;
             for node in unreadable {
                 observed.nodes.remove(&node);
                 observed.unread_nodes.insert(node);
@@ -111,15 +139,7 @@ async fn read_peer_pods(
 /// their reports only while they renew. A suspect's kubelet's node Lease is read too: a node whose
 /// agent and kubelet both went silent has gone quiet. Heartbeats are not watched: renewed all the time by every
 /// agent, they would make each agent's watch traffic grow with the square of the cluster.
-async fn confirm_alive(
-    leases: &Api<Lease>,
-    node_leases: &Api<Lease>,
-    observed: &mut Observed,
-    suspects: &BTreeSet<String>,
-    clock: &ServerClock,
-    timeout: Duration,
-    api: &ApiHealth,
-) {
+async fn confirm_alive(reads: &LeaseReads<'_>, observed: &mut Observed, suspects: &BTreeSet<String>) {
     let resources: BTreeSet<&str> = observed
         .drbd
         .resources
@@ -137,11 +157,15 @@ async fn confirm_alive(
         .map(|(node, _)| node.clone())
         .collect();
     // Every suspect's kubelet is read, agent or not, beside the agents' heartbeats, all at once.
-    let kubelets = suspects.iter().map(|node| async move {
-        let silent_from = kubelet_silent_from(node_leases, node, clock, timeout, api).await;
-        (node.clone(), silent_from)
-    });
-    let agents = futures::future::join_all(relevant.iter().map(|node| peer_now(leases, node, clock, timeout, api)));
+    let kubelets = suspects
+        .iter()
+        .map(|node| async move { (node.clone(), kubelet_silent_from(reads, node).await) });
+    let seen = Some((reads.renewals, reads.lease_namespace));
+    let agents = futures::future::join_all(
+        relevant
+            .iter()
+            .map(|node| peer_now(reads.agents, node, reads.clock, reads.timeout, reads.api, seen)),
+    );
     let (kubelets, read) = futures::join!(futures::future::join_all(kubelets), agents);
     let kubelets: std::collections::HashMap<String, Instant> = kubelets
         .into_iter()
@@ -166,19 +190,30 @@ async fn confirm_alive(
     observed.kubelet_silent_from = kubelets;
 }
 
-/// From when `node`'s kubelet counts as silent, as its node Lease says, read fresh. `None` when
-/// the Lease cannot be read: without the kubelet's word, a node is never taken for quiet.
-async fn kubelet_silent_from(
-    node_leases: &Api<Lease>,
-    node: &str,
-    clock: &ServerClock,
+/// Where the Leases of suspected peers are read, and what they are judged on.
+struct LeaseReads<'a> {
+    agents: &'a Api<Lease>,
+    kubelets: &'a Api<Lease>,
+    clock: &'a ServerClock,
+    renewals: &'a RenewalWatch,
+    lease_namespace: &'a str,
     timeout: Duration,
-    api: &ApiHealth,
-) -> Option<Instant> {
-    let read = within(timeout, node_leases.get_opt(node)).await;
-    api.record(&read);
+    api: &'a ApiHealth,
+}
+
+/// From when `node`'s kubelet counts as silent, as its node Lease says, read fresh and booked
+/// beside what the watch saw of it. `None` when the Lease cannot be read: without the kubelet's
+/// word, a node is never taken for quiet.
+async fn kubelet_silent_from(reads: &LeaseReads<'_>, node: &str) -> Option<Instant> {
+    let read = within(reads.timeout, reads.kubelets.get_opt(node)).await;
+    reads.api.record(&read);
     match read {
-        Ok(Ok(lease)) => quiet::kubelet_silent_from(&lease?, clock, Instant::now()),
+        Ok(Ok(lease)) => {
+            let lease = lease?;
+            let key = (NODE_LEASE_NAMESPACE.to_owned(), node.to_owned());
+            reads.renewals.observe(&key, &lease, None);
+            quiet::kubelet_silent_from(&lease, reads.clock, reads.renewals.last_renewed(&key), Instant::now())
+        }
         Ok(Err(err)) => {
             tracing::warn!(node = %node, error = %err, "cannot read the node's Lease in {NODE_LEASE_NAMESPACE} (the agent needs get on leases there): a crashed node's pods move only once the node is NotReady");
             None

@@ -20,17 +20,29 @@ const KUBELET_RENEWALS_PER_DURATION: u32 = 4;
 /// An agent that wrote no interval on its heartbeat (an older one) renews at a third of it.
 const AGENT_RENEWALS_PER_DURATION: u32 = 3;
 
-/// Whether the agent of heartbeat `lease` renewed it within its duration, on the API server's
-/// clock where it and its stamp of the renewal are known.
-pub fn renews(lease: &Lease, clock: &ServerClock) -> bool {
-    let age =
-        age_on_the_servers_clock(lease, Some(AGENT_FIELD_MANAGER), clock).or_else(|| age_on_the_writers_clock(lease));
+/// When this agent last saw a peer's Lease renewed, on its own clock (`Renewals`), where it
+/// watches that Lease: what silence is judged on first. Without it, the API server's stamp.
+pub type SeenRenewal = Option<Instant>;
+
+/// Whether the agent of heartbeat `lease` renewed it within its duration: since this agent saw
+/// it renewed, or else on the API server's clock where it and its stamp of the renewal are known.
+pub fn renews(lease: &Lease, clock: &ServerClock, seen: SeenRenewal, now: Instant) -> bool {
+    let age = seen
+        .map(|at| now.saturating_duration_since(at))
+        .or_else(|| age_on_the_servers_clock(lease, Some(AGENT_FIELD_MANAGER), clock))
+        .or_else(|| age_on_the_writers_clock(lease));
     age.is_some_and(|age| age < lease_duration(lease))
+}
+
+/// How long ago `lease` was last written by `manager` (anyone: `None`), on the API server's clock
+/// as this agent knows it.
+pub fn server_age(lease: &Lease, manager: Option<&str>, clock: &ServerClock) -> Option<Duration> {
+    age_on_the_servers_clock(lease, manager, clock)
 }
 
 /// From when the agent of heartbeat `lease` counts as silent, unless it renews before: two
 /// renewals missed (one failed write is not silence).
-pub fn agent_silent_from(lease: &Lease, clock: &ServerClock, now: Instant) -> Option<Instant> {
+pub fn agent_silent_from(lease: &Lease, clock: &ServerClock, seen: SeenRenewal, now: Instant) -> Option<Instant> {
     let written = lease
         .metadata
         .annotations
@@ -39,16 +51,23 @@ pub fn agent_silent_from(lease: &Lease, clock: &ServerClock, now: Instant) -> Op
         .and_then(|seconds| seconds.parse().ok())
         .map(Duration::from_secs);
     let interval = written.unwrap_or(lease_duration(lease) / AGENT_RENEWALS_PER_DURATION);
+    let allowance = 2 * interval + RENEWAL_SLACK;
+    if let Some(at) = seen {
+        return Some(at + allowance);
+    }
     let age = age_on_the_servers_clock(lease, Some(AGENT_FIELD_MANAGER), clock)?;
-    Some(silent_from(age, 2 * interval + RENEWAL_SLACK, now))
+    Some(silent_from(age, allowance, now))
 }
 
 /// From when the kubelet of node `lease` (in `kube-node-lease`) counts as silent, unless it
 /// renews before: one renewal missed (it retries a failed one at once).
-pub fn kubelet_silent_from(lease: &Lease, clock: &ServerClock, now: Instant) -> Option<Instant> {
-    let interval = lease_duration(lease) / KUBELET_RENEWALS_PER_DURATION;
+pub fn kubelet_silent_from(lease: &Lease, clock: &ServerClock, seen: SeenRenewal, now: Instant) -> Option<Instant> {
+    let allowance = lease_duration(lease) / KUBELET_RENEWALS_PER_DURATION + RENEWAL_SLACK;
+    if let Some(at) = seen {
+        return Some(at + allowance);
+    }
     let age = age_on_the_servers_clock(lease, None, clock)?;
-    Some(silent_from(age, interval + RENEWAL_SLACK, now))
+    Some(silent_from(age, allowance, now))
 }
 
 fn lease_duration(lease: &Lease) -> Duration {
@@ -128,12 +147,12 @@ mod tests {
         let (clock, now) = (server_clock(), Instant::now());
         let mut heartbeat = lease(AGENT_FIELD_MANAGER, 40, 4, 0);
         heartbeat.metadata.annotations = Some([(HEARTBEAT_INTERVAL_ANNOTATION.to_string(), "5".to_string())].into());
-        let agent = agent_silent_from(&heartbeat, &clock, now).unwrap();
+        let agent = agent_silent_from(&heartbeat, &clock, None, now).unwrap();
         assert_eq!(seconds_until(agent, now), 9, "2 × 5 s + 3 s, 4 s of it gone");
         let older_agent = lease(AGENT_FIELD_MANAGER, 30, 4, 0);
-        let older = agent_silent_from(&older_agent, &clock, now).unwrap();
+        let older = agent_silent_from(&older_agent, &clock, None, now).unwrap();
         assert_eq!(seconds_until(older, now), 19, "no interval written: a third of 30 s");
-        let kubelet = kubelet_silent_from(&lease("kubelet", 40, 20, 0), &clock, now).unwrap();
+        let kubelet = kubelet_silent_from(&lease("kubelet", 40, 20, 0), &clock, None, now).unwrap();
         assert_eq!(seconds_until(kubelet, now), -7, "10 s + 3 s, silent for 7 s already");
     }
 
@@ -142,11 +161,11 @@ mod tests {
     #[test]
     fn silence_is_judged_on_the_servers_clock() {
         let (clock, now) = (server_clock(), Instant::now());
-        let ahead = kubelet_silent_from(&lease("kubelet", 40, 20, 60), &clock, now).unwrap();
+        let ahead = kubelet_silent_from(&lease("kubelet", 40, 20, 60), &clock, None, now).unwrap();
         assert!(ahead <= now, "a minute ahead, silent for 20 s");
-        let behind = kubelet_silent_from(&lease("kubelet", 40, 1, -60), &clock, now).unwrap();
+        let behind = kubelet_silent_from(&lease("kubelet", 40, 1, -60), &clock, None, now).unwrap();
         assert!(behind > now, "a minute behind, renewed a second ago");
-        let unknown_clock = kubelet_silent_from(&lease("kubelet", 40, 1, -60), &ServerClock::default(), now);
+        let unknown_clock = kubelet_silent_from(&lease("kubelet", 40, 1, -60), &ServerClock::default(), None, now);
         assert_eq!(
             unknown_clock, None,
             "before the server's clock is known, no one is taken for silent"
@@ -154,16 +173,52 @@ mod tests {
         let mut unstamped = lease("kubelet", 40, 20, 0);
         unstamped.metadata.managed_fields = None;
         assert_eq!(
-            kubelet_silent_from(&unstamped, &clock, now),
+            kubelet_silent_from(&unstamped, &clock, None, now),
             None,
             "nor without the server's stamp"
         );
     }
 
+    /// Where this agent saw the renewal, that is what counts: Leases stamped by an API server
+    /// whose clock is 10 s behind the one this agent writes through look 10 s older than they are.
+    #[test]
+    fn a_renewal_this_agent_saw_counts_over_any_servers_stamp() {
+        let (clock, now) = (server_clock(), Instant::now());
+        let stamped_behind = lease("kubelet", 40, 12, 0);
+        let by_stamp = kubelet_silent_from(&stamped_behind, &clock, None, now).unwrap();
+        assert_eq!(
+            seconds_until(by_stamp, now),
+            1,
+            "by the stamp alone: 12 s old, silent in 1 s"
+        );
+        let seen_two_seconds_ago = Some(now - Duration::from_secs(2));
+        let seen = kubelet_silent_from(&stamped_behind, &clock, seen_two_seconds_ago, now).unwrap();
+        assert_eq!(
+            seconds_until(seen, now),
+            11,
+            "seen renewed 2 s ago: 10 s + 3 s from then"
+        );
+        let mut heartbeat = lease(AGENT_FIELD_MANAGER, 15, 20, 0);
+        heartbeat.metadata.annotations = Some([(HEARTBEAT_INTERVAL_ANNOTATION.to_string(), "5".to_string())].into());
+        assert!(renews(&heartbeat, &clock, seen_two_seconds_ago, now));
+        let agent = agent_silent_from(&heartbeat, &clock, seen_two_seconds_ago, now).unwrap();
+        assert_eq!(seconds_until(agent, now), 11, "2 × 5 s + 3 s from the renewal seen");
+    }
+
     #[test]
     fn a_heartbeat_renews_within_its_duration() {
         let clock = server_clock();
-        assert!(renews(&lease(AGENT_FIELD_MANAGER, 15, 2, 0), &clock));
-        assert!(!renews(&lease(AGENT_FIELD_MANAGER, 15, 20, 0), &clock));
+        assert!(renews(
+            &lease(AGENT_FIELD_MANAGER, 15, 2, 0),
+            &clock,
+            None,
+            Instant::now()
+        ));
+        assert!(!renews(
+            &lease(AGENT_FIELD_MANAGER, 15, 20, 0),
+            &clock,
+            None,
+            Instant::now()
+        ));
     }
 }

@@ -24,9 +24,10 @@ use super::guard::FailOverGuard;
 use super::heartbeat::Heartbeat;
 use super::locality::Locality;
 use super::observe::{Snapshot, observe};
-use super::peers::PeerReads;
+use super::peers::{PeerReads, peer_leases};
 use super::promoter::{PromoterSettings, PromoterSnippets};
 use super::read_bound::ReadBound;
+use super::renewal_watch::RenewalWatch;
 use super::reporter::Reporter;
 use super::server_probes::ServerProbes;
 use super::source::{DrbdChange, DrbdSetup, DrbdSource};
@@ -192,6 +193,10 @@ struct Rounds {
     promoter: Option<PromoterSnippets>,
     /// Each publication's NFS server answers before it goes out (`--nfs-probe`).
     servers: ServerProbes,
+    /// The DRBD peers' kubelet and agent Leases, watched: their renewals as this agent sees them.
+    renewals: RenewalWatch,
+    /// Where the agents' heartbeat Leases are.
+    lease_namespace: String,
 }
 
 impl Rounds {
@@ -224,6 +229,7 @@ impl Rounds {
             executor_settings,
             Some(guard),
         );
+        let renewals = RenewalWatch::new(client.clone(), heartbeat.clock.clone());
         Self {
             node: args.node_name.clone(),
             node_ip: args.node_ip,
@@ -246,6 +252,8 @@ impl Rounds {
             heartbeat,
             next_resync: Instant::now() + *args.resync_interval,
             servers: ServerProbes::new(args, not_answering),
+            renewals,
+            lease_namespace: args.lease_namespace.clone(),
             promoter: args.promoter_snippets_dir.clone().map(|dir| {
                 PromoterSnippets::new(PromoterSettings {
                     dir,
@@ -395,12 +403,16 @@ impl Rounds {
         if !publications.is_empty() {
             tracing::debug!(?publications, "decided");
         }
+        self.renewals
+            .follow(&peer_leases(&self.node, state, &snapshot, &self.lease_namespace));
         let reads = PeerReads {
             client: &self.client,
             leases: &self.heartbeat.leases,
             timeout: self.timeout,
             api: &self.heartbeat.api,
             clock: &self.heartbeat.clock,
+            renewals: &self.renewals,
+            lease_namespace: &self.lease_namespace,
         };
         let no_nodes = BTreeSet::new();
         let (mut observed, ()) = tokio::join!(
