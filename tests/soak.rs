@@ -1,12 +1,15 @@
 //! The seeded fault soak (`make soak`; a short run in `make test`). Two leader-elected controller
 //! replicas and an agent per node, with the chart's permissions, over simulated DRBD nodes and
 //! shared volumes on a control plane of the soak's own. The soak plays DRBD (roles, majority
-//! quorum, drbd-reactor's promotion, force-secondary on reconnect), the scheduler, the kubelets and
-//! the attacher, and injects faults in an order drawn from `SOAK_SEED`: controller and agent
+//! quorum, drbd-reactor's promotion, force-secondary on reconnect, the outdating of a node the
+//! primary goes on without), the scheduler, the kubelets and the attacher, over one of two layouts
+//! drawn from the seed (three diskful nodes, or the README's with a diskless tie-breaker that runs
+//! no agent), and injects faults in an order drawn from `SOAK_SEED`: controller and agent
 //! `kill -9`, kube-apiserver and etcd restarts, broken links, isolated nodes, switch-overs, node
 //! losses and returns, hand edits and deletions of the managed objects, a hanging `drbdsetup`, a
 //! partition whose sides notice it at different times, refused Lease reads, a stalled agent, a
-//! node's clock a minute off (libfaketime), resources created one after another.
+//! node's clock a minute off (libfaketime), resources created one after another, an agent
+//! rollout, a node cut off from the API server alone.
 //! Watchers check both kinds of promise all the time, what must never happen (a healthy primary
 //! tainted, evicted, detached or demoted; a ClusterIP that changes) and what must happen by when
 //! while a fault lasts (a slice at the healthy primary within 20 s of its agent running, a lost node's consumers gone
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use common::cluster::PrivateCluster;
 use common::controller::ControllerArgs;
-use common::drbd::{NODE_LABEL, SimNode, resource, slice_addresses, suspended};
+use common::drbd::{NODE_LABEL, SimNode, resource, slice_addresses, suspended, with_diskless_peer};
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, serving};
 use futures::StreamExt;
@@ -111,9 +114,14 @@ enum Fault {
     /// for 0.7 s (less than the fail-over timeout) while it connects: together a few seconds in
     /// which some resource there lacks quorum, each one not long enough to mean anything.
     CreateResources,
+    /// The agents restarted one after another, 2-4 s apart, as a DaemonSet's rollout does.
+    RollAgents,
+    /// A node cut off from the API server alone for 20-40 s: its agent and kubelet silent (the
+    /// node goes NotReady), its DRBD links intact; a primary there goes on writing.
+    CutFromApi,
 }
 
-const FAULTS: [Fault; 18] = [
+const FAULTS: [Fault; 20] = [
     Fault::KillController,
     Fault::KillAgent,
     Fault::RestartApiserver,
@@ -132,17 +140,54 @@ const FAULTS: [Fault; 18] = [
     Fault::StallAgent,
     Fault::SkewClock,
     Fault::CreateResources,
+    Fault::RollAgents,
+    Fault::CutFromApi,
 ];
 
 /// The soak's DRBD net options: a silent drop is noticed within `ping-int` 3 s + `ping-timeout`
 /// 0.5 s (`timeout` 2.5 s stays below `ping-int`, as DRBD wants).
 const PING_INT: Duration = Duration::from_secs(3);
 
+/// The layout the soak plays, drawn from the seed (`SOAK_TOPOLOGY=three-diskful|tie-breaker`
+/// chooses): three diskful nodes with an agent each, or the README's, where c is a diskless
+/// tie-breaker on a node that runs no agent (the chart's nodeSelector leaving it out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology {
+    ThreeDiskful,
+    TieBreaker,
+}
+
+impl Topology {
+    fn of(seed: u64) -> Self {
+        match std::env::var("SOAK_TOPOLOGY").as_deref() {
+            Ok("three-diskful") => Self::ThreeDiskful,
+            Ok("tie-breaker") => Self::TieBreaker,
+            _ if (seed >> 1) & 1 == 0 => Self::TieBreaker,
+            _ => Self::ThreeDiskful,
+        }
+    }
+
+    fn diskless(self, i: usize) -> bool {
+        self == Self::TieBreaker && i == 2
+    }
+
+    /// Whether node `i` runs an agent.
+    fn agent_on(self, i: usize) -> bool {
+        !self.diskless(i)
+    }
+
+    /// The node that serves volume `v` first.
+    fn first_primary(self, v: usize) -> usize {
+        v % if self == Self::TieBreaker { 2 } else { 3 }
+    }
+}
+
 /// The DRBD world as the soak plays it: which nodes are up, which links carry traffic, the
 /// primary of each volume, what each node's DRBD has not noticed yet, and the volumes whose IO is
 /// suspended.
 #[derive(Clone, Debug)]
 struct World {
+    topology: Topology,
     up: [bool; 3],
     link: [[bool; 3]; 3],
     primary: Vec<Option<usize>>,
@@ -157,6 +202,9 @@ struct World {
     lingering: Vec<Option<usize>>,
     /// DRBD resources of no volume, being created on one node ([`Fault::CreateResources`]).
     scratch: Vec<Scratch>,
+    /// Per volume: the nodes DRBD outdated (the primary went on with quorum without them); a node
+    /// back in touch with the primary is in sync again at once.
+    outdated: Vec<[bool; 3]>,
 }
 
 /// A resource created on `node` at `appears`, with quorum once it connects at `connects`.
@@ -169,15 +217,17 @@ struct Scratch {
 }
 
 impl World {
-    fn new() -> Self {
+    fn new(topology: Topology) -> Self {
         Self {
+            topology,
             up: [true; 3],
             link: [[true; 3]; 3],
-            primary: (0..VOLUMES).map(|v| Some(v % 3)).collect(),
+            primary: (0..VOLUMES).map(|v| Some(topology.first_primary(v))).collect(),
             unnoticed: HashMap::new(),
             suspended: vec![false; VOLUMES],
             lingering: vec![None; VOLUMES],
             scratch: Vec::new(),
+            outdated: vec![[false; 3]; VOLUMES],
         }
     }
 
@@ -216,8 +266,23 @@ impl World {
                 self.lingering[v] = None;
             }
             if self.primary[v].is_none() {
-                self.primary[v] = (0..3).map(|k| (v + k) % 3).find(|&i| self.quorum(i));
+                // DRBD refuses to promote a node it outdated.
+                let outdated = self.outdated[v];
+                let candidate = |i: usize| self.quorum(i) && !outdated[i] && !self.topology.diskless(i);
+                self.primary[v] = (0..3).map(|k| (v + k) % 3).find(|&i| candidate(i));
             }
+            self.outdate(v);
+        }
+    }
+
+    /// DRBD outdates the nodes a primary with quorum goes on without (down ones too); a node
+    /// connected to the primary again has its data back.
+    fn outdate(&mut self, v: usize) {
+        let Some(p) = self.primary[v].filter(|&p| self.quorum(p)) else {
+            return;
+        };
+        for i in (0..3).filter(|&i| i != p && !self.topology.diskless(i)) {
+            self.outdated[v][i] = !self.connected(i, p);
         }
     }
 
@@ -274,7 +339,23 @@ impl World {
             } else {
                 "Secondary"
             };
-            let state = resource(&pvs[v], role, self.seen_quorum(i), &peers);
+            let mut state = resource(&pvs[v], role, self.seen_quorum(i), &peers);
+            let disk = match (self.topology.diskless(i), self.outdated[v][i]) {
+                (true, _) => Some("Diskless"),
+                (false, true) => Some("Outdated"),
+                (false, false) => None,
+            };
+            for device in state["devices"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+                .filter(|_| disk.is_some())
+            {
+                device["disk-state"] = serde_json::json!(disk);
+            }
+            if self.topology == Topology::TieBreaker && i != 2 {
+                state = with_diskless_peer(state, &nodes[2].name);
+            }
             if self.suspended[v] {
                 suspended(state, "user")
             } else if lingers && !self.seen_quorum(i) {
@@ -419,6 +500,9 @@ impl Soak {
     /// Starts node `i`'s agent, not waiting for it: the API server may be restarting, or its
     /// `drbdsetup` hanging, and the soak goes on meanwhile.
     fn start_agent(&mut self, i: usize) {
+        if !self.world.topology.agent_on(i) {
+            return;
+        }
         let offset = format!("{:+}", self.clock_offset[i]);
         let mut env = vec![("KUBECONFIG", self.agent_kubeconfig.as_str())];
         if self.clock_offset[i] != 0 {
@@ -440,6 +524,33 @@ impl Soak {
         }
         self.agent_runs(i, false);
         self.start_agent(i);
+    }
+
+    /// The rollout at node `i`: its agent starts again, and the next agent node's stops (the
+    /// rollout's next step, when there is one).
+    async fn roll_on(&mut self, i: usize) -> Option<(Instant, Undo)> {
+        self.start_agent(i);
+        let next = (i + 1..3).find(|&j| self.world.topology.agent_on(j))?;
+        let stopped = self.stop_agent(next).await;
+        stopped.then(|| (Instant::now() + Duration::from_secs(3), Undo::Roll(next)))
+    }
+
+    /// Node `i` reaches the API server again: its kubelet renews, its agent starts.
+    fn reattach(&mut self, i: usize) {
+        self.nodes[i].kubelet.resume();
+        if self.agents[i].is_none() {
+            self.start_agent(i);
+        }
+    }
+
+    /// Kills node `i`'s agent, if it runs: whether it did.
+    async fn stop_agent(&mut self, i: usize) -> bool {
+        let Some(agent) = self.agents[i].take() else {
+            return false;
+        };
+        agent.kill().await;
+        self.agent_runs(i, false);
+        true
     }
 
     /// Tells the watchers whether node `i`'s agent runs from now on.
@@ -490,7 +601,9 @@ async fn soak() {
     let seed = seed();
     println!("soak: seed {seed}, {seconds} s (replay with SOAK_SEED={seed})");
     let mut rng = Rng(seed);
-    let mut soak = Soak::set_up().await;
+    let topology = Topology::of(seed);
+    println!("soak: {topology:?}");
+    let mut soak = Soak::set_up(topology).await;
     let watchers = watch(&soak);
     let (faults, converged) = play(&mut soak, &mut rng, Duration::from_secs(seconds)).await;
     // Taking the claims down is no fault: the watchers stop first.
@@ -513,7 +626,7 @@ async fn soak() {
     soak.env.remove_chart_permissions(&soak.cluster.kubeconfig());
     let left = left_behind(&soak.env.id).await;
     println!(
-        "soak: {total} faults ({}), {} violations, converged in {converged} s, seed {seed}",
+        "soak: {total} faults ({}), {} violations, converged in {converged} s, seed {seed}, {topology:?}",
         by_kind.join(", "),
         violations.len()
     );
@@ -542,7 +655,7 @@ fn seed() -> u64 {
 impl Soak {
     /// A control plane of its own, three simulated nodes, the volumes and their consumers, two
     /// controller replicas and three agents, all ready.
-    async fn set_up() -> Soak {
+    async fn set_up(topology: Topology) -> Soak {
         // A lost node is given back after 5-20 s: Kubernetes must decide within that for the soak to
         // see NotReady nodes at all, so its grace period is 8 s here, as in `make test`, not 50 s.
         let cluster = PrivateCluster::up_with(
@@ -560,7 +673,10 @@ impl Soak {
         let mut pvs = Vec::new();
         for v in 0..VOLUMES {
             let (_, pv) = env
-                .bound_rwx_claim(&format!("data-{v}"), serving(&nodes[v % 3].endpoint()))
+                .bound_rwx_claim(
+                    &format!("data-{v}"),
+                    serving(&nodes[topology.first_primary(v)].endpoint()),
+                )
                 .await;
             pvs.push(pv.metadata.name.unwrap());
         }
@@ -572,7 +688,7 @@ impl Soak {
             env,
             nodes,
             pvs,
-            world: World::new(),
+            world: World::new(topology),
             truth: Shared::default(),
             controllers: vec![None, None],
             agents: vec![None, None, None],
@@ -635,6 +751,10 @@ enum Undo {
     Unskew(usize),
     /// The resources created on a node go again.
     DropScratch(usize),
+    /// The rollout starts agent i again, and stops the next one.
+    Roll(usize),
+    /// A node cut off from the API server reaches it again: its kubelet and agent resume.
+    Reattach(usize),
 }
 
 impl Undo {
@@ -652,6 +772,8 @@ impl Undo {
             Self::Continue(i) => format!("continue agent {}", NODES[*i]),
             Self::Unskew(i) => format!("set the clock of node {} right", NODES[*i]),
             Self::DropScratch(i) => format!("remove the resources created on {}", NODES[*i]),
+            Self::Roll(i) => format!("the rollout starts agent {} again", NODES[*i]),
+            Self::Reattach(i) => format!("{} reaches the API server again", NODES[*i]),
         }
     }
 }
@@ -770,6 +892,8 @@ async fn undo_due(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>, all: bool
                     soak.agent_runs(i, true);
                 }
             }
+            Undo::Roll(i) => retry.extend(soak.roll_on(i).await),
+            Undo::Reattach(i) => soak.reattach(i),
         }
     }
     pending.extend(retry);
@@ -819,7 +943,9 @@ async fn inject(
         Fault::SwitchOver => {
             let v = rng.below(VOLUMES);
             let to = rng.below(3);
-            if soak.world.primary[v] == Some(to) || !soak.world.quorum(to) {
+            // DRBD refuses to promote a node it outdated.
+            let refused = !soak.world.quorum(to) || soak.world.outdated[v][to] || soak.world.topology.diskless(to);
+            if soak.world.primary[v] == Some(to) || refused {
                 return false;
             }
             soak.world.primary[v] = Some(to);
@@ -842,7 +968,33 @@ async fn inject(
         Fault::SkewClock => return skew_clock(soak, rng, pending).await,
         Fault::CreateResources => return create_resources(soak, rng, pending).await,
         Fault::StallAgent => return stall_agent(soak, rng, pending),
+        Fault::RollAgents => return roll_agents(soak, pending).await,
+        Fault::CutFromApi => return cut_from_api(soak, rng, pending).await,
     }
+    true
+}
+
+/// Restarts the agents one after another, the first now, unless one is not running.
+async fn roll_agents(soak: &mut Soak, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let topology = soak.world.topology;
+    let all_running = (0..3)
+        .filter(|&i| topology.agent_on(i))
+        .all(|i| soak.agents[i].is_some());
+    if !all_running || !soak.stop_agent(0).await {
+        return false;
+    }
+    pending.push((Instant::now() + Duration::from_secs(3), Undo::Roll(0)));
+    true
+}
+
+/// Cuts one running node off from the API server alone, its DRBD left as it is.
+async fn cut_from_api(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, Undo)>) -> bool {
+    let i = rng.below(3);
+    if !soak.world.up[i] || !soak.stop_agent(i).await {
+        return false;
+    }
+    soak.nodes[i].kubelet.stop();
+    pending.push((rng.later(20_000, 40_000), Undo::Reattach(i)));
     true
 }
 
@@ -1016,7 +1168,7 @@ async fn lose_node(soak: &mut Soak, rng: &mut Rng, pending: &mut Vec<(Instant, U
         process.kill().await;
     }
     soak.agent_runs(i, false);
-    pending.retain(|(_, undo)| !matches!(undo, Undo::StartAgent(j) if *j == i));
+    pending.retain(|(_, undo)| !matches!(undo, Undo::StartAgent(j) | Undo::Reattach(j) if *j == i));
     soak.world.up[i] = false;
     soak.nodes[i].kubelet.stop();
     soak.write_world();
