@@ -93,6 +93,10 @@ pub(super) fn fail_overs(
                     })
                 }
                 Evidence::Lost(_) | Evidence::Crashed(_) => {
+                    // Evicted while its kubelet may live: force-deleted once it stops renewing,
+                    // and the loop looks again right then.
+                    let kubelet_silent = observed.kubelet_silent_from.get(&node.name);
+                    timers.holds_end.extend(kubelet_silent.filter(|from| **from > now));
                     let steps = steps_off(observed, settings, &suspicion, volume, &verdict, now);
                     by_node.entry(node.name.clone()).or_default().extend(steps);
                 }
@@ -1368,5 +1372,30 @@ mod tests {
             after_timeout(&said, &settings())[0],
             "taint node-a drbd.linbit.com/lost-quorum"
         );
+    }
+
+    /// A node evicted while its kubelet may live is looked at again the moment its kubelet goes
+    /// silent, not at the next interval: its pods are force-deleted then.
+    #[test]
+    fn the_loop_wakes_when_an_evicted_nodes_kubelet_goes_silent() {
+        let settings = settings();
+        let (t0, mut timers) = (Instant::now(), Timers::new());
+        let mut observed = link_lost();
+        let silent = t0 + settings.fail_over_timeout + Duration::from_secs(4);
+        observed.kubelet_silent_from.insert("node-a".into(), silent);
+        decide(&observed, &settings, &mut timers, t0);
+        let evicted = decide(&observed, &settings, &mut timers, t0 + settings.fail_over_timeout);
+        assert_eq!(
+            kinds(&evicted),
+            ["taint node-a drbd.linbit.com/lost-quorum", "evict app"]
+        );
+        let deadlines: Vec<Instant> = timers
+            .deadlines(settings.fail_over_timeout, settings.not_ready_counts_after)
+            .collect();
+        assert!(
+            deadlines.contains(&silent),
+            "the loop wakes when a's kubelet goes silent"
+        );
+        assert!(kinds(&decide(&observed, &settings, &mut timers, silent)).contains(&"force-delete app".to_string()));
     }
 }
