@@ -425,16 +425,14 @@ impl Truth {
     }
 
     /// Since when the promise that node `i`'s consumer of volume `v` is gone has been owed: `i`
-    /// down, `v` with a healthy primary elsewhere, an agent running on another node that is up,
-    /// and the control plane running. `None` while it is not owed (no quorum anywhere, every
-    /// agent that could act stopped, or the control plane restarting).
+    /// down, `v` with a healthy primary elsewhere, the agent on that primary's node running (the
+    /// others defer to a Primary peer's agent), and the control plane running. `None` while it is
+    /// not owed (no quorum anywhere, the agent that could act stopped, or the control plane
+    /// restarting).
     fn consumer_move_owed_since(&self, i: usize, v: usize) -> Option<Instant> {
         let down = self.down_since[i]?;
         let (primary, healthy) = self.healthy.get(v).copied().flatten()?;
-        let agent = (0..3)
-            .filter(|&j| j != i && self.down_since[j].is_none())
-            .filter_map(|j| self.agent_since[j])
-            .min()?;
+        let agent = self.agent_since[primary]?;
         let control_plane = self.control_plane_since?;
         (primary != i).then(|| down.max(healthy).max(agent).max(control_plane))
     }

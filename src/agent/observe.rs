@@ -236,6 +236,7 @@ fn peer_reports(leases: &[Arc<Lease>]) -> (HashMap<String, PeerReport>, BTreeSet
                 report,
                 liveness: Liveness::Unknown,
                 quiet_from: None,
+                agent_silent_from: None,
             },
         );
     }

@@ -186,6 +186,7 @@ async fn confirm_alive(reads: &LeaseReads<'_>, observed: &mut Observed, suspects
             Liveness::Expired
         };
         known.quiet_from = now.silent_from.zip(kubelet).map(|(agent, kubelet)| agent.max(kubelet));
+        known.agent_silent_from = now.silent_from;
     }
     observed.kubelet_silent_from = kubelets;
 }

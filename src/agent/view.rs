@@ -77,6 +77,9 @@ pub struct PeerReport {
     /// renewals of their Leases, unless one of them renews before. `None`: not read (only
     /// suspected peers are), unreadable, or one of them renews on time.
     pub quiet_from: Option<Instant>,
+    /// From when its agent counts as silent (two renewals missed), unless it renews before: what
+    /// it reported may be from before that. `None`: not read.
+    pub agent_silent_from: Option<Instant>,
 }
 
 /// Whether a peer's agent renews its heartbeat Lease, as read fresh in this round.

@@ -78,13 +78,7 @@ pub(super) fn fail_overs(
             };
             match &verdict {
                 Evidence::Alive(evidence) => {
-                    // A late detection's hold ends by itself, or once the node goes quiet: the
-                    // loop looks again right then.
-                    let window = observed.drbd.detection_window(&resource.name, &peer.name);
-                    timers.holds_end.push(started + window + settings.report_interval);
-                    timers
-                        .holds_end
-                        .extend(observed.quiet_from(&node.name).filter(|from| *from > now));
+                    timers.holds_end.extend(hold_ends(observed, settings, &suspicion, now));
                     holds.push(Action::HoldFailOver {
                         node: node.name.clone(),
                         resource: resource.name.clone(),
@@ -113,6 +107,17 @@ pub(super) fn fail_overs(
     }
     holds.extend(guard_fail_overs(observed, settings, by_node));
     holds
+}
+
+/// When a hold may let go by itself, for the loop to look again right then: a late detection's
+/// window passes, or the suspect goes quiet.
+fn hold_ends(observed: &Observed, settings: &DecisionSettings, suspicion: &Suspicion, now: Instant) -> Vec<Instant> {
+    let window = observed.drbd.detection_window(&suspicion.resource.name, suspicion.peer);
+    let quiet = observed.quiet_from(&suspicion.node.name).filter(|from| *from > now);
+    [Some(suspicion.seen + window + settings.report_interval), quiet]
+        .into_iter()
+        .flatten()
+        .collect()
 }
 
 /// Whether this node weighs fail-overs of `resource`, and what its DRBD says of taking the data
@@ -287,24 +292,44 @@ fn what_the_agents_said(
             "its agent's heartbeat could not be read in this round (refused, throttled or timed out): unknown is not silent".into(),
         );
     }
+    if let Some(held) = a_third_node_speaks_for_it(observed, resource, &node.name, now) {
+        return held;
+    }
+    what_its_silence_says(observed, &node.name, now)
+}
+
+/// Whether a third node's agent says it is still connected to the suspect `node` (or last said
+/// so, and could not be read this round): the suspect may be Primary with quorum through it. A
+/// third node whose own agent has gone silent may say so from before; where this node's DRBD
+/// itself says it could take the data over (it is the Primary, or events2 says may_promote,
+/// which DRBD refuses while a Primary is reachable through any peer), its stale word holds
+/// nothing.
+fn a_third_node_speaks_for_it(observed: &Observed, resource: &Resource, node: &str, now: Instant) -> Option<Evidence> {
+    let drbd_spoke = matches!(
+        resource.take_over(),
+        Ok(TakeOver::Holds | TakeOver::MayPromote(Some(_)))
+    );
     let mut third_peers: Vec<&String> = observed.reports.keys().collect();
     third_peers.sort();
     for other in third_peers {
-        if *other == node.name || *other == observed.node {
+        if *other == node || *other == observed.node {
             continue;
         }
-        let connected = |view: &ResourceReport| view.connected.iter().any(|p| observed.kube_node(p) == node.name);
-        if alive_report(other).is_some_and(connected) {
-            return Evidence::Alive(format!("node {other} is still connected to it"));
+        let said = &observed.reports[other];
+        if drbd_spoke && said.agent_silent_from.is_some_and(|from| from <= now) {
+            continue;
         }
-        let unread = &observed.reports[other];
-        if unread.liveness == Liveness::Unknown && unread.report.resources.get(&resource.name).is_some_and(connected) {
-            return Evidence::Alive(format!(
+        let connected = |view: &ResourceReport| view.connected.iter().any(|p| observed.kube_node(p) == node);
+        if observed.alive_report(other, &resource.name).is_some_and(connected) {
+            return Some(Evidence::Alive(format!("node {other} is still connected to it")));
+        }
+        if said.liveness == Liveness::Unknown && said.report.resources.get(&resource.name).is_some_and(connected) {
+            return Some(Evidence::Alive(format!(
                 "node {other} last stated it is connected to it, and its heartbeat could not be read in this round"
-            ));
+            )));
         }
     }
-    what_its_silence_says(observed, &node.name, now)
+    None
 }
 
 /// What a peer's agent's silence since the link dropped says, nobody speaking for it: nothing
@@ -1397,5 +1422,36 @@ mod tests {
             "the loop wakes when a's kubelet goes silent"
         );
         assert!(kinds(&decide(&observed, &settings, &mut timers, silent)).contains(&"force-delete app".to_string()));
+    }
+
+    /// A third node whose agent has gone silent may say it is connected from before: where this
+    /// node's DRBD itself says it could take the data over, that stale word holds nothing; where
+    /// only the equivalent speaks (no events2 word), it still holds.
+    #[test]
+    fn a_silent_third_nodes_stale_report_holds_only_without_drbds_word() {
+        let mut observed = kubelet_stopped(link_lost());
+        let mut c_said = report(false, true, &["node-a", "node-b"], &[], true);
+        c_said.agent_silent_from = Some(Instant::now().checked_sub(Duration::from_secs(1)).unwrap());
+        observed.reports = [("node-c".to_string(), c_said)].into();
+        assert_eq!(
+            after_timeout(&observed, &settings()),
+            ["hold node-a"],
+            "no word from DRBD"
+        );
+        observed.drbd.resources[0].drbd_says = Some(PromotionWord {
+            may_promote: true,
+            promotion_score: 10102,
+        });
+        assert_eq!(
+            after_timeout(&observed, &settings())[1],
+            "force-delete app",
+            "DRBD would refuse may_promote if a were Primary through c"
+        );
+        observed.reports.get_mut("node-c").unwrap().agent_silent_from = Some(Instant::now() + Duration::from_secs(60));
+        assert_eq!(
+            after_timeout(&observed, &settings()),
+            ["hold node-a"],
+            "c's agent renews: its word holds"
+        );
     }
 }

@@ -179,6 +179,7 @@ pub(crate) fn report(
         },
         liveness: if alive { Liveness::Renewing } else { Liveness::Expired },
         quiet_from: None,
+        agent_silent_from: None,
     }
 }
 
