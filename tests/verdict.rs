@@ -143,43 +143,34 @@ async fn a_healthy_primary_whose_agent_restarts_keeps_its_pod_and_attachment() {
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn a_primary_cut_off_from_the_api_server_alone_keeps_its_pod_and_attachment() {
-    let (env, nodes, _pv, mut mesh, attachment, mut agents) = set_up("verdict-api-cut", Layout::TieBreaker).await;
-    let a = &nodes[0];
-    agents.remove(0).kill().await;
-    a.kubelet.stop();
-    mesh.cut(0, 1);
-    mesh.write(&nodes);
-    nothing_happens_to_a(&env, a, &attachment, "a cut off from the API server, b Outdated").await;
-
-    let took = a_really_loses_quorum(&env, &nodes, &mut mesh, &attachment).await;
-    eprintln!("a NotReady and isolated: pod force-deleted and attachment released after {took:?}");
-    teardown(env, agents).await;
+    let scene = set_up("verdict-api-cut", Layout::TieBreaker).await;
+    cut_off_from_the_api_then_lost(scene, "tie-breaker").await;
 }
 
-/// Three diskful nodes, c's agent stopped, a cut off from the API server (its agent and kubelet
-/// quiet) and its link to b down: a goes on with quorum through c, DRBD outdates b, and b's
-/// agent, the only one left, does nothing to a. Once b is back in sync and a really loses quorum,
-/// a's pod and attachment are gone within the bound.
+/// The same over three diskful nodes, c's agent stopped as well: a goes on with quorum through c,
+/// DRBD outdates b, and b's agent, the only one left, does nothing to a until a really loses
+/// quorum.
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn three_diskful_nodes_with_one_agent_stopped_keep_a_primary_cut_off_from_the_api() {
-    let (env, nodes, _pv, mut mesh, attachment, mut agents) = set_up("verdict-three", Layout::ThreeDiskful).await;
+    let mut scene = set_up("verdict-three", Layout::ThreeDiskful).await;
+    scene.5.remove(2).kill().await;
+    cut_off_from_the_api_then_lost(scene, "three diskful").await;
+}
+
+/// a's agent and kubelet go quiet and the a–b link drops (b Outdated): nothing happens to a for
+/// [`hold`]; then a really loses quorum and its pod and attachment go within the bound.
+async fn cut_off_from_the_api_then_lost(scene: Scene, layout: &str) {
+    let (env, nodes, _pv, mut mesh, attachment, mut agents) = scene;
     let a = &nodes[0];
-    agents.remove(2).kill().await;
     agents.remove(0).kill().await;
     a.kubelet.stop();
     mesh.cut(0, 1);
     mesh.write(&nodes);
     assert!(mesh.is_outdated(1));
-    nothing_happens_to_a(
-        &env,
-        a,
-        &attachment,
-        "three diskful, a cut off from the API server, b Outdated",
-    )
-    .await;
-
+    let why = format!("{layout}: a cut off from the API server, b Outdated");
+    nothing_happens_to_a(&env, a, &attachment, &why).await;
     let took = a_really_loses_quorum(&env, &nodes, &mut mesh, &attachment).await;
-    eprintln!("three diskful, a NotReady and isolated: pod and attachment gone after {took:?}");
+    eprintln!("{layout}: a NotReady and isolated: pod force-deleted and attachment released after {took:?}");
     teardown(env, agents).await;
 }
