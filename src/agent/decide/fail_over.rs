@@ -153,7 +153,31 @@ fn steps_off(
     );
     let cannot_run = !node.ready || matches!(verdict, Evidence::Crashed(_));
     let gone = cannot_run && observed.kubelet_renews(&node.name, now) != Some(true);
-    fail_over_steps(settings, volume, node, gone, &note)
+    let taint = !settings.disable_node_taints && !may_be_a_healthy_primary(observed, &node.name);
+    fail_over_steps(settings, volume, node, Steps { gone, taint }, &note)
+}
+
+/// Whether this node's DRBD says that, on some resource whose link to `node` is down, a Primary
+/// goes on without this node (its disk outdated, or DRBD's may_promote:no): that Primary may be
+/// `node`, healthy there. A node-wide taint would say otherwise, so none is put.
+fn may_be_a_healthy_primary(observed: &Observed, node: &str) -> bool {
+    observed.drbd.resources.iter().any(|r| {
+        let away = r
+            .connections
+            .iter()
+            .any(|c| !c.is_connected() && observed.kube_node(&c.name) == node);
+        away && matches!(
+            r.take_over(),
+            Err(CannotTakeOver::Disk(_) | CannotTakeOver::DrbdSaysNo(_))
+        )
+    })
+}
+
+/// What the steps off a node may do: force-delete (`gone`: nothing there can stop a pod) and
+/// put the node-wide taint.
+struct Steps {
+    gone: bool,
+    taint: bool,
 }
 
 /// Whether a fail-over of the volume from the peer's node may start: a running pod there writes
@@ -388,16 +412,17 @@ fn fail_over_steps(
     settings: &DecisionSettings,
     volume: &VolumeView,
     node: &NodeView,
-    gone: bool,
+    allowed: Steps,
     note: &str,
 ) -> Vec<Action> {
+    let Steps { gone, taint } = allowed;
     // Clients of a shared volume reach it over the ClusterIP, not DRBD: on a Ready node only
     // the side that holds DRBD open, the NFS server, is failed over (silent agent or not).
     if volume.shared_claim.is_some() && node.ready && !serves(volume, node) {
         return Vec::new();
     }
     let mut steps = Vec::new();
-    if !settings.disable_node_taints && !node.has_taint(LOST_QUORUM_TAINT) {
+    if taint && !node.has_taint(LOST_QUORUM_TAINT) {
         steps.push(Action::Taint {
             node: node.name.clone(),
             key: LOST_QUORUM_TAINT,
@@ -1452,6 +1477,28 @@ mod tests {
             after_timeout(&observed, &settings()),
             ["hold node-a"],
             "c's agent renews: its word holds"
+        );
+    }
+
+    /// A node-wide taint says more than one volume: none while this node's DRBD says a Primary
+    /// goes on without it on another resource the suspect is away from (it may be the suspect,
+    /// healthy there); the pods of the lost volume still go.
+    #[test]
+    fn no_taint_on_a_node_that_may_be_a_healthy_primary_elsewhere() {
+        let mut observed = kubelet_stopped(primary_lost());
+        let mut other = observed.drbd.resources[0].clone();
+        other.name = "pvc-2".into();
+        other.devices[0].disk_state = "Outdated".into();
+        observed.drbd.resources.push(other);
+        assert_eq!(
+            after_timeout(&observed, &settings()),
+            ["force-delete app", "delete-attachment csi-att-1"]
+        );
+        observed.drbd.resources[1].connections[0].connection_state = "Connected".into();
+        assert_eq!(
+            after_timeout(&observed, &settings())[0],
+            "taint node-a drbd.linbit.com/lost-quorum",
+            "the outdated resource's link to a is up: not a's doing"
         );
     }
 }
