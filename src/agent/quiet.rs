@@ -34,12 +34,6 @@ pub fn renews(lease: &Lease, clock: &ServerClock, seen: SeenRenewal, now: Instan
     age.is_some_and(|age| age < lease_duration(lease))
 }
 
-/// How long ago `lease` was last written by `manager` (anyone: `None`), on the API server's clock
-/// as this agent knows it.
-pub fn server_age(lease: &Lease, manager: Option<&str>, clock: &ServerClock) -> Option<Duration> {
-    age_on_the_servers_clock(lease, manager, clock)
-}
-
 /// From when the agent of heartbeat `lease` counts as silent, unless it renews before: two
 /// renewals missed (one failed write is not silence).
 pub fn agent_silent_from(lease: &Lease, clock: &ServerClock, seen: SeenRenewal, now: Instant) -> Option<Instant> {
@@ -85,7 +79,7 @@ fn age_on_the_writers_clock(lease: &Lease) -> Option<Duration> {
 /// How long ago `lease` was last written by `manager` (anyone: `None`), on the API server's clock
 /// alone: silence measured against a writer's clock would take every peer for silent on a node
 /// whose own clock is ahead by more than the allowance.
-fn age_on_the_servers_clock(lease: &Lease, manager: Option<&str>, clock: &ServerClock) -> Option<Duration> {
+pub fn age_on_the_servers_clock(lease: &Lease, manager: Option<&str>, clock: &ServerClock) -> Option<Duration> {
     Some(non_negative(clock.now()?.duration_since(last_write(lease, manager)?)))
 }
 

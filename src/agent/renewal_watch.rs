@@ -13,7 +13,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
-use super::quiet::server_age;
+use super::quiet::age_on_the_servers_clock;
 use super::renewals::{LeaseKey, Renewals};
 use super::server_clock::ServerClock;
 
@@ -98,7 +98,7 @@ impl Booking {
         let Some(renew_time) = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref()) else {
             return;
         };
-        let age = server_age(lease, self.manager, &self.clock);
+        let age = age_on_the_servers_clock(lease, self.manager, &self.clock);
         let marker = renew_time.0.to_string();
         self.renewals
             .lock()
