@@ -91,7 +91,9 @@ pub(super) fn fail_overs(
                     // and the loop looks again right then.
                     let kubelet_silent = observed.kubelet_silent_from.get(&node.name);
                     timers.holds_end.extend(kubelet_silent.filter(|from| **from > now));
-                    let steps = steps_off(observed, settings, &suspicion, volume, &verdict, now);
+                    // Evidence of a loss comes only where this node's DRBD could take over.
+                    let Ok(drbd) = &take_over else { continue };
+                    let steps = steps_off(observed, settings, &suspicion, volume, (&verdict, drbd), now);
                     by_node.entry(node.name.clone()).or_default().extend(steps);
                 }
             }
@@ -141,12 +143,11 @@ fn steps_off(
     settings: &DecisionSettings,
     suspicion: &Suspicion,
     volume: &VolumeView,
-    verdict: &Evidence,
+    (verdict, drbd): (&Evidence, &TakeOver),
     now: Instant,
 ) -> Vec<Action> {
     let (Evidence::Lost(evidence) | Evidence::Crashed(evidence) | Evidence::Alive(evidence)) = verdict;
     let (node, resource) = (suspicion.node, suspicion.resource);
-    let drbd = resource.take_over().map_or_else(|e| e.to_string(), |t| t.to_string());
     let note = format!(
         "node {} lost DRBD resource {} ({evidence}; link down for over {:?}; DRBD here: {drbd})",
         node.name, resource.name, settings.fail_over_timeout
