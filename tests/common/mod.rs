@@ -9,6 +9,7 @@ pub mod datapath;
 pub mod docs;
 pub mod drbd;
 pub mod drbd_mesh;
+pub mod faulty_api;
 pub mod held;
 pub mod helm;
 pub mod kubelet;
