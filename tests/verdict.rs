@@ -10,9 +10,11 @@
 
 use std::time::{Duration, Instant};
 
+use common::accounts::admin_kubeconfig;
 use common::drbd::{LOST_QUORUM, SimNode, app_on_node_a, drbd_taints, pod_state, teardown, untouched};
 use common::drbd_mesh::Mesh;
 use common::eventually;
+use common::faulty_api::{Fault, FaultyApi};
 use common::process::Process;
 
 /// How long nothing may happen to the healthy primary.
@@ -33,6 +35,11 @@ enum Layout {
 type Scene = (common::TestEnv, Vec<SimNode>, String, Mesh, String, Vec<Process>);
 
 async fn set_up(test: &str, layout: Layout) -> Scene {
+    set_up_through(test, layout, None).await
+}
+
+/// [`set_up`], the agents reaching the API server through `api` when given.
+async fn set_up_through(test: &str, layout: Layout, api: Option<&FaultyApi>) -> Scene {
     let (env, nodes, pv) = app_on_node_a(test).await;
     let (diskless, with_agents): (&[usize], usize) = match layout {
         Layout::TieBreaker => (&[2], 2),
@@ -43,8 +50,10 @@ async fn set_up(test: &str, layout: Layout) -> Scene {
     mesh.write(&nodes);
     let attachment = env.attachment("att", &pv, &nodes[0].name).await;
     let mut agents = Vec::new();
+    let through = api.map(|api| api.kubeconfig_through(&env.chart_kubeconfig(&admin_kubeconfig(), "agent", &[])));
+    let kubeconfig: Vec<(&str, &str)> = through.iter().map(|path| ("KUBECONFIG", path.as_str())).collect();
     for node in &nodes[..with_agents] {
-        agents.push(env.start_agent(node, &[]).await);
+        agents.push(env.start_agent_with_env(node, &[], &kubeconfig).await);
     }
     // Every agent has stated its view.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -172,5 +181,73 @@ async fn cut_off_from_the_api_then_lost(scene: Scene, layout: &str) {
     nothing_happens_to_a(&env, a, &attachment, &why).await;
     let took = a_really_loses_quorum(&env, &nodes, &mut mesh, &attachment).await;
     eprintln!("{layout}: a NotReady and isolated: pod force-deleted and attachment released after {took:?}");
+    teardown(env, agents).await;
+}
+
+/// a crashes (its agent and kubelet stop, every link drops) while the API server the other agents
+/// reach fails one read in five. Their silence rules hold (the API server is not answering every
+/// call), so Kubernetes's NotReady decides, and a failed read of a's Node or pods keeps the count
+/// of how long it has been NotReady: a's pod is force-deleted within NotReady (the tests' 8 s
+/// grace) and the documented hold for it (`--fail-over-timeout` + `--reconcile-interval` + 10 s:
+/// 13 s), a few rounds of slack. The old rule started the count over at every failed read.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_crashed_node_behind_an_api_server_failing_one_read_in_five_loses_its_pod_in_bounded_time() {
+    let api = FaultyApi::start(&admin_kubeconfig(), Fault::FailEveryRead(5));
+    let (env, nodes, _pv, mut mesh, attachment, mut agents) =
+        set_up_through("verdict-flaky-api", Layout::ThreeDiskful, Some(&api)).await;
+    agents.remove(0).kill().await;
+    nodes[0].kubelet.stop();
+    mesh.isolate(0);
+    mesh.write(&nodes);
+    let crashed = Instant::now();
+    // NotReady at 9 s (grace and monitor period), the hold 13 s later, four rounds of slack.
+    let bound = Duration::from_secs(30);
+    eventually("a's pod force-deleted", bound, || async {
+        pod_state(&env, "app").await.is_none().then_some(())
+    })
+    .await;
+    let moved = crashed.elapsed();
+    eventually("a's attachment deleted", bound, || async {
+        (!env.attachment_exists(&attachment).await).then_some(())
+    })
+    .await;
+    let (failed, reads) = api.failed_of_reads();
+    eprintln!(
+        "crashed behind a flaky API server: pod force-deleted after {moved:?} ({failed} of {reads} reads failed)"
+    );
+    assert!(
+        failed * 5 >= reads - 4 && failed > 10,
+        "the API server failed {failed} of {reads} reads"
+    );
+    teardown(env, agents).await;
+}
+
+/// Two API servers behind one address, their clocks 10 s apart: about half of the Lease writes
+/// carry stamps 10 s early, the agents' own and their peers' alike. Over three diskful nodes the
+/// a–b link drops (a goes on with quorum through c, DRBD outdates b): nothing happens to a for
+/// [`hold`], its agent and kubelet renewing on. Then a really loses quorum, its agent and kubelet
+/// alive: its pod is evicted (its kubelet finishes the eviction), never force-deleted, and the
+/// attachment released within the bound. The old rule took a's heartbeat for expired whenever its
+/// last write carried the early stamps and this agent's own the right ones.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn lease_renewals_stamped_by_two_api_servers_10s_apart_leave_a_live_primary_alone() {
+    let api = FaultyApi::start(&admin_kubeconfig(), Fault::TwoClocksApart(Duration::from_secs(10)));
+    let (env, nodes, _pv, mut mesh, attachment, agents) =
+        set_up_through("verdict-two-clocks", Layout::ThreeDiskful, Some(&api)).await;
+    mesh.cut(0, 1);
+    mesh.write(&nodes);
+    assert!(mesh.is_outdated(1));
+    nothing_happens_to_a(&env, &nodes[0], &attachment, "two API servers 10 s apart, b Outdated").await;
+    let took = a_really_loses_quorum(&env, &nodes, &mut mesh, &attachment).await;
+    eprintln!("two API servers 10 s apart: a isolated, pod evicted and attachment released after {took:?}");
+    for agent in &agents {
+        let forced = agent
+            .metric("storageos_drbd_agent_actions_total{action=\"force_delete\",result=\"ok\"}")
+            .await;
+        assert_eq!(forced, 0.0, "a's pod force-deleted though its kubelet renews");
+    }
+    assert!(api.restamped() > 10, "only {} Leases seen restamped", api.restamped());
     teardown(env, agents).await;
 }
