@@ -144,7 +144,8 @@ impl Executor {
             return self.publish_all(actions, drbd_read_at, now).await;
         }
         // A refusal holds for the cooldown, like any remembered action: until then none of that
-        // node's fail-over steps run, whichever round decides them.
+        // node's fail-over steps run, whichever round decides them. A guard that could not tell
+        // holds them for this round only; its step backs off as a failed one does.
         let mut refused_nodes = self.memory.refused_nodes();
         // Each node's fail-over asks the guard once a round, at its first step carried out.
         let mut asked = HashSet::new();
@@ -158,7 +159,7 @@ impl Executor {
             let reserve = action.failing_over().filter(|node| asked.insert(node.to_string()));
             let guard = reserve.map(|node| (node, storage_nodes));
             let (remembered, told) = self.attempt(action, &about, drbd_read_at, guard).await;
-            if let Remembered::Refused(node) = &remembered {
+            if let Remembered::Refused(node) | Remembered::Unguarded(node) = &remembered {
                 refused_nodes.insert(node.clone());
             }
             self.memory.remember(key, remembered, Instant::now());

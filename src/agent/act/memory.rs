@@ -13,8 +13,12 @@ pub enum Remembered {
     ForCooldown,
     /// Not repeated for as long as it stays decided (reports such as a held fail-over).
     WhileDecided,
-    /// The blast-radius guard refused this node's fail-over: none of its steps this round.
+    /// The blast-radius guard refused this node's fail-over: none of its steps within the
+    /// cooldown.
     Refused(String),
+    /// The guard could not tell (its Lease unreadable): none of this node's steps this round,
+    /// asked again after a back-off, as a failed action is.
+    Unguarded(String),
     /// Failed or blocked: retried after a back-off.
     Retry,
     /// Refused by the API server in a way no retry changes: retried at the slowest pace.
@@ -82,7 +86,7 @@ impl Memory {
     pub fn remember(&mut self, key: ActionKey, remembered: Remembered, now: Instant) {
         let retry_after = match remembered {
             Remembered::RetrySlowly => Some(self.max_backoff),
-            Remembered::Retry => Some(
+            Remembered::Retry | Remembered::Unguarded(_) => Some(
                 self.backoff
                     .get(&key)
                     .map_or(self.min_backoff, |b| b.delay * 2)

@@ -108,7 +108,7 @@ pub fn refusal(about: &About, failing_over: Option<&str>, why: &str) -> (Remembe
 pub fn guard_failed(about: &About, node: &str, err: &dyn std::fmt::Display) -> (Remembered, Option<Tell>) {
     let note = format!("cannot {}: the blast-radius guard: {err}; retrying", about.description);
     let told = Tell::standing("FailOverActionFailed", about.kind, note);
-    (Remembered::Refused(node.to_owned()), Some(told))
+    (Remembered::Unguarded(node.to_owned()), Some(told))
 }
 
 /// How an action carried out ended: what to remember of it and what to tell.

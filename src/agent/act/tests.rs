@@ -250,16 +250,27 @@ fn fail_over_of(node: &str) -> Vec<Action> {
 }
 
 /// An API server whose guard Lease holds fresh reservations for `reserved`, with no agent
-/// Leases and no tainted Node; every other request is answered 200 `{}`. Counts pod deletions.
-fn guard_api(reserved: &'static [&'static str]) -> (Client, Arc<std::sync::atomic::AtomicUsize>) {
+/// Leases and no tainted Node, its first `unreadable` reads of the guard Lease answered 500;
+/// every other request is answered 200 `{}`. Counts pod deletions.
+fn guard_api(reserved: &'static [&'static str], unreadable: usize) -> (Client, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let deletions = Arc::new(AtomicUsize::new(0));
     let counted = deletions.clone();
+    let guard_reads = AtomicUsize::new(0);
     let client = scripted_api::client(move |request| {
         let path = &request.path;
         let listing = request.query.contains("labelSelector");
         if request.method == http::Method::DELETE && path.contains("/pods/") {
             counted.fetch_add(1, Ordering::SeqCst);
+        }
+        if path.ends_with(crate::names::FAIL_OVER_GUARD_LEASE)
+            && request.method == http::Method::GET
+            && guard_reads.fetch_add(1, Ordering::SeqCst) < unreadable
+        {
+            return (
+                500,
+                json!({"kind": "Status", "code": 500, "reason": "InternalError"}).to_string(),
+            );
         }
         // Reserved 2 s ago (reservations last 120 s): their taints may still be on their way.
         let expiry = (k8s_openapi::jiff::Timestamp::now() + std::time::Duration::from_secs(118)).to_string();
@@ -282,29 +293,70 @@ fn guard_api(reserved: &'static [&'static str]) -> (Client, Arc<std::sync::atomi
 /// by an executor with a guard over 4 storage nodes whose Lease holds `reserved`: (steps the
 /// guard refused, pods deleted).
 async fn force_delete_under_the_guard(reserved: &'static [&'static str]) -> (u64, usize) {
-    let (client, deletions) = guard_api(reserved);
-    let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
-    let guard = FailOverGuard::new(&client, "default", "", 0.5, Duration::from_secs(5));
-    let settings = stub_executor(MockDrbdSource::new(), false).0.settings;
-    let events = EventSink::new(client.clone(), "test", None);
-    let mut executor = Executor::new(
-        client,
-        Arc::new(MockDrbdSource::new()),
-        events,
-        metrics.clone(),
-        settings,
-        Some(guard),
-    );
-    let force_delete = fail_over_of("node-a").remove(1);
-    let storage: BTreeSet<String> = ["node-a", "node-b", "node-c", "node-d"].map(String::from).into();
+    let (client, deletions) = guard_api(reserved, 0);
+    let (mut executor, metrics) = guarded_executor(client);
     executor
-        .run(Scope::Steps, vec![force_delete], Instant::now(), &storage)
+        .run(
+            Scope::Steps,
+            vec![fail_over_of("node-a").remove(1)],
+            Instant::now(),
+            &four_storage_nodes(),
+        )
         .await;
     let refused = metrics
         .refused_actions
         .with_label_values(&["force_delete", "guard"])
         .get();
     (refused, deletions.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+/// An executor over `client` with a blast-radius guard (limit 0.5).
+fn guarded_executor(client: Client) -> (Executor, AgentMetrics) {
+    let metrics = AgentMetrics::register(&prometheus::Registry::new()).unwrap();
+    let guard = FailOverGuard::new(&client, "default", "", 0.5, Duration::from_secs(5));
+    let settings = stub_executor(MockDrbdSource::new(), false).0.settings;
+    let events = EventSink::new(client.clone(), "test", None);
+    let drbd = Arc::new(MockDrbdSource::new());
+    let executor = Executor::new(client, drbd, events, metrics.clone(), settings, Some(guard));
+    (executor, metrics)
+}
+
+fn four_storage_nodes() -> BTreeSet<String> {
+    ["node-a", "node-b", "node-c", "node-d"].map(String::from).into()
+}
+
+#[tokio::test]
+async fn a_guard_that_could_not_be_read_is_asked_again_after_the_back_off() {
+    // One failed read of the guard Lease (a blip of the API server) holds node a's fail-over for
+    // the back-off (50 ms here), not for the cooldown (60 s) a refusal holds it for: behind a
+    // flaky API server a crashed node's pods would wait a minute per failed read.
+    let (client, deletions) = guard_api(&[], 1);
+    let (mut executor, _) = guarded_executor(client);
+    let force_delete = fail_over_of("node-a").remove(1);
+    let deleted = || deletions.load(std::sync::atomic::Ordering::SeqCst);
+    executor
+        .run(
+            Scope::Steps,
+            vec![force_delete.clone()],
+            Instant::now(),
+            &four_storage_nodes(),
+        )
+        .await;
+    assert_eq!(deleted(), 0, "nothing while the guard cannot tell");
+    executor
+        .run(
+            Scope::Steps,
+            vec![force_delete.clone()],
+            Instant::now(),
+            &four_storage_nodes(),
+        )
+        .await;
+    assert_eq!(deleted(), 0, "nothing again within the back-off");
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    executor
+        .run(Scope::Steps, vec![force_delete], Instant::now(), &four_storage_nodes())
+        .await;
+    assert_eq!(deleted(), 1, "asked again once the back-off is over: the pod deleted");
 }
 
 #[tokio::test]
