@@ -224,18 +224,22 @@ async fn a_crashed_node_behind_an_api_server_failing_one_read_in_five_loses_its_
 }
 
 /// Two API servers behind one address, their clocks 10 s apart: about half of the Lease writes
-/// carry stamps 10 s early, the agents' own and their peers' alike. Over three diskful nodes the
-/// a–b link drops (a goes on with quorum through c, DRBD outdates b): nothing happens to a for
-/// [`hold`], its agent and kubelet renewing on. Then a really loses quorum, its agent and kubelet
-/// alive: its pod is evicted (its kubelet finishes the eviction), never force-deleted, and the
-/// attachment released within the bound. The old rule took a's heartbeat for expired whenever its
-/// last write carried the early stamps and this agent's own the right ones.
+/// carry stamps 10 s early, the agents' own and their peers' alike, and a's kubelet renews its
+/// Lease every 10 s as a real one does. In the README's layout the a–b link drops (a goes on
+/// with quorum through the tie-breaker c, DRBD outdates b): nothing happens to a for [`hold`], its agent and
+/// kubelet renewing on. Then a really loses quorum, its agent and kubelet alive: its pod is
+/// evicted (its kubelet finishes the eviction), never force-deleted, and the attachment released
+/// within the bound. The old rule aged each renewal by its stamp: a kubelet Lease written through
+/// the second server looked 13 s old 3 s after the write, an agent's heartbeat 3 s after it, and
+/// a node both of whose last writes went that way looked crashed, with no third agent to speak
+/// for it.
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn lease_renewals_stamped_by_two_api_servers_10s_apart_leave_a_live_primary_alone() {
     let api = FaultyApi::start(&admin_kubeconfig(), Fault::TwoClocksApart(Duration::from_secs(10)));
     let (env, nodes, _pv, mut mesh, attachment, agents) =
-        set_up_through("verdict-two-clocks", Layout::ThreeDiskful, Some(&api)).await;
+        set_up_through("verdict-two-clocks", Layout::TieBreaker, Some(&api)).await;
+    nodes[0].kubelet.renew_lease_every(Duration::from_secs(10));
     mesh.cut(0, 1);
     mesh.write(&nodes);
     assert!(mesh.is_outdated(1));

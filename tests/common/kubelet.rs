@@ -12,10 +12,10 @@
 //! What it leaves out: containers (none run), the pod's grace period (they stop at once), and
 //! status updates other than the node's Ready condition.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Pod};
@@ -34,6 +34,8 @@ pub struct Kubelet {
     node: String,
     config: kube::Config,
     beating: Mutex<Option<Beating>>,
+    /// How often the Lease is renewed, in milliseconds: every beat unless set.
+    lease_period_ms: Arc<AtomicU64>,
 }
 
 struct Beating {
@@ -48,9 +50,17 @@ impl Kubelet {
             node: node.to_owned(),
             config,
             beating: Mutex::new(None),
+            lease_period_ms: Arc::new(AtomicU64::new(BEAT.as_millis() as u64)),
         };
         kubelet.resume();
         kubelet
+    }
+
+    /// Renews the Lease every `period` from now on, as a real kubelet does (10 s), and posts its
+    /// Ready condition's heartbeat every beat instead, as a kubelet did before Leases, so that the
+    /// tests' short NotReady grace still sees the node alive between renewals.
+    pub fn renew_lease_every(&self, period: Duration) {
+        self.lease_period_ms.store(period.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// The node goes silent: no beat is sent after this returns.
@@ -75,9 +85,10 @@ impl Kubelet {
         }
         let running = Arc::new(AtomicBool::new(true));
         let (node, config, flag) = (self.node.clone(), self.config.clone(), running.clone());
+        let period = self.lease_period_ms.clone();
         let thread = std::thread::Builder::new()
             .name(format!("kubelet-{node}"))
-            .spawn(move || beat_until_stopped(config, &node, &flag))
+            .spawn(move || beat_until_stopped(config, &node, &flag, &period))
             .expect("start the fake kubelet's thread");
         *beating = Some(Beating { running, thread });
     }
@@ -90,16 +101,24 @@ impl Drop for Kubelet {
     }
 }
 
-fn beat_until_stopped(config: kube::Config, node: &str, running: &AtomicBool) {
+fn beat_until_stopped(config: kube::Config, node: &str, running: &AtomicBool, lease_period_ms: &AtomicU64) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("the fake kubelet's runtime");
     runtime.block_on(async {
         let client = Client::try_from(config).expect("the fake kubelet's client");
+        let mut renewed: Option<Instant> = None;
         while running.load(Ordering::SeqCst) {
+            let period = Duration::from_millis(lease_period_ms.load(Ordering::SeqCst));
+            let renew = renewed.is_none_or(|at| at.elapsed() + BEAT / 2 >= period);
             // A missed beat is what a real kubelet has too: the next one may land.
-            let _ = tokio::time::timeout(REQUEST_TIMEOUT, beat(&client, node)).await;
+            let beat = beat(&client, node, renew, period > BEAT);
+            if let Ok(Ok(())) = tokio::time::timeout(REQUEST_TIMEOUT, beat).await
+                && renew
+            {
+                renewed = Some(Instant::now());
+            }
             for _ in 0..10 {
                 if !running.load(Ordering::SeqCst) {
                     return;
@@ -110,12 +129,25 @@ fn beat_until_stopped(config: kube::Config, node: &str, running: &AtomicBool) {
     });
 }
 
-/// One heartbeat: the Lease renewed (owned by the Node, so it goes with it), and the Ready
-/// condition posted when the node does not show it (at start, and after the node was lost).
-async fn beat(client: &Client, node: &str) -> Result<(), kube::Error> {
+/// One heartbeat: the Lease renewed (owned by the Node, so it goes with it) when `renew`, and the
+/// Ready condition posted when the node does not show it (at start, and after the node was lost)
+/// or when `post_status`.
+async fn beat(client: &Client, node: &str, renew: bool, post_status: bool) -> Result<(), kube::Error> {
     let nodes: Api<Node> = Api::all(client.clone());
     let current = nodes.get(node).await?;
     let now = Timestamp::now();
+    if renew {
+        renew_lease(client, node, &current, now).await?;
+    }
+    finish_deleted_pods(client, node).await?;
+    if post_status || !shows_ready(&current) {
+        post_ready(&nodes, node, &current, now).await?;
+    }
+    Ok(())
+}
+
+/// The node's Lease renewed at `now`.
+async fn renew_lease(client: &Client, node: &str, current: &Node, now: Timestamp) -> Result<(), kube::Error> {
     let lease = Lease {
         metadata: ObjectMeta {
             name: Some(node.to_owned()),
@@ -141,21 +173,25 @@ async fn beat(client: &Client, node: &str) -> Result<(), kube::Error> {
     Api::<Lease>::namespaced(client.clone(), NODE_LEASE_NAMESPACE)
         .patch(node, &PatchParams::apply("fake-kubelet").force(), &Patch::Apply(lease))
         .await?;
-    finish_deleted_pods(client, node).await?;
-    if !shows_ready(&current) {
-        let ready = NodeCondition {
-            type_: "Ready".into(),
-            status: "True".into(),
-            reason: Some("KubeletReady".into()),
-            message: Some("kubelet is posting ready status".into()),
-            last_heartbeat_time: Some(Time(now)),
-            last_transition_time: Some(Time(now)),
-        };
-        let patch = json!({"status": {"conditions": [ready]}});
-        nodes
-            .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
-            .await?;
-    }
+    Ok(())
+}
+
+/// The node's Ready condition posted with its heartbeat at `now` (its transition kept while it
+/// shows Ready).
+async fn post_ready(nodes: &Api<Node>, node: &str, current: &Node, now: Timestamp) -> Result<(), kube::Error> {
+    let since = ready_since(current).unwrap_or(Time(now));
+    let ready = NodeCondition {
+        type_: "Ready".into(),
+        status: "True".into(),
+        reason: Some("KubeletReady".into()),
+        message: Some("kubelet is posting ready status".into()),
+        last_heartbeat_time: Some(Time(now)),
+        last_transition_time: Some(since),
+    };
+    let patch = json!({"status": {"conditions": [ready]}});
+    nodes
+        .patch_status(node, &PatchParams::default(), &Patch::Strategic(patch))
+        .await?;
     Ok(())
 }
 
@@ -186,9 +222,20 @@ async fn finish_deleted_pods(client: &Client, node: &str) -> Result<(), kube::Er
 }
 
 pub fn shows_ready(node: &Node) -> bool {
+    ready_condition(node).is_some_and(|c| c.status == "True")
+}
+
+/// When the node turned Ready, if it shows Ready.
+fn ready_since(node: &Node) -> Option<Time> {
+    ready_condition(node)
+        .filter(|c| c.status == "True")?
+        .last_transition_time
+        .clone()
+}
+
+fn ready_condition(node: &Node) -> Option<&NodeCondition> {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
         .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True")
 }
