@@ -13,6 +13,9 @@ mod agent;
 mod apply;
 mod cli;
 mod compat;
+// ctnetlink and network namespaces are Linux's: elsewhere (the kubectl plugin on macOS) the
+// repair is not built, and its subcommand says so.
+#[cfg(target_os = "linux")]
 mod conntrack;
 mod controller;
 mod converged;
@@ -48,7 +51,9 @@ pub use agent::decide::{DecisionSettings, decide};
 pub use agent::drbd::{Connection, Device, DrbdState, Resource, parse_quorum_enabled, parse_status};
 pub use agent::observe::{Snapshot, observe};
 pub use agent::view::Timers;
+#[cfg(target_os = "linux")]
 pub use conntrack::Flow;
+#[cfg(target_os = "linux")]
 pub use conntrack::table::{Table as ConntrackTable, TableError as ConntrackError};
 pub use core_endpoints::WriteEndpoints;
 pub use sharedvolume::claim::bound_claim;
@@ -107,9 +112,16 @@ pub async fn run(cli: Cli) -> Result<()> {
                 let client = kube_client::connect(&cli.common, false).await?;
                 agent::run(args, client, registry, probes.clone(), shutdown.clone(), events).await
             }
+            #[cfg(target_os = "linux")]
             Command::Conntrack(args) => {
                 let client = kube_client::connect(&cli.common, false).await?;
                 conntrack::run(args, client, registry, probes.clone(), shutdown.clone()).await
+            }
+            #[cfg(not(target_os = "linux"))]
+            Command::Conntrack(_) => {
+                anyhow::bail!(
+                    "the conntrack repair runs on Linux nodes only (it needs ctnetlink): run the chart's DaemonSet"
+                )
             }
             Command::Selftest(_) | Command::Status(_) | Command::Share(_) => {
                 anyhow::bail!("selftest, status and share run without the admin server")

@@ -34,13 +34,6 @@ pub const AGENT_PUBLICATIONS_HELD: &str = "storageos_drbd_agent_publications_hel
 pub const AGENT_NFS_SERVERS_NOT_ANSWERING: &str = "storageos_drbd_agent_nfs_servers_not_answering";
 pub const AGENT_WATCH_EVENTS: &str = "storageos_drbd_agent_watch_events_total";
 pub const AGENT_FAIL_OVER_DURATION: &str = "storageos_drbd_agent_fail_over_duration_seconds";
-pub const CONNTRACK_DELETED: &str = "storageos_shared_volume_conntrack_entries_deleted_total";
-pub const CONNTRACK_REPAIR_DURATION: &str = "storageos_shared_volume_conntrack_repair_duration_seconds";
-pub const CONNTRACK_FAILURES: &str = "storageos_shared_volume_conntrack_failures_total";
-pub const CONNTRACK_SWEEPS: &str = "storageos_shared_volume_conntrack_sweeps_total";
-pub const CONNTRACK_SWEEPING: &str = "storageos_shared_volume_conntrack_volumes_sweeping";
-pub const CONNTRACK_TCP_LOOSE: &str = "storageos_shared_volume_conntrack_tcp_loose";
-pub const CONNTRACK_SWEEPS_ENDED: &str = "storageos_shared_volume_conntrack_sweeps_ended_total";
 pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
 pub const AGENT_CACHED_OBJECTS: &str = "storageos_drbd_agent_cached_objects";
 pub const AGENT_PROMOTER_SNIPPETS: &str = "storageos_drbd_agent_promoter_snippets";
@@ -51,9 +44,11 @@ const RECONCILE_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Creates the registry with the process collector and the build-info gauge.
+/// Creates the registry with the process collector (Linux's `/proc`: not in the plugin's macOS
+/// build) and the build-info gauge.
 pub fn new_registry() -> Result<Registry> {
     let registry = Registry::new();
+    #[cfg(target_os = "linux")]
     registry.register(Box::new(prometheus::process_collector::ProcessCollector::for_self()))?;
     let build_info = IntGaugeVec::new(
         Opts::new(BUILD_INFO, "Build of the running binary; always 1."),
@@ -94,7 +89,7 @@ fn histogram(registry: &Registry, name: &str, help: &str) -> Result<Histogram> {
     histogram_of(registry, name, help, RECONCILE_BUCKETS)
 }
 
-fn histogram_of(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Result<Histogram> {
+pub(crate) fn histogram_of(registry: &Registry, name: &str, help: &str, buckets: &[f64]) -> Result<Histogram> {
     let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
     register(registry, Histogram::with_opts(opts)?)
 }
@@ -103,7 +98,7 @@ fn histogram_of(registry: &Registry, name: &str, help: &str, buckets: &[f64]) ->
 /// Kubernetes's own timers minutes.
 const FAIL_OVER_BUCKETS: &[f64] = &[0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0];
 
-fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
+pub(crate) fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec> {
     register(registry, IntCounterVec::new(Opts::new(name, help), labels)?)
 }
 
@@ -111,11 +106,11 @@ fn int_gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -
     register(registry, IntGaugeVec::new(Opts::new(name, help), labels)?)
 }
 
-fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter> {
+pub(crate) fn counter(registry: &Registry, name: &str, help: &str) -> Result<IntCounter> {
     register(registry, IntCounter::new(name, help)?)
 }
 
-fn int_gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge> {
+pub(crate) fn int_gauge(registry: &Registry, name: &str, help: &str) -> Result<IntGauge> {
     register(registry, IntGauge::new(name, help)?)
 }
 
@@ -392,70 +387,3 @@ impl NodeMetrics {
 pub const ACTION_RESULTS: [&str; 4] = ["ok", "skipped", "blocked", "failed"];
 /// The `why` label values of [`AGENT_REFUSED_ACTIONS`].
 pub const REFUSAL_REASONS: [&str; 2] = ["guard", "dry_run"];
-
-/// Metrics of the conntrack repair.
-#[derive(Clone)]
-pub struct ConntrackMetrics {
-    /// Conntrack entries deleted because they bound a volume's ClusterIP to a server it left.
-    pub deleted: IntCounter,
-    /// From a move (its trigger time on the slice, else when this node saw it) to the sweep that
-    /// first deleted stranded entries of it on this node.
-    pub repair_duration: Histogram,
-    /// Reads and deletes of the conntrack table that failed.
-    pub failures: IntCounter,
-    /// Listings of the table.
-    pub sweeps: IntCounter,
-    /// Volumes swept now (their endpoint moved within the sweep window).
-    pub sweeping: IntGauge,
-    /// Sweeps of a moved volume that ended, by why: `kube-proxy`, `flow` or `window`.
-    pub sweeps_ended: IntCounterVec,
-    /// The node's `nf_conntrack_tcp_loose`: 1 on, 0 off, -1 unreadable.
-    pub tcp_loose: IntGauge,
-}
-
-impl ConntrackMetrics {
-    pub fn register(registry: &Registry) -> Result<Self> {
-        Ok(Self {
-            deleted: counter(
-                registry,
-                CONNTRACK_DELETED,
-                "Conntrack entries deleted because they bound a volume's ClusterIP to an NFS server it moved from.",
-            )?,
-            repair_duration: histogram_of(
-                registry,
-                CONNTRACK_REPAIR_DURATION,
-                "From a volume's endpoint move to the sweep that deleted its stranded conntrack entries on this node.",
-                REPAIR_BUCKETS,
-            )?,
-            failures: counter(
-                registry,
-                CONNTRACK_FAILURES,
-                "Reads and deletes of the conntrack table that failed.",
-            )?,
-            sweeps: counter(
-                registry,
-                CONNTRACK_SWEEPS,
-                "Listings of the conntrack table by the repair.",
-            )?,
-            sweeping: int_gauge(
-                registry,
-                CONNTRACK_SWEEPING,
-                "Volumes whose endpoint moved within the sweep window, swept now.",
-            )?,
-            sweeps_ended: counter_vec(
-                registry,
-                CONNTRACK_SWEEPS_ENDED,
-                "Sweeps of a moved volume that ended: kube-proxy said its rules hold the move, a flow reached the new server, or the window ended.",
-                &["reason"],
-            )?,
-            tcp_loose: int_gauge(
-                registry,
-                CONNTRACK_TCP_LOOSE,
-                "The node's nf_conntrack_tcp_loose: 1 on (a deleted flow's next segment is tracked anew), 0 off, -1 unreadable.",
-            )?,
-        })
-    }
-}
-
-/// Conntrack repair buckets, 10 ms to 60 s.
-const REPAIR_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];

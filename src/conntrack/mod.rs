@@ -10,6 +10,7 @@
 
 mod flow;
 mod linstor;
+mod metrics;
 mod proxy_poll;
 mod proxy_sync;
 mod slices;
@@ -30,10 +31,10 @@ use prometheus::Registry;
 
 use crate::admin::Probes;
 use crate::cli::ConntrackArgs;
-use crate::metrics::ConntrackMetrics;
 use crate::names::{LINSTOR_NFS_SLICE_MANAGER, NFS_PORT, SLICE_MANAGED_BY_LABEL, SLICE_MANAGER};
 use crate::shutdown::Shutdown;
 use linstor::LinstorServices;
+use metrics::ConntrackMetrics;
 use proxy_poll::{ProxyMetrics, ProxyPoller};
 use slices::{Seen, Slices};
 use sweep::{Moment, ProxyWord, Sweep, Sweeps};
