@@ -6,12 +6,14 @@
 #   - the chart's home is the repository the release is published from (hack/release.env);
 #   - the chart lints and packages, and the package renders with no values only images under the
 #     release's IMAGE_PREFIX (hack/release.env);
+#   - the binary builds for every plugin target of the release workflow, short of linking
+#     (hack/check-targets.sh: no Linux-only crate outside Linux, `cargo check` for macOS);
 #   - the plugin, packed by hack/plugin-archive.sh for this platform, runs from its archive as
 #     `kubectl shared-volume`; the krew manifest names the archive with its SHA-256, and krew's
 #     validator takes it;
 #   - an SBOM of the Rust dependencies is generated (cargo-cyclonedx, from crates.io).
 # PLUGIN_BINARY: the binary to pack (default target/release/shared-volume-controller, built when
-# missing; `make test` passes its debug build). Needs helm and kubectl on PATH (hack/tools.sh).
+# missing; `make test` passes its debug build). Needs helm, kubectl and zig on PATH (hack/tools.sh).
 #
 #   hack/release-check.sh VERSION
 set -euo pipefail
@@ -53,6 +55,8 @@ while read -r image; do
   [[ $image == "$IMAGE_PREFIX/"*":$version" ]] || fail "the packaged chart renders $image, not under $IMAGE_PREFIX/ at $version"
 done <<<"$images"
 say "chart packaged; it renders $(wc -l <<<"$images") images under $IMAGE_PREFIX/"
+
+hack/check-targets.sh || fail "the plugin does not build for every target the release lists"
 
 binary=${PLUGIN_BINARY:-target/release/shared-volume-controller}
 if [[ ! -x $binary && -z ${PLUGIN_BINARY:-} ]]; then

