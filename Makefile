@@ -24,7 +24,7 @@ tools:
 # Whether VERSION (default: Cargo.toml's) can be released from this tree, short of pushing
 # (hack/release-check.sh). The release workflow runs it with RELEASE_TAG=1.
 release-check:
-	PATH="$$(hack/tools.sh):$$PATH" hack/release-check.sh $(VERSION)
+	PATH="$$(hack/tools.sh --release):$$PATH" hack/release-check.sh $(VERSION)
 
 cluster-up:
 	hack/cluster.sh up

@@ -3,6 +3,8 @@
 # work tree, and installs the Debian packages the tests use. Idempotent: a warm cache takes seconds.
 #
 #   hack/tools.sh            build whatever is missing, print the bin folder
+#   hack/tools.sh --release  only what `make release-check` needs (helm, kubectl, krew's
+#                            validator, cargo-cyclonedx, zig): the release workflow's check job
 #   hack/tools.sh --print    print the bin folder only (no building)
 #
 # Cache root: $SVC_TOOLS_CACHE (default ~/.cache/shared-volume-controller/tools).
@@ -19,6 +21,8 @@ if [[ "${1:-}" == "--print" ]]; then
   echo "$bin_dir"
   exit 0
 fi
+release_only=0
+[[ "${1:-}" == "--release" ]] && release_only=1
 
 log() { printf '[tools] %s\n' "$*" >&2; }
 
@@ -57,6 +61,7 @@ work_module() {
 
 build_kubernetes() {
   local want=(kube-apiserver kube-controller-manager kubectl kube-proxy)
+  ((release_only)) && want=(kubectl)
   local missing=0
   for b in "${want[@]}"; do [[ -x "$bin_dir/$b" ]] || missing=1; done
   ((missing)) || return 0
@@ -64,7 +69,7 @@ build_kubernetes() {
   local v=$KUBERNETES_VERSION staging_v="v0.${KUBERNETES_VERSION#v1.}"
   local dir
   dir=$(work_module "kubernetes-$v")
-  log "building kube-apiserver, kube-controller-manager, kubectl, kube-proxy $v from k8s.io/kubernetes (cold: usually 4-14 minutes on 2 cores)"
+  log "building ${want[*]} $v from k8s.io/kubernetes (cold: usually 4-14 minutes on 2 cores for all four)"
   (
     cd "$dir"
     # k8s.io/kubernetes replaces its staging modules with local paths; a module that depends on it
@@ -259,6 +264,16 @@ install_debian_packages() {
 started=$(date +%s)
 [[ -x "$bin_dir/kube-apiserver" ]] ||
   log "first run: building the test tools from source, usually 6-15 minutes on 2 cores (later runs: seconds)"
+if ((release_only)); then
+  build_kubernetes
+  build_helm
+  build_krew_validator
+  install_zig
+  install_cargo_cyclonedx
+  log "release tools ready in $bin_dir ($(($(date +%s) - started)) s)"
+  echo "$bin_dir"
+  exit 0
+fi
 install_debian_packages
 build_etcd
 build_kubernetes
