@@ -494,20 +494,21 @@ fn conntrack_permissions<'a>(ns: &'a str, conntrack: &'a str) -> Vec<Permission<
 }
 
 /// The README's install command, run as written (through bash, as a user pastes it) but with this
-/// test's release name, namespace and the chart's absolute path.
+/// test's release name and namespace, and the chart `hack/release-check.sh` packages in place of
+/// the release's OCI artefact of the same version (`tests/docs.rs` holds the command to it).
 fn readme_install_command(release: &str, namespace: &str) -> std::process::Command {
     let block = common::docs::sh_block_after("README.md", "## Install on a cluster");
+    let released = format!(
+        "shared-volume {}/shared-volume-controller",
+        common::docs::release_setting("CHART_REPOSITORY")
+    );
     assert!(
         block.contains("pod-security.kubernetes.io/enforce=privileged")
-            && block.contains("\nhelm install shared-volume charts/shared-volume-controller"),
+            && block.contains(&format!("\nhelm install {released}")),
         "the namespace is labelled for the agent, then the chart installed: {block}"
     );
     let command = block
-        .replacen(
-            "shared-volume charts/shared-volume-controller",
-            &format!("{release} {}", packaged_chart()),
-            1,
-        )
+        .replacen(&released, &format!("{release} {}", packaged_chart()), 1)
         .replace("storage-system", namespace);
     common::pasted(&command)
 }
@@ -914,8 +915,11 @@ fn monitoring_follows_the_escape_hatches() {
     );
     assert_eq!(
         agent_down["annotations"]["runbook_url"],
-        "https://github.com/shared-volume-controller/shared-volume-controller/blob/main/docs/reference/alerts.md#sharedvolumeagentdown",
-        "runbooks on main: no release is tagged yet"
+        format!(
+            "https://github.com/shared-volume-controller/shared-volume-controller/blob/v{}/docs/reference/alerts.md#sharedvolumeagentdown",
+            common::docs::chart_version()
+        ),
+        "the runbook of the chart's own version, at its tag"
     );
 }
 

@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use common::docs::{broken, markdown_links, repository_urls, root, sh_block_after};
+use common::docs::{
+    broken, chart_version, markdown_links, release_setting, repository_urls, root, sh_block_after, sh_commands,
+};
 
 /// Every file under `dirs` (relative to the repository), at any depth.
 fn files_under(dirs: &[&str]) -> Vec<PathBuf> {
@@ -68,6 +70,11 @@ fn every_link_into_the_docs_from_the_chart_dashboard_and_alerts_resolves() {
         let Ok(text) = std::fs::read_to_string(&file) else {
             continue;
         };
+        // A template names the chart's version as it renders it, the alert tests as they expect it.
+        let version = format!("/blob/v{}/", chart_version());
+        let text = ["/blob/v%s/", "/blob/v{{ .Version }}/", "/blob/v${CHART_VERSION}/"]
+            .iter()
+            .fold(text, |text, placeholder| text.replace(placeholder, &version));
         for url in repository_urls(&text) {
             checked += 1;
             if let Some(why) = broken(&file, &url) {
@@ -182,4 +189,59 @@ fn the_install_page_runs_the_readmes_install_command() {
         page, readme,
         "docs/how-to/install.md's command differs from the README's"
     );
+}
+
+/// Every command the pages that install, upgrade or verify (and the chart's README) show installs what a release
+/// publishes: the chart from `CHART_REPOSITORY` (`hack/release.env`) at the chart's version, the
+/// plugin's krew manifest and archives from the GitHub release of that version's tag, under the
+/// names the release workflow uploads and `hack/plugin-archive.sh` packs. A command from a
+/// checkout (`helm install …`, after `make images`) says so with its ellipsis.
+#[test]
+fn the_install_pages_install_what_a_release_publishes() {
+    let version = chart_version();
+    let chart = format!(
+        "{}/shared-volume-controller --version {version} ",
+        release_setting("CHART_REPOSITORY")
+    );
+    let downloads = format!(
+        "https://github.com/{}/releases/download/v{version}/",
+        release_setting("GITHUB_REPOSITORY")
+    );
+    let workflow = std::fs::read_to_string(Path::new(root()).join(".github/workflows/release.yml")).unwrap();
+    let packer = std::fs::read_to_string(Path::new(root()).join("hack/plugin-archive.sh")).unwrap();
+    assert!(
+        workflow.contains("dist/*.tar.gz dist/checksums.txt dist/shared-volume.yaml"),
+        "the release uploads the archives and the krew manifest"
+    );
+    assert!(
+        packer.contains(r#"archive="$out/kubectl-shared_volume-$version-$platform.tar.gz""#),
+        "the archives' names"
+    );
+    let archives: Vec<String> = ["linux-amd64", "linux-arm64", "darwin-amd64", "darwin-arm64"]
+        .map(|platform| format!("kubectl-shared_volume-{version}-{platform}.tar.gz"))
+        .into();
+    let mut named = 0;
+    for page in [
+        "README.md",
+        "docs/how-to/install.md",
+        "docs/how-to/upgrade.md",
+        "docs/how-to/verify.md",
+        // What `helm show readme` and Artifact Hub show.
+        "charts/shared-volume-controller/README.md",
+    ] {
+        for command in sh_commands(page) {
+            let helm = command.starts_with("helm install ") || command.starts_with("helm upgrade ");
+            if helm && !command.contains('…') {
+                assert!(command.contains(&chart), "{page}: {command:?} does not install {chart}");
+                named += 1;
+            }
+            for url in command.split_whitespace().filter(|w| w.contains("/releases/download/")) {
+                let file = url.strip_prefix(downloads.as_str());
+                let published = file.is_some_and(|f| f == "shared-volume.yaml" || archives.iter().any(|a| a == f));
+                assert!(published, "{page}: {url} is not an artefact of the v{version} release");
+                named += 1;
+            }
+        }
+    }
+    assert!(named >= 6, "the pages name {named} release artefacts");
 }

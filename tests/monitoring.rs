@@ -13,7 +13,11 @@ const ALERT_TESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/alerts/rul
 const POD_MONITOR_ALERT_TESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/alerts/pod-monitor.test.yaml");
 const ALERTS_PAGE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/reference/alerts.md");
 const LINT_EXCLUSIONS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/grafana/.lint");
-const METRICS_SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs");
+/// Where the binary names its metrics: the shared ones, and the conntrack repair's own.
+const METRICS_SOURCES: [&str; 2] = [
+    concat!(env!("CARGO_MANIFEST_DIR"), "/src/metrics.rs"),
+    concat!(env!("CARGO_MANIFEST_DIR"), "/src/conntrack/metrics.rs"),
+];
 
 /// The values `tests/alerts/rules.test.yaml` was written for.
 const ALERT_VALUES: [&str; 2] = [
@@ -50,7 +54,10 @@ fn metric_names(expr: &str) -> BTreeSet<String> {
 /// Fails unless the binary defines every metric name `exprs` use: a misspelt name gives an alert
 /// or a panel that is silent forever, and promtool cannot see that.
 fn assert_exported(exprs: &[&str], what: &str) {
-    let source = std::fs::read_to_string(METRICS_SOURCE).unwrap();
+    let source: String = METRICS_SOURCES
+        .iter()
+        .map(|path| std::fs::read_to_string(path).unwrap())
+        .collect();
     let unknown: Vec<String> = exprs
         .iter()
         .flat_map(|expr| metric_names(expr))
@@ -58,7 +65,7 @@ fn assert_exported(exprs: &[&str], what: &str) {
         .collect();
     assert!(
         unknown.is_empty(),
-        "{what} use metrics src/metrics.rs does not define: {unknown:?}"
+        "{what} use metrics the binary does not define (src/metrics.rs, src/conntrack/metrics.rs): {unknown:?}"
     );
 }
 
@@ -68,7 +75,10 @@ fn promtool_test(rule: &Value, tests: &str) {
     std::fs::create_dir_all(&dir).unwrap();
     let groups = json!({"groups": rule["spec"]["groups"]});
     std::fs::write(dir.join("rules.yaml"), serde_yaml::to_string(&groups).unwrap()).unwrap();
-    std::fs::copy(tests, dir.join("rules.test.yaml")).unwrap();
+    // The runbooks are the alerts page at the chart's own tag: the tests name it ${CHART_VERSION}.
+    let expected = std::fs::read_to_string(tests).unwrap();
+    let expected = expected.replace("${CHART_VERSION}", &common::docs::chart_version());
+    std::fs::write(dir.join("rules.test.yaml"), expected).unwrap();
     run(Command::new("promtool")
         .current_dir(&dir)
         .args(["check", "rules", "rules.yaml"]));

@@ -20,6 +20,29 @@ pub fn sh_block_after(page: &str, heading: &str) -> String {
     block_after(page, heading, "sh")
 }
 
+/// Every command of the `sh` blocks of `page`, each on one line (a line ending in `\` joined
+/// with the next) with its words one space apart.
+pub fn sh_commands(page: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(root()).join(page)).unwrap();
+    let blocks = text
+        .split("```sh\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap_or_default());
+    let joined: Vec<String> = blocks.map(|block| block.replace("\\\n", " ")).collect();
+    let lines = joined.iter().flat_map(|block| block.lines());
+    lines
+        .map(|line| line.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// `KEY` from `hack/release.env`: where a release is published.
+pub fn release_setting(key: &str) -> String {
+    let text = std::fs::read_to_string(Path::new(root()).join("hack/release.env")).unwrap();
+    let prefix = format!("{key}=");
+    let line = text.lines().find(|l| l.starts_with(&prefix));
+    line.unwrap_or_else(|| panic!("hack/release.env sets {key}"))[prefix.len()..].to_owned()
+}
+
 /// The first code block of `language` after `heading` in `page`.
 pub fn block_after(page: &str, heading: &str, language: &str) -> String {
     let text = std::fs::read_to_string(Path::new(root()).join(page)).unwrap();
@@ -103,6 +126,16 @@ pub fn repository_urls(text: &str) -> Vec<String> {
     urls
 }
 
+/// The chart's version (`Chart.yaml`): what `hack/release-check.sh` packages and a tag publishes.
+pub fn chart_version() -> String {
+    let text = std::fs::read_to_string(Path::new(root()).join("charts/shared-volume-controller/Chart.yaml")).unwrap();
+    let line = text.lines().find_map(|l| l.strip_prefix("version:"));
+    line.expect("Chart.yaml has a version")
+        .trim()
+        .trim_matches('"')
+        .to_owned()
+}
+
 /// The repository's tags.
 fn tags() -> Vec<String> {
     let out = std::process::Command::new("git")
@@ -118,11 +151,13 @@ fn tags() -> Vec<String> {
 /// Why `link`, found in `from`, leads nowhere; `None` when it resolves (or leaves the repository).
 pub fn broken(from: &Path, link: &str) -> Option<String> {
     let (file, anchor) = match link.strip_prefix(REPOSITORY_URL) {
-        // `<ref>/<path>`: the ref is the version the link is for, `main` or a tag this repository
-        // has; the path must exist here.
+        // `<ref>/<path>`: the ref is the version the link is for, `main`, a tag this repository
+        // has or the tag of the chart's version (the release this tree becomes); the path must
+        // exist here.
         Some(at_ref) => {
             let (git_ref, path) = at_ref.split_once('/')?;
-            if git_ref != "main" && !tags().iter().any(|t| t == git_ref) {
+            let upcoming = git_ref == format!("v{}", chart_version());
+            if git_ref != "main" && !upcoming && !tags().iter().any(|t| t == git_ref) {
                 return Some(format!(
                     "{link}: no branch or tag {git_ref} (only main until releases are tagged)"
                 ));
