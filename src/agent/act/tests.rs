@@ -334,29 +334,18 @@ async fn a_guard_that_could_not_be_read_is_asked_again_after_the_back_off() {
     let (mut executor, _) = guarded_executor(client);
     let force_delete = fail_over_of("node-a").remove(1);
     let deleted = || deletions.load(std::sync::atomic::Ordering::SeqCst);
-    executor
-        .run(
-            Scope::Steps,
-            vec![force_delete.clone()],
-            Instant::now(),
-            &four_storage_nodes(),
-        )
-        .await;
-    assert_eq!(deleted(), 0, "nothing while the guard cannot tell");
-    executor
-        .run(
-            Scope::Steps,
-            vec![force_delete.clone()],
-            Instant::now(),
-            &four_storage_nodes(),
-        )
-        .await;
-    assert_eq!(deleted(), 0, "nothing again within the back-off");
-    tokio::time::sleep(Duration::from_millis(60)).await;
-    executor
-        .run(Scope::Steps, vec![force_delete], Instant::now(), &four_storage_nodes())
-        .await;
-    assert_eq!(deleted(), 1, "asked again once the back-off is over: the pod deleted");
+    for (after_ms, expected, why) in [
+        (0, 0, "nothing while the guard cannot tell"),
+        (0, 0, "nothing again within the back-off"),
+        (60, 1, "asked again once the back-off is over: the pod deleted"),
+    ] {
+        tokio::time::sleep(Duration::from_millis(after_ms)).await;
+        let steps = vec![force_delete.clone()];
+        executor
+            .run(Scope::Steps, steps, Instant::now(), &four_storage_nodes())
+            .await;
+        assert_eq!(deleted(), expected, "{why}");
+    }
 }
 
 #[tokio::test]
