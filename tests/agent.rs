@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     FORCE_IO_ERROR, KUBELET_QUIET, LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints,
-    fail_over_durations, healthy, lost, no_labels, pod_state, resource, suspended, teardown, three_nodes, untouched,
-    wait_for_eviction, wait_for_slice_at, wait_for_taint,
+    fail_over_durations, healthy, lost, no_labels, pod_state, pod_then_attachment_gone, resource, suspended, teardown,
+    three_nodes, untouched, wait_for_eviction, wait_for_slice_at, wait_for_taint,
 };
 use common::process::Process;
 use common::{MOUNT_ENDPOINT, SERVICE_ENDPOINT, TestEnv, eventually};
@@ -98,14 +98,7 @@ async fn node_a_is_lost_and_failed_over(
     wait_for_eviction(env, "app").await;
     let evicted = failed_at.elapsed();
     let ready_when_evicted = env.node_ready(&nodes[0].name).await;
-    eventually("the pod on node a force-deleted", WAIT, || async {
-        pod_state(env, "app").await.is_none().then_some(())
-    })
-    .await;
-    eventually("the attachment deleted", WAIT, || async {
-        (!env.attachment_exists(attachment).await).then_some(())
-    })
-    .await;
+    pod_then_attachment_gone(env, "app", attachment, WAIT).await;
     let fail_over = failed_at.elapsed();
     env.wait_not_ready(&nodes[0].name).await;
     let not_ready = failed_at.elapsed();

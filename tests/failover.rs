@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::drbd::{
     LOST_QUORUM, SimNode, WAIT, app_on_node_a, cluster_events, drbd_taints, healthy, lost, no_labels, pod_state,
-    resource, teardown, three_nodes, untouched, wait_for_eviction, wait_for_slice_at, wait_for_taint,
-    with_diskless_peer,
+    pod_then_attachment_gone, resource, teardown, three_nodes, untouched, wait_for_eviction, wait_for_slice_at,
+    wait_for_taint, with_diskless_peer,
 };
 use common::kubelet::Kubelet;
 use common::partition::staggered_partition;
@@ -180,15 +180,7 @@ async fn an_isolated_primary_is_failed_over_and_the_endpoints_follow() {
     let tainted = lost_at.elapsed();
     // a's agent is silent: its pod cannot write (b and c hold the quorum) and is force-deleted,
     // the attachment released at once.
-    eventually("the pod on node a force-deleted", WAIT, || async {
-        pod_state(&env, "app").await.is_none().then_some(())
-    })
-    .await;
-    let evicted = lost_at.elapsed();
-    eventually("the attachment deleted", WAIT, || async {
-        (!env.attachment_exists(&attachment).await).then_some(())
-    })
-    .await;
+    let evicted = pod_then_attachment_gone(&env, "app", &attachment, WAIT).await - lost_at;
     eprintln!("isolated primary (fail-over timeout 1 s): tainted after {tainted:?}, pod deleted after {evicted:?}");
     // Node a's agent died with it, but its heartbeat Lease runs for 40 s: b and c hold until
     // a's DRBD would have noticed the drop and its agent said so (1.5 s window + 2 s report
@@ -226,15 +218,7 @@ async fn a_crashed_primarys_pod_moves_once_its_agent_and_kubelet_went_quiet() {
     nodes[0].kubelet.stop();
     let crashed = Instant::now();
     lost(&nodes, &[&pv], 0, None);
-    eventually("the pod on node a force-deleted", WAIT, || async {
-        pod_state(&env, "app").await.is_none().then_some(())
-    })
-    .await;
-    let moved = crashed.elapsed();
-    eventually("the attachment deleted", WAIT, || async {
-        (!env.attachment_exists(&attachment).await).then_some(())
-    })
-    .await;
+    let moved = pod_then_attachment_gone(&env, "app", &attachment, WAIT).await - crashed;
     eprintln!("crashed primary: pod deleted after {moved:?}");
     // Quiet at 13 s at the latest (two of the agent's 5 s renewals and one of the kubelet's 10 s
     // missed, 3 s of slack each); the old rule waited for the detection window (32.5 s) or for
@@ -664,14 +648,7 @@ async fn a_peer_whose_heartbeat_cannot_be_read_is_unknown_not_dead() {
     env.wait_not_ready(&a.name).await;
     let not_ready = Instant::now();
     wait_for_taint(&env, &a.name, LOST_QUORUM, true).await;
-    eventually("the pod on node a force-deleted", WAIT, || async {
-        pod_state(&env, "app").await.is_none().then_some(())
-    })
-    .await;
-    eventually("the attachment deleted", WAIT, || async {
-        (!env.attachment_exists(&attachment).await).then_some(())
-    })
-    .await;
+    pod_then_attachment_gone(&env, "app", &attachment, WAIT).await;
     eprintln!(
         "refused reads: node a failed over {:?} after NotReady",
         not_ready.elapsed()

@@ -11,9 +11,8 @@
 use std::time::{Duration, Instant};
 
 use common::accounts::admin_kubeconfig;
-use common::drbd::{LOST_QUORUM, SimNode, app_on_node_a, drbd_taints, pod_state, teardown, untouched};
+use common::drbd::{LOST_QUORUM, SimNode, app_on_node_a, drbd_taints, pod_then_attachment_gone, teardown, untouched};
 use common::drbd_mesh::Mesh;
-use common::eventually;
 use common::faulty_api::{Fault, FaultyApi};
 use common::process::Process;
 
@@ -97,16 +96,8 @@ async fn a_really_loses_quorum(
     tokio::time::sleep(Duration::from_secs(2)).await;
     mesh.isolate(0);
     mesh.write(nodes);
-    let bound = Duration::from_secs(20);
     let lost = Instant::now();
-    eventually("a's pod gone", bound, || async {
-        pod_state(env, "app").await.is_none().then_some(())
-    })
-    .await;
-    eventually("a's attachment deleted", bound, || async {
-        (!env.attachment_exists(attachment).await).then_some(())
-    })
-    .await;
+    pod_then_attachment_gone(env, "app", attachment, Duration::from_secs(20)).await;
     lost.elapsed()
 }
 
@@ -202,16 +193,7 @@ async fn a_crashed_node_behind_an_api_server_failing_one_read_in_five_loses_its_
     mesh.write(&nodes);
     let crashed = Instant::now();
     // NotReady at 9 s (grace and monitor period), the hold 13 s later, four rounds of slack.
-    let bound = Duration::from_secs(30);
-    eventually("a's pod force-deleted", bound, || async {
-        pod_state(&env, "app").await.is_none().then_some(())
-    })
-    .await;
-    let moved = crashed.elapsed();
-    eventually("a's attachment deleted", bound, || async {
-        (!env.attachment_exists(&attachment).await).then_some(())
-    })
-    .await;
+    let moved = pod_then_attachment_gone(&env, "app", &attachment, Duration::from_secs(30)).await - crashed;
     let (failed, reads) = api.failed_of_reads();
     eprintln!(
         "crashed behind a flaky API server: pod force-deleted after {moved:?} ({failed} of {reads} reads failed)"

@@ -2,7 +2,7 @@
 //! read by `tests/fixtures/fake-drbdsetup`, and agent processes pointed at them.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -610,6 +610,21 @@ pub async fn teardown(env: TestEnv, processes: Vec<Process>) {
         process.stop().await;
     }
     env.cleanup().await;
+}
+
+/// Waits up to `bound` each for pod `pod` to be gone and then for VolumeAttachment `attachment`
+/// to be deleted (a fail-over's last two steps); returns when the pod was seen gone.
+pub async fn pod_then_attachment_gone(env: &TestEnv, pod: &str, attachment: &str, bound: Duration) -> Instant {
+    super::eventually(&format!("pod {pod} gone"), bound, || async {
+        pod_state(env, pod).await.is_none().then_some(())
+    })
+    .await;
+    let gone = Instant::now();
+    super::eventually(&format!("VolumeAttachment {attachment} deleted"), bound, || async {
+        (!env.attachment_exists(attachment).await).then_some(())
+    })
+    .await;
+    gone
 }
 
 pub async fn pod_state(env: &TestEnv, name: &str) -> Option<Pod> {
