@@ -3,9 +3,10 @@
 //! Piraeus HA agent and of the StorageOS shared-volume controller are accepted too (see
 //! [`crate::compat`], which also takes their single-dash spelling).
 
+use std::ffi::OsString;
 use std::net::SocketAddr;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use humantime::Duration;
 
 use crate::telemetry::LogFormat;
@@ -20,6 +21,28 @@ pub struct Cli {
     pub common: CommonArgs,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// The subcommands a user runs as the kubectl plugin (`kubectl shared-volume status`).
+const PLUGIN_SUBCOMMANDS: [&str; 2] = ["status", "share"];
+
+impl Cli {
+    /// Parses the command line (exits on bad input, as clap does). The plugin's subcommands take
+    /// the global flags from the command line alone, as kubectl does: never from environment
+    /// variables that a user's shell may set for something else (`LOG_LEVEL`, `ADMIN_ADDR`…).
+    /// The loops' subcommands keep every environment fallback (the chart sets flags that way).
+    pub fn parse_args(args: Vec<OsString>) -> Self {
+        let without_env = Self::command().mut_args(|arg| if arg.is_global_set() { arg.env(None) } else { arg });
+        if let Ok(matches) = without_env.try_get_matches_from(&args)
+            && matches
+                .subcommand_name()
+                .is_some_and(|name| PLUGIN_SUBCOMMANDS.contains(&name))
+            && let Ok(cli) = Self::from_arg_matches(&matches)
+        {
+            return cli;
+        }
+        Self::parse_from(args)
+    }
 }
 
 /// Flags that both subcommands take.
@@ -43,6 +66,18 @@ pub struct CommonArgs {
     /// The kubeconfig context to use (no env fallback, as kubectl). Default: its current context.
     #[arg(long, global = true)]
     pub context: Option<String>,
+    /// The kubeconfig cluster to use (no env fallback, as kubectl). Default: the context's.
+    #[arg(long, global = true)]
+    pub cluster: Option<String>,
+    /// The kubeconfig user to use (no env fallback, as kubectl). Default: the context's.
+    #[arg(long, global = true)]
+    pub user: Option<String>,
+    /// The user to impersonate, as kubectl's --as.
+    #[arg(long = "as", value_name = "USER", global = true)]
+    pub impersonate: Option<String>,
+    /// A group to impersonate (repeat for more), as kubectl's --as-group.
+    #[arg(long = "as-group", value_name = "GROUP", global = true)]
+    pub impersonate_groups: Vec<String>,
     /// Read and write timeout of each request to the Kubernetes API. Default: none (the agent
     /// bounds every call by --operations-timeout anyway).
     #[arg(long, env = "KUBE_API_TIMEOUT", global = true)]

@@ -84,13 +84,33 @@ pub async fn connect(common: &CommonArgs, retry: bool) -> Result<Client> {
     Ok(client_builder(&config(common, retry).await?)?.build())
 }
 
+/// The kubeconfig entries the flags chose, in words: "the context x, the user y".
+fn chosen_names(common: &CommonArgs) -> String {
+    let chosen = [
+        ("context", &common.context),
+        ("cluster", &common.cluster),
+        ("user", &common.user),
+    ];
+    let named: Vec<String> = chosen
+        .iter()
+        .filter_map(|(kind, name)| name.as_ref().map(|name| format!("the {kind} {name}")))
+        .collect();
+    named.join(", ")
+}
+
 /// The client configuration [`connect`] uses, for callers that add layers of their own.
 pub async fn config(common: &CommonArgs, retry: bool) -> Result<Config> {
     let options = KubeConfigOptions {
         context: common.context.clone(),
-        ..KubeConfigOptions::default()
+        cluster: common.cluster.clone(),
+        user: common.user.clone(),
     };
-    let mut config = match (&common.kubeconfig, &common.context) {
+    let chosen = common
+        .context
+        .as_ref()
+        .or(common.cluster.as_ref())
+        .or(common.user.as_ref());
+    let mut config = match (&common.kubeconfig, chosen) {
         (Some(path), _) => {
             let kubeconfig = Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
@@ -98,9 +118,9 @@ pub async fn config(common: &CommonArgs, retry: bool) -> Result<Config> {
                 .await
                 .with_context(|| format!("cannot use the kubeconfig {}", path.display()))?
         }
-        (None, Some(context)) => Config::from_kubeconfig(&options)
+        (None, Some(_)) => Config::from_kubeconfig(&options)
             .await
-            .with_context(|| format!("cannot use the context {context} of KUBECONFIG or ~/.kube/config"))?,
+            .with_context(|| format!("cannot use {} of KUBECONFIG or ~/.kube/config", chosen_names(common)))?,
         (None, None) => Config::infer()
             .await
             .context("cannot find the Kubernetes API (in-cluster, KUBECONFIG or ~/.kube/config)")?,
@@ -108,6 +128,12 @@ pub async fn config(common: &CommonArgs, retry: bool) -> Result<Config> {
     if let Some(timeout) = common.kube_api_timeout {
         config.read_timeout = Some(*timeout);
         config.write_timeout = Some(*timeout);
+    }
+    if common.impersonate.is_some() {
+        config.auth_info.impersonate = common.impersonate.clone();
+    }
+    if !common.impersonate_groups.is_empty() {
+        config.auth_info.impersonate_groups = Some(common.impersonate_groups.clone());
     }
     config.default_retry = retry;
     Ok(config)
@@ -179,6 +205,46 @@ mod tests {
     use super::*;
     use hyper_util::rt::TokioIo;
     use tower::Service;
+
+    #[tokio::test]
+    async fn kubectls_flags_choose_the_cluster_the_user_and_whom_to_impersonate() {
+        use clap::Parser;
+        let kubeconfig = std::env::temp_dir().join(format!("svc-kubectl-flags-{}.yaml", std::process::id()));
+        let entries = |kind: &str, body: &dyn Fn(u8) -> serde_json::Value| {
+            (1..=2u8)
+                .map(|i| serde_json::json!({"name": format!("{kind}{i}"), kind: body(i)}))
+                .collect::<Vec<_>>()
+        };
+        let file = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config", "current-context": "default",
+            "clusters": entries("cluster", &|i| serde_json::json!({"server": format!("https://10.0.0.{i}:6443")})),
+            "users": entries("user", &|i| serde_json::json!({"username": format!("name-{i}"), "password": "p"})),
+            "contexts": [{"name": "default", "context": {"cluster": "cluster1", "user": "user1"}}],
+        });
+        std::fs::write(&kubeconfig, file.to_string()).unwrap();
+        let path = kubeconfig.to_str().unwrap();
+        let flags = [
+            "status",
+            "--kubeconfig",
+            path,
+            "--cluster",
+            "cluster2",
+            "--user",
+            "user2",
+        ];
+        let impersonating = ["--as", "alice", "--as-group", "ops", "--as-group", "dev"];
+        let cli =
+            crate::Cli::try_parse_from(["kubectl-shared_volume"].iter().chain(&flags).chain(&impersonating)).unwrap();
+        let config = config(&cli.common, false).await.unwrap();
+        std::fs::remove_file(&kubeconfig).unwrap();
+        assert_eq!(config.cluster_url.to_string(), "https://10.0.0.2:6443/");
+        assert_eq!(config.auth_info.username.as_deref(), Some("name-2"));
+        assert_eq!(config.auth_info.impersonate.as_deref(), Some("alice"));
+        assert_eq!(
+            config.auth_info.impersonate_groups,
+            Some(vec!["ops".to_owned(), "dev".to_owned()])
+        );
+    }
 
     #[test]
     fn refusals_are_the_answers_no_retry_changes() {

@@ -1,12 +1,11 @@
 use std::process::ExitCode;
 
-use clap::Parser;
 use shared_volume_controller::{Cli, apply_legacy_flags, init_logging, normalize_legacy_flags, run};
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let (args, mut warnings) = normalize_legacy_flags(std::env::args_os());
-    let mut cli = Cli::parse_from(args);
+    let mut cli = Cli::parse_args(args);
     match apply_legacy_flags(&mut cli) {
         Ok(mapped) => warnings.extend(mapped),
         Err(err) => {

@@ -19,6 +19,9 @@ const COMPONENTS: [(&str, &str, &str); 3] = [
     ("conntrack", "conntrack", "conntrack-daemonset.yaml"),
 ];
 
+/// The common flags that are kubectl's, with no environment variable (as kubectl's).
+const KUBECTL_FLAGS: [&str; 6] = ["kubeconfig", "context", "cluster", "user", "as", "as-group"];
+
 /// The flags of `subcommand`, the global ones included, `--help` left out.
 fn flags_of(subcommand: &str) -> Vec<Arg> {
     let mut cli = Cli::command();
@@ -84,8 +87,9 @@ fn every_flag_of_a_component_is_a_chart_value_with_the_environment_variable_it_r
         for arg in flags.iter().filter(|a| !is_compatibility(a)) {
             let name = long(arg);
             match env(arg) {
-                // The chart runs in the cluster: no kubeconfig file, no context in it.
-                None if name == "kubeconfig" || name == "context" => {}
+                // kubectl's: the chart runs in the cluster, as its ServiceAccount, with no
+                // kubeconfig file to choose from and no one to impersonate.
+                None if KUBECTL_FLAGS.contains(&name) => {}
                 None => missing.push(format!("{subcommand} --{name}: no environment variable")),
                 Some(variable) if by_template.contains(&variable) => {}
                 Some(variable) => {
@@ -189,4 +193,32 @@ fn the_check_reads_compatibility_flags_from_clap() {
     for name in ["health-bind-address", "v", "request-timeout"] {
         assert!(compatibility.iter().any(|c| c == name), "{compatibility:?}");
     }
+}
+
+/// A user's shell may set `LOG_LEVEL` or `ADMIN_ADDR` for something else: the plugin's
+/// subcommands read their common flags from the command line alone, as kubectl does, while the
+/// loops' subcommands read them from the environment too (the chart sets them that way).
+#[test]
+fn the_plugins_subcommands_read_no_common_flag_from_the_environment() {
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(common::process::product_binary())
+            .args(args)
+            .env("ADMIN_ADDR", "not-an-address")
+            .env("KUBECONFIG", "/nonexistent/kubeconfig")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .expect("run the binary");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let refused = "invalid value 'not-an-address' for '--admin-addr";
+    for plugin in [&["status"][..], &["share", "some-resource", "--size", "1Gi"]] {
+        let said = run(plugin);
+        assert!(!said.contains(refused), "{plugin:?} read ADMIN_ADDR: {said}");
+        assert!(
+            said.contains("/nonexistent/kubeconfig"),
+            "{plugin:?} went on to the kubeconfig: {said}"
+        );
+    }
+    let said = run(&["agent", "--node-name", "node-a"]);
+    assert!(said.contains(refused), "the agent reads ADMIN_ADDR: {said}");
 }
