@@ -129,17 +129,25 @@ fn install(env: &TestEnv, release: &str, chart: &Path) {
     run(&mut helm);
 }
 
-/// The upgrade page's `helm upgrade` line, run as written (through bash, as a user pastes it)
-/// with this test's release, namespace and the packaged chart.
+/// The upgrade page's `helm upgrade` command, run as written (through bash, as a user pastes it)
+/// with this test's release and namespace, and the chart `hack/release-check.sh` packages in
+/// place of the release's OCI artefact of the same version (`tests/docs.rs` holds the page to it).
 fn upgrade_as_the_page_says(env: &TestEnv, release: &str) {
-    let page = std::fs::read_to_string(UPGRADE_PAGE).unwrap();
-    let command = page
-        .lines()
+    let command = common::docs::sh_commands(UPGRADE_PAGE)
+        .into_iter()
         .find(|line| line.starts_with("helm upgrade "))
         .expect("the upgrade page gives a helm upgrade command");
+    let released = format!(
+        "{}/shared-volume-controller",
+        common::docs::release_setting("CHART_REPOSITORY")
+    );
+    assert!(
+        command.contains(&released),
+        "the page upgrades to the release's chart: {command}"
+    );
     let command = command
         .replacen("helm upgrade shared-volume ", &format!("helm upgrade {release} "), 1)
-        .replace("charts/shared-volume-controller", packaged_chart())
+        .replace(&released, packaged_chart())
         .replace("-n storage-system", &format!("-n {}", env.ns));
     assert!(command.contains(release) && command.contains(&env.ns), "{command}");
     run(&mut common::pasted(&command));
