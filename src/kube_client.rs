@@ -84,7 +84,8 @@ pub async fn connect(common: &CommonArgs, retry: bool) -> Result<Client> {
     Ok(client_builder(&config(common, retry).await?)?.build())
 }
 
-/// The kubeconfig entries the flags chose, in words: "the context x, the user y".
+/// The kubeconfig entries the flags chose, in words: "the context x, the user y"; empty when
+/// none.
 fn chosen_names(common: &CommonArgs) -> String {
     let chosen = [
         ("context", &common.context),
@@ -105,12 +106,8 @@ pub async fn config(common: &CommonArgs, retry: bool) -> Result<Config> {
         cluster: common.cluster.clone(),
         user: common.user.clone(),
     };
-    let chosen = common
-        .context
-        .as_ref()
-        .or(common.cluster.as_ref())
-        .or(common.user.as_ref());
-    let mut config = match (&common.kubeconfig, chosen) {
+    let chosen = chosen_names(common);
+    let mut config = match (&common.kubeconfig, chosen.is_empty()) {
         (Some(path), _) => {
             let kubeconfig = Kubeconfig::read_from(path)
                 .with_context(|| format!("cannot read the kubeconfig {}", path.display()))?;
@@ -118,10 +115,10 @@ pub async fn config(common: &CommonArgs, retry: bool) -> Result<Config> {
                 .await
                 .with_context(|| format!("cannot use the kubeconfig {}", path.display()))?
         }
-        (None, Some(_)) => Config::from_kubeconfig(&options)
+        (None, false) => Config::from_kubeconfig(&options)
             .await
-            .with_context(|| format!("cannot use {} of KUBECONFIG or ~/.kube/config", chosen_names(common)))?,
-        (None, None) => Config::infer()
+            .with_context(|| format!("cannot use {chosen} of KUBECONFIG or ~/.kube/config"))?,
+        (None, true) => Config::infer()
             .await
             .context("cannot find the Kubernetes API (in-cluster, KUBECONFIG or ~/.kube/config)")?,
     };
