@@ -114,10 +114,10 @@ fn the_changelog_and_the_charts_changes_say_the_same() {
         &std::fs::read_to_string(Path::new(root()).join("charts/shared-volume-controller/Chart.yaml")).unwrap(),
     )
     .unwrap();
-    let version = chart["version"].as_str().unwrap();
+    let version = chart_version();
     let section = changelog
         .split("\n## ")
-        .find(|s| s.starts_with(version))
+        .find(|s| s.starts_with(&version))
         .unwrap_or_else(|| panic!("CHANGELOG.md has no section for chart version {version}"));
     let logged: Vec<(String, String)> = section
         .lines()
