@@ -79,7 +79,7 @@ pub async fn run(
         settle: *args.kube_proxy_settle,
         period: *args.sweep_period,
         window: *args.sweep_for,
-        slices: Slices::new(*args.sweep_for),
+        slices: Slices::new(),
         sweeps: Sweeps::default(),
         listing: None,
         started: false,

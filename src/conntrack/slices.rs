@@ -1,7 +1,8 @@
 //! What each of the product's EndpointSlices says, and each of LINSTOR CSI's nfs-helper, remembered
 //! between watch events, so that a change of backend reads as a move (pure). A slice deleted is
-//! remembered for the sweep window: made again with other backends, it is a move too (nfs-helper
-//! moves a volume so: it deletes the slice, then the new primary makes it again).
+//! remembered for a day: made again with other backends, it is a move too, however long it was gone
+//! (nfs-helper moves a volume so: it deletes the slice at the promotion's start, and the new primary
+//! makes it again once its server runs, which can take as long as the promotion waits).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -36,23 +37,24 @@ pub enum Seen {
     Unusable(String),
 }
 
-/// The slices seen, by `namespace/name`, and those deleted within the window.
-#[derive(Debug)]
+/// How long a deleted slice is remembered. A client holding its connection keeps its conntrack
+/// entry to the old backend alive by retransmitting, whatever the gap, so the bound is memory's
+/// alone: a deleted volume's slice (a few hundred bytes) goes after it.
+const DELETED_REMEMBERED_FOR: Duration = Duration::from_secs(24 * 60 * 60);
+/// At most this many deleted slices are remembered, the oldest forgotten first.
+const DELETED_REMEMBERED_AT_MOST: usize = 10_000;
+
+/// The slices seen, by `namespace/name`, and those deleted within the last day.
+#[derive(Debug, Default)]
 pub struct Slices {
     known: BTreeMap<String, Served>,
     /// What a deleted slice last said, and when it went.
     gone: BTreeMap<String, (Served, Instant)>,
-    window: Duration,
 }
 
 impl Slices {
-    /// Deleted slices are remembered for `window` (the sweep window).
-    pub fn new(window: Duration) -> Self {
-        Self {
-            known: BTreeMap::new(),
-            gone: BTreeMap::new(),
-            window,
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     pub fn seen(&mut self, key: &str, slice: &EndpointSlice, service_of: ServiceOf, now: Instant) -> Seen {
@@ -63,9 +65,8 @@ impl Slices {
                 return Seen::Unusable(why);
             }
         };
-        let window = self.window;
         self.gone
-            .retain(|_, (_, at)| now.saturating_duration_since(*at) < window);
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < DELETED_REMEMBERED_FOR);
         let before = self.known.insert(key.to_owned(), served.clone());
         match before.or_else(|| self.gone.remove(key).map(|(served, _)| served)) {
             None => Seen::First(served),
@@ -78,6 +79,14 @@ impl Slices {
     pub fn forget(&mut self, key: &str, now: Instant) {
         if let Some(served) = self.known.remove(key) {
             self.gone.insert(key.to_owned(), (served, now));
+        }
+        if self.gone.len() > DELETED_REMEMBERED_AT_MOST {
+            let oldest = self
+                .gone
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(key, _)| key.clone());
+            oldest.map(|key| self.gone.remove(&key));
         }
     }
 
@@ -221,8 +230,6 @@ mod tests {
         slice(json!({MOUNT_ENDPOINT_ANNOTATION: "10.96.0.10:2049"}), address)
     }
 
-    const WINDOW: Duration = Duration::from_secs(30);
-
     fn no_services(_: &str, _: &str) -> Option<Arc<Service>> {
         None
     }
@@ -235,7 +242,7 @@ mod tests {
 
     #[test]
     fn a_new_backend_is_a_move_and_the_same_one_is_not() {
-        let mut slices = Slices::new(WINDOW);
+        let mut slices = Slices::new();
         let first = slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(0));
         assert!(matches!(first, Seen::First(ref s) if s.backends == ["10.211.1.2:2049".parse().unwrap()]));
         assert_eq!(
@@ -248,7 +255,7 @@ mod tests {
 
     #[test]
     fn a_slice_without_the_mount_endpoint_cannot_be_repaired_and_says_why() {
-        let mut slices = Slices::new(WINDOW);
+        let mut slices = Slices::new();
         let Seen::Unusable(why) = slices.seen("apps/pvc-1", &slice(json!({}), "10.211.1.2"), &no_services, at(0))
         else {
             panic!("usable without its mount endpoint")
@@ -274,7 +281,7 @@ mod tests {
 
     #[test]
     fn a_slice_deleted_and_made_again_with_other_backends_is_a_move() {
-        let mut slices = Slices::new(WINDOW);
+        let mut slices = Slices::new();
         slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(0));
         slices.forget("apps/pvc-1", at(1));
         let again = slices.seen("apps/pvc-1", &mounted("10.211.2.2"), &no_services, at(5));
@@ -284,15 +291,52 @@ mod tests {
             Seen::Same
         );
 
-        // Once the window is over, a slice made again is a new volume's.
+        // A day after its delete, a slice made again is a new volume's.
         slices.forget("apps/pvc-1", at(10));
-        let later = slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(10) + WINDOW);
+        let later = slices.seen(
+            "apps/pvc-1",
+            &mounted("10.211.1.2"),
+            &no_services,
+            at(10) + DELETED_REMEMBERED_FOR,
+        );
         assert!(matches!(later, Seen::First(_)), "{later:?}");
+    }
+
+    /// nfs-helper deletes its slice when the promotion starts and makes it again once the new
+    /// server runs: a promotion longer than the sweep window (30 s) is still a move.
+    #[test]
+    fn a_linstor_slice_made_again_after_a_long_promotion_is_still_a_move() {
+        let mut slices = Slices::new();
+        let key = "piraeus-datastore/pvc-9";
+        slices.seen(key, &linstor_slice("10.211.1.2"), &linstor_service, at(0));
+        slices.forget(key, at(1));
+        let moved = slices.seen(key, &linstor_slice("10.211.2.2"), &linstor_service, at(1 + 5 * 60));
+        assert!(
+            matches!(moved, Seen::Moved(ref s) if s.backends == ["10.211.2.2:2049".parse().unwrap()]),
+            "{moved:?}"
+        );
+    }
+
+    #[test]
+    fn deleted_slices_are_remembered_up_to_a_bound_oldest_forgotten_first() {
+        let mut slices = Slices::new();
+        for i in 0..=DELETED_REMEMBERED_AT_MOST {
+            let key = format!("apps/pvc-{i}");
+            slices.seen(&key, &mounted("10.211.1.2"), &no_services, at(0));
+            slices.forget(&key, at(i as u64));
+        }
+        assert_eq!(slices.gone.len(), DELETED_REMEMBERED_AT_MOST);
+        assert!(!slices.gone.contains_key("apps/pvc-0"), "the oldest goes");
+        assert!(
+            slices
+                .gone
+                .contains_key(&format!("apps/pvc-{DELETED_REMEMBERED_AT_MOST}"))
+        );
     }
 
     #[test]
     fn a_slice_not_made_for_a_claims_service_is_not_followed() {
-        let mut slices = Slices::new(WINDOW);
+        let mut slices = Slices::new();
         let mut unowned = mounted("10.211.1.2");
         unowned.metadata.owner_references = None;
         let seen = slices.seen("apps/pvc-1", &unowned, &no_services, at(0));
@@ -313,7 +357,7 @@ mod tests {
 
     #[test]
     fn a_relist_forgets_the_slices_it_no_longer_lists() {
-        let mut slices = Slices::new(WINDOW);
+        let mut slices = Slices::new();
         slices.seen("apps/pvc-1", &mounted("10.211.1.2"), &no_services, at(0));
         slices.seen("apps/pvc-2", &mounted("10.211.1.2"), &no_services, at(0));
         let gone = slices.keep_only(&["apps/pvc-2".to_owned()].into(), at(0));
@@ -348,7 +392,7 @@ mod tests {
 
     #[test]
     fn linstor_csis_slice_is_mounted_on_its_services_port_and_moves_by_delete_and_create() {
-        let mut slices = Slices::new(WINDOW);
+        let mut slices = Slices::new();
         let key = "piraeus-datastore/pvc-9";
         let Seen::First(served) = slices.seen(key, &linstor_slice("10.211.1.2"), &linstor_service, at(0)) else {
             panic!("a first sight")
