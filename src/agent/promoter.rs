@@ -5,9 +5,16 @@
 //!
 //! Which files there should be is decided here (pure); [`PromoterSnippets::sync`] makes the
 //! directory say so, touching only the files it names itself.
+//!
+//! The reload path unit drops what changes while its reload runs (`PathChanged=` is
+//! edge-triggered, and a change while the triggered unit is active starts nothing: systemd#5770),
+//! so the tail of a burst of snippets could stay unread. Once a burst has settled, the agent changes
+//! the directory once more ([`RELOAD_NUDGE`], which drbd-reactor does not read), and that reload
+//! reads them all.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use super::drbd::{DrbdState, PRIMARY};
 use super::view::VolumeView;
@@ -139,6 +146,13 @@ fn resource_of(file_name: &str) -> Option<&str> {
         .filter(|r| !r.is_empty())
 }
 
+/// A file renamed into the directory once a burst of changes has settled, only to start one more
+/// reload; drbd-reactor reads `*.toml` files alone.
+const RELOAD_NUDGE: &str = ".shared-volume-reload";
+/// How long after the last change the nudge comes: longer than the reload service is active (a
+/// oneshot `systemctl reload drbd-reactor`, which sends a SIGHUP: well under a second).
+pub const RELOAD_SETTLE: Duration = Duration::from_secs(2);
+
 /// Where snippets are written whole before they are renamed into the directory: a folder inside
 /// it (the same filesystem), which drbd-reactor's reload path unit does not watch, so that each
 /// snippet is one change to the directory.
@@ -174,6 +188,8 @@ pub struct PromoterSnippets {
     settings: PromoterSettings,
     /// Resources kept while Primary, already said: said again only once they change.
     kept: BTreeSet<String>,
+    /// When the directory is changed once more for a reload that reads the last changes.
+    nudge_at: Option<Instant>,
 }
 
 impl PromoterSnippets {
@@ -181,18 +197,34 @@ impl PromoterSnippets {
         Self {
             settings,
             kept: BTreeSet::new(),
+            nudge_at: None,
         }
     }
 
+    /// When the next round should come for the reload nudge, if one is due.
+    pub fn nudge_at(&self) -> Option<Instant> {
+        self.nudge_at
+    }
+
     /// Makes the directory hold the wanted snippets; returns how many of ours it holds after.
-    pub async fn sync(&mut self, volumes: &HashMap<String, VolumeView>, drbd: &DrbdState) -> std::io::Result<usize> {
+    pub async fn sync(
+        &mut self,
+        volumes: &HashMap<String, VolumeView>,
+        drbd: &DrbdState,
+        now: Instant,
+    ) -> std::io::Result<usize> {
         let wanted = wanted(volumes, drbd, &self.settings);
         let present = self.read_present().await?;
         let mut held = present.len();
         let mut kept = BTreeSet::new();
         let changes = plan(&wanted, &present, drbd);
-        if changes.iter().any(|c| matches!(c, Change::Write { .. })) {
+        let changes_files = changes.iter().any(|c| !matches!(c, Change::KeepWhilePrimary { .. }));
+        if changes_files {
             tokio::fs::create_dir_all(self.settings.dir.join(STAGING)).await?;
+            self.nudge_at = Some(now + RELOAD_SETTLE);
+        } else if self.nudge_at.is_some_and(|at| at <= now) {
+            self.nudge_reload().await?;
+            self.nudge_at = None;
         }
         for change in changes {
             match change {
@@ -222,6 +254,22 @@ impl PromoterSnippets {
         }
         self.kept = kept;
         Ok(held)
+    }
+
+    /// One more change to the directory, renamed in whole like a snippet: the reload it starts
+    /// reads every snippet written before.
+    async fn nudge_reload(&self) -> std::io::Result<()> {
+        let staging = self.settings.dir.join(STAGING);
+        tokio::fs::create_dir_all(&staging).await?;
+        let partial = staging.join(RELOAD_NUDGE);
+        tokio::fs::write(
+            &partial,
+            "Renamed in by the shared-volume agent to have drbd-reactor reload once a burst of snippets settled.\n",
+        )
+        .await?;
+        tokio::fs::rename(&partial, self.settings.dir.join(RELOAD_NUDGE)).await?;
+        tracing::debug!("changed the snippets directory once more, so that drbd-reactor reloads after the last change");
+        Ok(())
     }
 
     /// Our snippets in the directory, by resource.
@@ -384,5 +432,135 @@ mod tests {
     #[test]
     fn names_are_quoted_as_toml_strings() {
         assert_eq!(toml_string(r#"a"b\c"#), r#""a\"b\\c""#);
+    }
+
+    /// systemd's path unit as drbd-reactor's `drbd-reactor-reload.path` runs it: a change to the
+    /// directory starts `drbd-reactor-reload.service`, a oneshot `systemctl reload` after which
+    /// drbd-reactor reads every `*.toml` there; a change while that service is active starts
+    /// nothing, neither then nor once it ends (`PathChanged=` is edge-triggered: systemd#5770,
+    /// systemd#37667). Changes are told apart by the files' names and inodes.
+    struct ReloadPathUnit {
+        dir: PathBuf,
+        listing: BTreeMap<String, u64>,
+        active_until: Option<Instant>,
+        /// The snippets drbd-reactor read at its last reload.
+        loaded: BTreeSet<String>,
+        reloads: usize,
+    }
+
+    /// How long the reload service is active: `systemctl reload`, generously.
+    const RELOAD_RUNS: std::time::Duration = std::time::Duration::from_secs(1);
+
+    impl ReloadPathUnit {
+        fn new(dir: &std::path::Path) -> Self {
+            let mut unit = Self {
+                dir: dir.to_owned(),
+                listing: BTreeMap::new(),
+                active_until: None,
+                loaded: BTreeSet::new(),
+                reloads: 0,
+            };
+            unit.listing = unit.list();
+            unit
+        }
+
+        fn list(&self) -> BTreeMap<String, u64> {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::read_dir(&self.dir)
+                .unwrap()
+                .map(|e| e.unwrap())
+                .filter(|e| e.file_type().unwrap().is_file())
+                .map(|e| (e.file_name().into_string().unwrap(), e.metadata().unwrap().ino()))
+                .collect()
+        }
+
+        /// What inotify tells systemd by `now`.
+        fn look(&mut self, now: Instant) {
+            let listing = self.list();
+            if listing == self.listing {
+                return;
+            }
+            self.listing = listing;
+            if self.active_until.is_some_and(|until| now < until) {
+                return;
+            }
+            self.active_until = Some(now + RELOAD_RUNS);
+            self.reloads += 1;
+            self.loaded = self.listing.keys().filter(|n| n.ends_with(".toml")).cloned().collect();
+        }
+    }
+
+    /// A directory of this test process, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(name: &str) -> Self {
+            let dir = std::env::temp_dir().join(format!("svc-promoter-{name}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn shared(names: &[&str]) -> (HashMap<String, VolumeView>, DrbdState) {
+        let volumes = names.iter().map(|n| (n.to_string(), volume(n, true))).collect();
+        let drbd = state(names.iter().map(|n| resource(n, "Secondary", "UpToDate")).collect());
+        (volumes, drbd)
+    }
+
+    /// A burst of snippets whose tail arrives while the reload its head started is running: a
+    /// reload after the burst's end reads every one of them, within the settle time.
+    #[tokio::test]
+    async fn every_snippet_of_a_burst_reaches_drbd_reactor() {
+        let dir = TempDir::new("burst");
+        let mut promoter = PromoterSnippets::new(PromoterSettings {
+            dir: dir.0.clone(),
+            ..settings()
+        });
+        let mut unit = ReloadPathUnit::new(&dir.0);
+        let t0 = Instant::now();
+        let (volumes, drbd) = shared(&["pvc-1"]);
+        promoter.sync(&volumes, &drbd, t0).await.unwrap();
+        unit.look(t0);
+        assert_eq!(unit.loaded, BTreeSet::from(["shared-volume-pvc-1.toml".to_owned()]));
+
+        let burst_end = t0 + std::time::Duration::from_millis(500);
+        let (volumes, drbd) = shared(&["pvc-1", "pvc-2"]);
+        promoter.sync(&volumes, &drbd, burst_end).await.unwrap();
+        unit.look(burst_end);
+        assert_eq!(unit.loaded.len(), 1, "the reload path unit was still active");
+
+        // Rounds every 100 ms, as the agent's wake brings them around the nudge.
+        let mut now = burst_end;
+        while unit.loaded.len() < 2 && now < burst_end + std::time::Duration::from_secs(10) {
+            now += std::time::Duration::from_millis(100);
+            promoter.sync(&volumes, &drbd, now).await.unwrap();
+            unit.look(now);
+        }
+        assert_eq!(
+            unit.loaded,
+            BTreeSet::from([
+                "shared-volume-pvc-1.toml".to_owned(),
+                "shared-volume-pvc-2.toml".to_owned()
+            ]),
+            "drbd-reactor never read the burst's tail"
+        );
+        let read_after = now - burst_end;
+        assert!(
+            read_after <= RELOAD_SETTLE + std::time::Duration::from_millis(100),
+            "read {read_after:?} after the burst"
+        );
+        let reloads = unit.reloads;
+        for _ in 0..50 {
+            now += std::time::Duration::from_millis(100);
+            promoter.sync(&volumes, &drbd, now).await.unwrap();
+            unit.look(now);
+        }
+        assert_eq!(unit.reloads, reloads, "no reload without a change");
     }
 }

@@ -292,7 +292,10 @@ impl Rounds {
                 self.drbd.heard(change);
             }
             let wake = next_wake(
-                self.drbd.next_read(),
+                [
+                    Some(self.drbd.next_read()),
+                    self.promoter.as_ref().and_then(PromoterSnippets::nudge_at),
+                ],
                 &self.timers,
                 &self.settings,
                 self.reconcile_interval,
@@ -448,7 +451,7 @@ impl Rounds {
     /// Brings drbd-reactor's snippets up to date with the cached view (`--promoter-snippets-dir`).
     async fn sync_promoter_snippets(&mut self, observed: &Observed) {
         let Some(promoter) = self.promoter.as_mut() else { return };
-        match promoter.sync(&observed.volumes, &observed.drbd).await {
+        match promoter.sync(&observed.volumes, &observed.drbd, Instant::now()).await {
             Ok(held) => self
                 .metrics
                 .node
@@ -514,8 +517,10 @@ async fn synced(cache: &Cache, changes: &mut BoxStream<'static, ()>, shutdown: &
 /// The next time something is due without any change: the DRBD safety-net read, the
 /// reconcile interval, or the earliest fail-over timer still to expire (an expired one, whose
 /// peer stays away, is the reconcile interval's business).
+/// The next round: the earliest of `due` (the next DRBD read, drbd-reactor's reload nudge), the
+/// timers' next deadline and the reconcile interval, and never sooner than 10 ms from now.
 fn next_wake(
-    next_read: Instant,
+    due: impl IntoIterator<Item = Option<Instant>>,
     timers: &Timers,
     settings: &DecisionSettings,
     reconcile_interval: Duration,
@@ -525,8 +530,8 @@ fn next_wake(
         .deadlines(settings.fail_over_timeout, settings.not_ready_counts_after)
         .filter(|deadline| *deadline > now)
         .min();
-    [Some(next_read), Some(now + reconcile_interval), next_timer]
-        .into_iter()
+    due.into_iter()
+        .chain([Some(now + reconcile_interval), next_timer])
         .flatten()
         .min()
         .unwrap_or(now)
@@ -548,8 +553,8 @@ mod tests {
             ..Timers::new()
         };
         let expired = timers(now - Duration::from_secs(60));
-        assert!(next_wake(next_read, &expired, &settings, reconcile) >= next_read);
+        assert!(next_wake([Some(next_read)], &expired, &settings, reconcile) >= next_read);
         let running = timers(now - Duration::from_secs(3));
-        assert!(next_wake(next_read, &running, &settings, reconcile) < now + Duration::from_secs(3));
+        assert!(next_wake([Some(next_read)], &running, &settings, reconcile) < now + Duration::from_secs(3));
     }
 }
