@@ -1,8 +1,13 @@
-.PHONY: test demo bench soak images tools cluster-up cluster-down release-check
+.PHONY: test test-matrix demo bench soak images tools cluster-up cluster-down release-check
 
 # Every test: tools, fmt, clippy, unit tests and end-to-end tests on a local control plane.
 test:
 	hack/test.sh
+
+# Every test on the oldest supported Kubernetes and the newest as well (KUBERNETES_MATRIX in
+# hack/versions.env; `make test` runs the pinned one): hack/test-matrix.sh.
+test-matrix:
+	hack/test-matrix.sh
 
 # The demo: controller + three HA agents over simulated DRBD nodes, through a node failure.
 demo:

@@ -1,4 +1,4 @@
-# Shared by hack/test.sh and hack/demo.sh (sourced, not run).
+# Shared by hack/test.sh, hack/test-matrix.sh and hack/demo.sh (sourced, not run).
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 
@@ -21,4 +21,15 @@ wait_for_tools() {
   fi
   cat "$tools_out"
   rm -f "$tools_out"
+}
+
+# Every test binary, unit and end-to-end, two at a time on a fresh control plane (hack/run-tests.sh)
+# of the Kubernetes hack/tools.sh picks (SVC_KUBERNETES_VERSION, else the pinned one).
+# The soak replays one seed here; `make soak` draws a new one each run. A node whose fake kubelet
+# stops is NotReady after 8 s here, not Kubernetes's 50 s: every node loss in the tests waits for it
+# (the demo and `make bench` keep the defaults).
+run_every_test_binary() {
+  SOAK_SECONDS=${SOAK_SECONDS:-45} SOAK_SEED=${SOAK_SEED:-777} \
+    SVC_NODE_MONITOR_GRACE_PERIOD=${SVC_NODE_MONITOR_GRACE_PERIOD:-8s} SVC_NODE_MONITOR_PERIOD=${SVC_NODE_MONITOR_PERIOD:-1s} \
+    hack/with-cluster.sh hack/run-tests.sh --include-ignored
 }

@@ -38,9 +38,4 @@ PLUGIN_BINARY=target/debug/shared-volume-controller \
   hack/release-check.sh "$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
 
 step "cargo test (unit and end-to-end, two binaries at a time on a fresh control plane; the fault soak for 45 s)"
-# The soak replays one seed here; `make soak` draws a new one each run. A node whose fake kubelet
-# stops is NotReady after 8 s here, not Kubernetes's 50 s: every node loss in the tests waits for it
-# (the demo and `make bench` keep the defaults).
-SOAK_SECONDS=${SOAK_SECONDS:-45} SOAK_SEED=${SOAK_SEED:-777} \
-  SVC_NODE_MONITOR_GRACE_PERIOD=${SVC_NODE_MONITOR_GRACE_PERIOD:-8s} SVC_NODE_MONITOR_PERIOD=${SVC_NODE_MONITOR_PERIOD:-1s} \
-  hack/with-cluster.sh hack/run-tests.sh --include-ignored
+run_every_test_binary

@@ -7,6 +7,9 @@
 #                            validator, cargo-cyclonedx, zig): the release workflow's check job
 #   hack/tools.sh --print    print the bin folder only (no building)
 #
+# SVC_KUBERNETES_VERSION=v1.37.2 picks another Kubernetes than the pinned one (`make test-matrix`):
+# its control plane, kube-proxy and kubectl in a bin folder of their own, the other tools linked
+# from the pinned one's when they are built there (else built).
 # Cache root: $SVC_TOOLS_CACHE (default ~/.cache/shared-volume-controller/tools).
 set -euo pipefail
 
@@ -15,7 +18,10 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$here/versions.env"
 
 cache_root=${SVC_TOOLS_CACHE:-$HOME/.cache/shared-volume-controller/tools}
-bin_dir="$cache_root/bin-k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
+tools_dir() { echo "$cache_root/bin-k8s-$1-etcd-$ETCD_VERSION-helm-$HELM_VERSION"; }
+pinned_dir=$(tools_dir "$KUBERNETES_VERSION")
+KUBERNETES_VERSION=${SVC_KUBERNETES_VERSION:-$KUBERNETES_VERSION}
+bin_dir=$(tools_dir "$KUBERNETES_VERSION")
 
 if [[ "${1:-}" == "--print" ]]; then
   echo "$bin_dir"
@@ -50,6 +56,21 @@ fail() {
 }
 
 mkdir -p "$bin_dir"
+kubernetes_tools=(kube-apiserver kube-controller-manager kubectl kube-proxy)
+
+# Another Kubernetes than the pinned one shares every other tool with the pinned bin folder: links
+# to what that folder has (helm keeps the pinned minor as its default for `helm template`).
+link_pinned_tools() {
+  [[ $bin_dir == "$pinned_dir" || ! -d $pinned_dir ]] && return 0
+  local tool name
+  for tool in "$pinned_dir"/*; do
+    name=${tool##*/}
+    [[ -x $tool && $name != *.tmp && ! -e "$bin_dir/$name" ]] || continue
+    [[ " ${kubernetes_tools[*]} " == *" $name "* ]] && continue
+    ln -s "$(readlink -f "$tool")" "$bin_dir/$name"
+  done
+}
+link_pinned_tools
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false GOTOOLCHAIN=local
 
 # A throwaway module per tool, kept in the cache so that its go.sum makes rebuilds fast.
@@ -60,7 +81,7 @@ work_module() {
 }
 
 build_kubernetes() {
-  local want=(kube-apiserver kube-controller-manager kubectl kube-proxy)
+  local want=("${kubernetes_tools[@]}")
   ((release_only)) && want=(kubectl)
   local missing=0
   for b in "${want[@]}"; do [[ -x "$bin_dir/$b" ]] || missing=1; done

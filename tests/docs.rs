@@ -5,7 +5,8 @@
 use std::path::{Path, PathBuf};
 
 use common::docs::{
-    broken, chart_version, markdown_links, release_setting, repository_urls, root, sh_block_after, sh_commands,
+    broken, chart_version, hack_setting, markdown_links, release_setting, repository_urls, root, sh_block_after,
+    sh_commands,
 };
 
 /// Every file under `dirs` (relative to the repository), at any depth.
@@ -244,4 +245,55 @@ fn the_install_pages_install_what_a_release_publishes() {
         }
     }
     assert!(named >= 6, "the pages name {named} release artefacts");
+}
+
+/// The Kubernetes versions called supported are the ones the tests run on: `make test` on
+/// `KUBERNETES_VERSION`, `make test-matrix` on `KUBERNETES_MATRIX` (`hack/versions.env`). The
+/// chart's `kubeVersion` and the API types the binary is built with (k8s-openapi's feature) start
+/// at the oldest of them, and the upgrade page's supported versions name the range and each one.
+#[test]
+fn the_supported_kubernetes_versions_are_the_tested_ones() {
+    let mut tested = vec![hack_setting("versions.env", "KUBERNETES_VERSION")];
+    tested.extend(
+        hack_setting("versions.env", "KUBERNETES_MATRIX")
+            .split_whitespace()
+            .map(String::from),
+    );
+    let minor = |version: &str| -> u32 {
+        version
+            .strip_prefix("v1.")
+            .unwrap()
+            .split('.')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let oldest = tested.iter().map(|v| minor(v)).min().unwrap();
+    let newest = tested.iter().map(|v| minor(v)).max().unwrap();
+
+    let chart = std::fs::read_to_string(Path::new(root()).join("charts/shared-volume-controller/Chart.yaml")).unwrap();
+    assert!(
+        chart.contains(&format!("kubeVersion: \">=1.{oldest}.0-0\"")),
+        "Chart.yaml's kubeVersion is not 1.{oldest}+"
+    );
+    let cargo = std::fs::read_to_string(Path::new(root()).join("Cargo.toml")).unwrap();
+    assert!(
+        cargo.contains(&format!("features = [\"v1_{oldest}\"]")),
+        "k8s-openapi is not built for 1.{oldest}"
+    );
+
+    let upgrade = std::fs::read_to_string(Path::new(root()).join("docs/how-to/upgrade.md")).unwrap();
+    let start = upgrade
+        .find("- **Kubernetes**:")
+        .expect("upgrade.md's supported Kubernetes");
+    let item = &upgrade[start..];
+    let line = &item[..item[1..].find("\n- ").map_or(item.len(), |end| end + 1)];
+    assert!(line.contains(&format!("1.{oldest} to 1.{newest}")), "{line}");
+    for version in &tested {
+        assert!(
+            line.contains(version.trim_start_matches('v')),
+            "{line} does not name the tested {version}"
+        );
+    }
 }

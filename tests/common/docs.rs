@@ -37,10 +37,16 @@ pub fn sh_commands(page: &str) -> Vec<String> {
 
 /// `KEY` from `hack/release.env`: where a release is published.
 pub fn release_setting(key: &str) -> String {
-    let text = std::fs::read_to_string(Path::new(root()).join("hack/release.env")).unwrap();
+    hack_setting("release.env", key)
+}
+
+/// `KEY` from the shell settings file `hack/<file>`, without its quotes.
+pub fn hack_setting(file: &str, key: &str) -> String {
+    let text = std::fs::read_to_string(Path::new(root()).join("hack").join(file)).unwrap();
     let prefix = format!("{key}=");
     let line = text.lines().find(|l| l.starts_with(&prefix));
-    line.unwrap_or_else(|| panic!("hack/release.env sets {key}"))[prefix.len()..].to_owned()
+    let value = &line.unwrap_or_else(|| panic!("hack/{file} sets {key}"))[prefix.len()..];
+    value.trim_matches('"').to_owned()
 }
 
 /// The first code block of `language` after `heading` in `page`.
