@@ -315,10 +315,11 @@ async fn what_stateful_clients_hold_survives_a_run_of_moves_of_each_kind() {
     env.cleanup().await;
 }
 
-/// How the harness tells that kube-proxy's nftables rules moved (kube-proxy 1.36's service chain).
+/// How the harness tells that kube-proxy's nftables rules moved: kube-proxy 1.36's service chain
+/// (a `numgen` map) and 1.37's (a Service of one endpoint DNATed to it directly).
 #[test]
 fn an_nftables_service_chain_names_its_endpoint() {
-    const TABLE: &str = "table ip kube-proxy {
+    const MAPPED: &str = "table ip kube-proxy {
 \tchain service-GDWIIWMN-ns/pvc-1/tcp/nfs {
 \t\tmeta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.211.0.5 . 2049 }
 \t}
@@ -326,9 +327,19 @@ fn an_nftables_service_chain_names_its_endpoint() {
 \t\tmeta l4proto tcp dnat ip to numgen random mod 1 map { 0 : 10.211.0.51 . 2049 }
 \t}
 }";
-    assert!(service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.5:2049"));
-    assert!(!service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.5:20490"));
-    assert!(!service_chain_reaches(TABLE, "ns", "pvc-1", "10.211.0.51:2049"));
-    assert!(!service_chain_reaches(TABLE, "ns", "pvc-2", "10.211.0.5:2049"));
-    assert!(!service_chain_reaches(TABLE, "ns", "pvc-3", "10.211.0.5:2049"));
+    const DIRECT: &str = "table ip kube-proxy {
+\tchain service-GDWIIWMN-ns/pvc-1/tcp/nfs {
+\t\tmeta l4proto tcp dnat to 10.211.0.5:2049
+\t}
+\tchain service-AAAAAAAA-ns/pvc-2/tcp/nfs {
+\t\tmeta l4proto tcp dnat to 10.211.0.51:2049
+\t}
+}";
+    for table in [MAPPED, DIRECT] {
+        assert!(service_chain_reaches(table, "ns", "pvc-1", "10.211.0.5:2049"));
+        assert!(!service_chain_reaches(table, "ns", "pvc-1", "10.211.0.5:20490"));
+        assert!(!service_chain_reaches(table, "ns", "pvc-1", "10.211.0.51:2049"));
+        assert!(!service_chain_reaches(table, "ns", "pvc-2", "10.211.0.5:2049"));
+        assert!(!service_chain_reaches(table, "ns", "pvc-3", "10.211.0.5:2049"));
+    }
 }

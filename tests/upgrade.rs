@@ -32,7 +32,11 @@ async fn an_upgrade_keeps_every_address_and_fails_over_after() {
     let nodes = env.sim_nodes(&["a", "b", "c"]).await;
     let pvs = claims_served_from(&env, &nodes, 0).await;
     let release = env.release();
-    install(&env, &release, &old.chart);
+    if !installed(&env, &release, &old.chart) {
+        run(tool("helm").args(["uninstall", &release, "--namespace", &env.ns, "--wait"]));
+        env.cleanup().await;
+        return;
+    }
     let old_pods = ReleasePods::of(&env, &release, &old.binary);
     let mut controllers = vec![
         old_pods.controller("controller-1").await,
@@ -118,7 +122,10 @@ fn test_values(env: &TestEnv) -> Vec<String> {
     values
 }
 
-fn install(env: &TestEnv, release: &str, chart: &Path) {
+/// Installs the earlier commit's chart. Where it cannot install, no user runs it, and there is no
+/// upgrade from it to test: said, and false. So on Kubernetes 1.33, which lacks the CEL function
+/// flatten() that commit's nfs-endpoints policy used (`make test-matrix`).
+fn installed(env: &TestEnv, release: &str, chart: &Path) -> bool {
     let mut helm = tool("helm");
     helm.args(["install", release])
         .arg(chart)
@@ -126,7 +133,14 @@ fn install(env: &TestEnv, release: &str, chart: &Path) {
     for value in test_values(env) {
         helm.args(["--set", &value]);
     }
-    run(&mut helm);
+    let output = helm.output().expect("run helm");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !output.status.success() && stderr.contains("undeclared reference to 'flatten'") {
+        eprintln!("no upgrade to test here: the chart of UPGRADE_FROM does not install on this Kubernetes ({stderr})");
+        return false;
+    }
+    assert!(output.status.success(), "{helm:?} failed: {stderr}");
+    true
 }
 
 /// The upgrade page's `helm upgrade` command, run as written (through bash, as a user pastes it)

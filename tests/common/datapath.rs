@@ -386,7 +386,8 @@ pub fn fenced_packets() -> u64 {
         .sum()
 }
 
-/// `kube-proxy --cleanup`, then the one chain it leaves in the filter tables.
+/// `kube-proxy --cleanup`, then every `KUBE-` chain it leaves: the filter tables' KUBE-FIREWALL
+/// (every version), its canary chains and KUBE-MARK-MASQ (1.33).
 fn remove_proxy_rules() {
     let _ = tool("kube-proxy")
         .arg("--cleanup")
@@ -394,11 +395,41 @@ fn remove_proxy_rules() {
         .stderr(Stdio::null())
         .status();
     for iptables in ["iptables", "ip6tables"] {
-        for chain in ["INPUT", "OUTPUT"] {
-            quietly(iptables, &["-D", chain, "-j", "KUBE-FIREWALL"]);
+        for table in ["filter", "nat", "mangle"] {
+            remove_kube_chains(iptables, table);
         }
-        quietly(iptables, &["-F", "KUBE-FIREWALL"]);
-        quietly(iptables, &["-X", "KUBE-FIREWALL"]);
+    }
+}
+
+/// Deletes the jumps into `KUBE-` chains of `table`, then the chains.
+fn remove_kube_chains(iptables: &str, table: &str) {
+    let saved = Command::new(format!("{iptables}-save"))
+        .args(["-t", table])
+        .output()
+        .unwrap();
+    let saved = String::from_utf8_lossy(&saved.stdout).into_owned();
+    for rule in saved.lines().filter_map(|l| l.strip_prefix("-A ")) {
+        let jumps_to_ours = rule
+            .split_whitespace()
+            .skip_while(|w| *w != "-j")
+            .nth(1)
+            .is_some_and(|c| c.starts_with("KUBE-"));
+        if jumps_to_ours && !rule.starts_with("KUBE-") {
+            let mut args = vec!["-t", table, "-D"];
+            args.extend(rule.split_whitespace());
+            quietly(iptables, &args);
+        }
+    }
+    let chains: Vec<&str> = saved
+        .lines()
+        .filter_map(|l| l.strip_prefix(':')?.split_whitespace().next())
+        .filter(|c| c.starts_with("KUBE-"))
+        .collect();
+    for chain in &chains {
+        quietly(iptables, &["-t", table, "-F", chain]);
+    }
+    for chain in &chains {
+        quietly(iptables, &["-t", table, "-X", chain]);
     }
 }
 
@@ -664,9 +695,9 @@ impl DataPath {
 }
 
 /// Whether, in `nft list table` output, the chain of `namespace/service`'s NFS port sends its
-/// traffic to `endpoint` (`<ip>:<port>`): kube-proxy 1.36 DNATs there through a `numgen` map
-/// (`0 : <ip> . <port>`); older ones jumped to an endpoint chain named after the endpoint
-/// (`…nfs__<ip>/<port>`).
+/// traffic to `endpoint` (`<ip>:<port>`): kube-proxy 1.37 DNATs a Service of one endpoint there
+/// directly (`dnat to <ip>:<port>`); 1.36 through a `numgen` map (`0 : <ip> . <port>`); older
+/// ones jumped to an endpoint chain named after the endpoint (`…nfs__<ip>/<port>`).
 pub fn service_chain_reaches(table: &str, namespace: &str, service: &str, endpoint: &str) -> bool {
     let (ip, port) = endpoint.rsplit_once(':').expect("<ip>:<port>");
     let name = format!("-{namespace}/{service}/tcp/nfs {{");
@@ -674,10 +705,11 @@ pub fn service_chain_reaches(table: &str, namespace: &str, service: &str, endpoi
         .lines()
         .skip_while(|l| !(l.trim_start().starts_with("chain service-") && l.ends_with(&name)));
     let (mapped, chained) = (format!(" {ip} . {port}"), format!("nfs__{ip}/{port}"));
+    let direct = format!("dnat to {ip}:{port}");
     lines.next().is_some()
         && lines
             .take_while(|l| l.trim() != "}")
-            .any(|l| l.contains(&mapped) || l.contains(&chained))
+            .any(|l| l.contains(&mapped) || l.contains(&chained) || l.trim_end().ends_with(&direct))
 }
 
 /// How kube-proxy programs Services on the host.
