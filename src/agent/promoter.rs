@@ -151,16 +151,16 @@ fn resource_of(file_name: &str) -> Option<&str> {
 const RELOAD_NUDGE: &str = ".shared-volume-reload";
 /// How long after the last change the nudge comes: longer than the reload service is active (a
 /// oneshot `systemctl reload drbd-reactor`, which sends a SIGHUP: well under a second).
-pub const RELOAD_SETTLE: Duration = Duration::from_secs(2);
+const RELOAD_SETTLE: Duration = Duration::from_secs(2);
 
 /// Where snippets are written whole before they are renamed into the directory: a folder inside
 /// it (the same filesystem), which drbd-reactor's reload path unit does not watch, so that each
 /// snippet is one change to the directory.
 const STAGING: &str = ".shared-volume-staging";
 
-/// Where `resource`'s snippet is written before it is renamed into `dir`.
-fn staged(dir: &std::path::Path, resource: &str) -> PathBuf {
-    dir.join(STAGING).join(file_name(resource))
+/// Where the file `name` is written before it is renamed into `dir`.
+fn staged(dir: &std::path::Path, name: &str) -> PathBuf {
+    dir.join(STAGING).join(name)
 }
 
 fn file_name(resource: &str) -> String {
@@ -229,12 +229,7 @@ impl PromoterSnippets {
         for change in changes {
             match change {
                 Change::Write { resource, contents } => {
-                    let path = self.settings.dir.join(file_name(&resource));
-                    // Written whole elsewhere and renamed in, so that drbd-reactor never reads
-                    // half a file.
-                    let partial = staged(&self.settings.dir, &resource);
-                    tokio::fs::write(&partial, &contents).await?;
-                    tokio::fs::rename(&partial, &path).await?;
+                    let path = self.rename_in(&file_name(&resource), &contents).await?;
                     held += usize::from(!present.contains_key(&resource));
                     tracing::info!(%resource, path = %path.display(), "wrote the drbd-reactor promoter snippet");
                 }
@@ -256,18 +251,23 @@ impl PromoterSnippets {
         Ok(held)
     }
 
+    /// Writes `contents` whole in the staging folder and renames it into the directory as `name`,
+    /// so that drbd-reactor never reads half a file and each file is one change. Returns its path.
+    async fn rename_in(&self, name: &str, contents: &str) -> std::io::Result<PathBuf> {
+        let partial = staged(&self.settings.dir, name);
+        let path = self.settings.dir.join(name);
+        tokio::fs::write(&partial, contents).await?;
+        tokio::fs::rename(&partial, &path).await?;
+        Ok(path)
+    }
+
     /// One more change to the directory, renamed in whole like a snippet: the reload it starts
     /// reads every snippet written before.
     async fn nudge_reload(&self) -> std::io::Result<()> {
-        let staging = self.settings.dir.join(STAGING);
-        tokio::fs::create_dir_all(&staging).await?;
-        let partial = staging.join(RELOAD_NUDGE);
-        tokio::fs::write(
-            &partial,
-            "Renamed in by the shared-volume agent to have drbd-reactor reload once a burst of snippets settled.\n",
-        )
-        .await?;
-        tokio::fs::rename(&partial, self.settings.dir.join(RELOAD_NUDGE)).await?;
+        tokio::fs::create_dir_all(self.settings.dir.join(STAGING)).await?;
+        let text =
+            "Renamed in by the shared-volume agent to have drbd-reactor reload once a burst of snippets settled.\n";
+        self.rename_in(RELOAD_NUDGE, text).await?;
         tracing::debug!("changed the snippets directory once more, so that drbd-reactor reloads after the last change");
         Ok(())
     }
@@ -368,7 +368,7 @@ mod tests {
     #[test]
     fn a_snippet_is_staged_outside_the_watched_directory() {
         let dir = PathBuf::from("/etc/drbd-reactor.d");
-        let staged = staged(&dir, "pvc-1");
+        let staged = staged(&dir, &file_name("pvc-1"));
         assert_ne!(staged.parent(), Some(dir.as_path()));
         assert!(staged.starts_with(&dir), "on the same filesystem, for the rename");
     }
