@@ -37,6 +37,7 @@ pub const AGENT_FAIL_OVER_DURATION: &str = "storageos_drbd_agent_fail_over_durat
 pub const AGENT_PIRAEUS_HA_CONTROLLERS: &str = "storageos_drbd_agent_piraeus_ha_controller_pods";
 pub const AGENT_CACHED_OBJECTS: &str = "storageos_drbd_agent_cached_objects";
 pub const AGENT_PROMOTER_SNIPPETS: &str = "storageos_drbd_agent_promoter_snippets";
+pub const AGENT_PROMOTER_HAND_OVERS: &str = "storageos_drbd_agent_promoter_hand_overs";
 pub const AGENT_PROMOTER_SNIPPET_FAILURES: &str = "storageos_drbd_agent_promoter_snippet_failures_total";
 
 /// Reconcile-duration buckets, 1 ms to 30 s.
@@ -252,6 +253,8 @@ pub struct NodeMetrics {
     pub piraeus_ha_controllers: IntGauge,
     /// The drbd-reactor promoter snippets this agent keeps (`--promoter-snippets-dir`).
     pub promoter_snippets: IntGauge,
+    /// The resources drbd-reactor is asked to hand over from this draining node.
+    pub promoter_hand_overs: IntGauge,
     /// Rounds whose snippets directory could not be read or written.
     pub promoter_snippet_failures: IntCounter,
 }
@@ -373,6 +376,11 @@ impl NodeMetrics {
                 registry,
                 AGENT_PROMOTER_SNIPPETS,
                 "drbd-reactor promoter snippets this agent keeps for the shared volumes on its node.",
+            )?,
+            promoter_hand_overs: int_gauge(
+                registry,
+                AGENT_PROMOTER_HAND_OVERS,
+                "Resources this draining node asks drbd-reactor to hand over to a peer (drbd-reactorctl evict, run by the host's path unit).",
             )?,
             promoter_snippet_failures: counter(
                 registry,

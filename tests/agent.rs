@@ -580,6 +580,59 @@ async fn a_drain_waits_for_a_replica_that_can_take_over() {
     teardown(env, vec![a]).await;
 }
 
+/// On the drbd-reactor path no pod holds the primary, so a drain asks drbd-reactor to hand the
+/// resource over: a request file in the snippets directory, which the host's path unit turns into
+/// `drbd-reactorctl evict --keep-masked`. Held while no connected peer has all of the data (and
+/// said on the PV), asked once one catches up, kept while the peer serves the volume (the node
+/// does not take it back), withdrawn once the node is uncordoned.
+#[tokio::test]
+#[ignore = "needs a control plane: run `make test`"]
+async fn a_drain_asks_drbd_reactor_to_hand_the_primary_over_once_a_replica_can_take_it() {
+    let (env, nodes, pv) = three_nodes("agent-evacuate-reactor").await;
+    let peers = [
+        (nodes[1].name.as_str(), "Connected", "Secondary"),
+        (nodes[2].name.as_str(), "Connected", "Secondary"),
+    ];
+    let mut syncing = resource(&pv, "Primary", true, &peers);
+    for connection in syncing["connections"].as_array_mut().unwrap() {
+        connection["peer_devices"][0]["peer-disk-state"] = json!("Inconsistent");
+    }
+    nodes[0].set(&[syncing]);
+    let snippets = nodes[0].dir.join("drbd-reactor.d");
+    std::fs::create_dir_all(&snippets).unwrap();
+    let dir = snippets.display().to_string();
+    let flags = ["--node-drain-policy", "evacuate", "--promoter-snippets-dir", &dir];
+    let a = env.start_agent(&nodes[0], &flags).await;
+    let request = snippets.join(".shared-volume-evict").join(&pv);
+    let asked = || async { request.exists().then_some(()) };
+    env.cordon(&nodes[0].name, true).await;
+    let held = cluster_events(&env, &pv, "EvacuationHeld").await;
+    assert_eq!(held[0].type_.as_deref(), Some("Warning"));
+    assert!(!request.exists(), "no hand-over while no peer has all of the data");
+
+    nodes[0].set(&[resource(&pv, "Primary", true, &peers)]);
+    eventually("the hand-over asked of drbd-reactor", WAIT, asked).await;
+    let gauge = "storageos_drbd_agent_promoter_hand_overs";
+    eventually("the gauge at 1", WAIT, || async {
+        (a.metric(gauge).await == 1.0).then_some(())
+    })
+    .await;
+    // drbd-reactor evicts it: node a demoted, b promoted. The request stays while a drains.
+    healthy(&nodes, &[&pv], 1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        request.exists(),
+        "kept while the node drains: it does not take the volume back"
+    );
+
+    env.cordon(&nodes[0].name, false).await;
+    eventually("the request withdrawn", WAIT, || async {
+        (!request.exists()).then_some(())
+    })
+    .await;
+    teardown(env, vec![a]).await;
+}
+
 #[tokio::test]
 #[ignore = "needs a control plane: run `make test`"]
 async fn the_agent_warns_when_piraeus_ha_controller_runs_on_its_node() {

@@ -315,6 +315,46 @@ async fn what_stateful_clients_hold_survives_a_run_of_moves_of_each_kind() {
     env.cleanup().await;
 }
 
+/// A drain on the drbd-reactor path (the volume on its own port, servers started as the agents'
+/// snippets say): node a is cordoned, its agent asks drbd-reactor to hand the volume over, and the
+/// endpoint, the primary and the server end on node b. What the clients hold survives it; their
+/// pauses are printed (a new open waits for the new server's grace period, unless every client
+/// reclaimed early).
+#[tokio::test]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn a_drain_hands_the_volume_over_through_drbd_reactor() {
+    let _alone = DATA_PATH.lock().await;
+    let env = common::setup("datapath-drain").await;
+    let scenario = Scenario {
+        grace: GRACE_ON,
+        own_port: Some(20490),
+        clients: &[
+            ClientModel::Stateful,
+            ClientModel::IdleHolder,
+            ClientModel::LockTester,
+            ClientModel::NewOpen,
+        ],
+        ..Scenario::repaired(ProxyMode::Iptables)
+    };
+    let say = |line: String| eprintln!("{line}");
+    let moves = clients_through_fail_overs(&env, scenario, &[Move::drain(0, 1)], &say).await;
+    eprintln!("the drain: {}", moves.tally);
+    assert_eq!(
+        moves.lost,
+        Vec::<(ClientModel, Tally)>::new(),
+        "what the clients held survives the drain"
+    );
+    assert_eq!(
+        (moves.tally.locks, moves.tally.lost_locks, moves.tally.stale_handles),
+        (2, 0, 0)
+    );
+    for outage in &moves.outages[0].1 {
+        assert!(outage.total.is_some(), "{} carried on after the drain", outage.model);
+    }
+    assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
+    env.cleanup().await;
+}
+
 /// How the harness tells that kube-proxy's nftables rules moved: kube-proxy 1.36's service chain
 /// (a `numgen` map) and 1.37's (a Service of one endpoint DNATed to it directly).
 #[test]

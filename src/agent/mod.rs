@@ -17,6 +17,7 @@ mod events2;
 pub mod follow;
 mod freshness;
 pub mod guard;
+mod hand_over;
 pub mod heartbeat;
 pub mod locality;
 mod mass_move;

@@ -21,6 +21,7 @@ use super::drbd::DrbdState;
 use super::drbd_book::DrbdBook;
 use super::freshness::Freshness;
 use super::guard::FailOverGuard;
+use super::hand_over::HandOverRequests;
 use super::heartbeat::Heartbeat;
 use super::locality::Locality;
 use super::observe::{Snapshot, observe};
@@ -191,6 +192,8 @@ struct Rounds {
     reporter: Reporter,
     next_resync: Instant,
     promoter: Option<PromoterSnippets>,
+    /// The requests that drbd-reactor hand this node's primaries over while it drains.
+    hand_overs: Option<HandOverRequests>,
     /// Each publication's NFS server answers before it goes out (`--nfs-probe`).
     servers: ServerProbes,
     /// The DRBD peers' kubelet and agent Leases, watched: their renewals as this agent sees them.
@@ -254,6 +257,7 @@ impl Rounds {
             servers: ServerProbes::new(args, not_answering),
             renewals,
             lease_namespace: args.lease_namespace.clone(),
+            hand_overs: args.promoter_snippets_dir.as_deref().map(HandOverRequests::new),
             promoter: args.promoter_snippets_dir.clone().map(|dir| {
                 PromoterSnippets::new(PromoterSettings {
                     dir,
@@ -460,6 +464,23 @@ impl Rounds {
             Err(error) => {
                 self.metrics.node.promoter_snippet_failures.inc();
                 tracing::warn!(%error, "could not bring drbd-reactor's promoter snippets up to date; tried again next round (is the snippets directory mounted and writable?)");
+            }
+        }
+        let Some(hand_overs) = self.hand_overs.as_ref() else {
+            return;
+        };
+        match hand_overs
+            .sync(&decide::promoter_hand_overs(observed, &self.settings))
+            .await
+        {
+            Ok(asked) => self
+                .metrics
+                .node
+                .promoter_hand_overs
+                .set(i64::try_from(asked).unwrap_or(i64::MAX)),
+            Err(error) => {
+                self.metrics.node.promoter_snippet_failures.inc();
+                tracing::warn!(%error, "could not bring the hand-over requests to drbd-reactor up to date; tried again next round (is the snippets directory mounted and writable?)");
             }
         }
     }

@@ -370,6 +370,18 @@ impl TestEnv {
             .expect("taint Node");
     }
 
+    /// Cordons `node` (`kubectl cordon`, the first step of `kubectl drain`), or uncordons it.
+    pub async fn cordon(&self, node: &str, cordoned: bool) {
+        Api::<Node>::all(self.client.clone())
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": cordoned}})),
+            )
+            .await
+            .expect("cordon Node");
+    }
+
     /// A Running pod on `node` that mounts `claim`, owned by a ConfigMap (so it counts as managed
     /// and the garbage collector keeps it), with `annotations` and `labels`.
     pub async fn running_pod(&self, name: &str, node: &str, claim: &str, annotations: Value, labels: Value) -> Pod {

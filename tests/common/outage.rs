@@ -485,9 +485,12 @@ pub async fn client_through_a_fail_over(
 pub struct Move {
     pub from: usize,
     pub to: usize,
-    /// Planned (a drain): the old primary's NFS server stops as systemd stops it, DRBD demotes it
-    /// and promotes `to`. Otherwise the node `from` is lost silently and the agents fail it over.
+    /// Planned: the old primary's NFS server stops as systemd stops it, DRBD demotes it and
+    /// promotes `to`. Otherwise the node `from` is lost silently and the agents fail it over.
     pub planned: bool,
+    /// Planned by a drain: node `from` is cordoned, and the move waits for its agent to ask
+    /// drbd-reactor for it (the request the host's path unit turns into `drbd-reactorctl evict`).
+    pub drained: bool,
 }
 
 impl Move {
@@ -496,6 +499,15 @@ impl Move {
             from,
             to,
             planned: true,
+            drained: false,
+        }
+    }
+
+    /// A planned move that a drain of node `from` starts.
+    pub const fn drain(from: usize, to: usize) -> Self {
+        Self {
+            drained: true,
+            ..Self::planned(from, to)
         }
     }
 
@@ -504,13 +516,18 @@ impl Move {
             from,
             to,
             planned: false,
+            drained: false,
         }
     }
 }
 
 impl std::fmt::Display for Move {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let how = if self.planned { "planned move" } else { "node lost" };
+        let how = match (self.planned, self.drained) {
+            (_, true) => "drain",
+            (true, false) => "planned move",
+            (false, false) => "node lost",
+        };
         write!(f, "{how} {} → {}", self.from, self.to)
     }
 }
@@ -550,7 +567,9 @@ pub async fn clients_through_fail_overs(
             env.running_pod(&format!("nfs-server-{i}"), node, "data", json!({}), no_labels())
                 .await;
         }
-        let at = if step.planned {
+        let at = if step.drained {
+            stage.drain(step.from, step.to, say).await
+        } else if step.planned {
             stage.hand_over(step.from, step.to, say).await
         } else {
             stage.lose(step.from, step.to, say).await
@@ -614,6 +633,10 @@ struct Timeline {
 }
 
 const FIRST: &str = "written before the failure\n";
+
+/// How soon after a cordon a node's agent asks drbd-reactor for the hand-over (its rounds come
+/// every second here, and on every Node change).
+const HAND_OVER_ASKED_WITHIN: Duration = Duration::from_secs(10);
 
 impl<'a> Stage<'a> {
     /// Nodes, the claim served from node a, the controller, the agents, the repair (if the
@@ -817,6 +840,41 @@ impl<'a> Stage<'a> {
         }
     }
 
+    /// A drain of node `from`: it is cordoned, its agent asks drbd-reactor to hand the volume
+    /// over (within [`HAND_OVER_ASKED_WITHIN`]), and what the host's path unit and
+    /// `drbd-reactorctl evict --keep-masked` then do is [`Stage::hand_over`] (the target's units
+    /// stopped in reverse order, the resource demoted; a peer's promoter promotes it). The request
+    /// stays while the node is cordoned and goes once it is not (within the same bound).
+    async fn drain(&mut self, from: usize, to: usize, say: &dyn Fn(String)) -> Timeline {
+        let env = self.env;
+        let node = self.path.nodes[from].name.clone();
+        let request = self.path.snippets_dir(from).join(".shared-volume-evict").join(&self.pv);
+        env.cordon(&node, true).await;
+        let cordoned = Instant::now();
+        super::eventually_every(
+            "the hand-over asked of drbd-reactor",
+            HAND_OVER_ASKED_WITHIN,
+            Duration::from_millis(20),
+            || ready(request.exists().then_some(())),
+        )
+        .await;
+        say(format!(
+            "node {node} cordoned: its agent asked drbd-reactor to hand the volume over {} ms later",
+            cordoned.elapsed().as_millis()
+        ));
+        let at = self.hand_over(from, to, say).await;
+        assert!(request.exists(), "the request stays while the node is cordoned");
+        env.cordon(&node, false).await;
+        super::eventually_every(
+            "the request withdrawn",
+            HAND_OVER_ASKED_WITHIN,
+            Duration::from_millis(20),
+            || ready((!request.exists()).then_some(())),
+        )
+        .await;
+        at
+    }
+
     /// A client of each of the scenario's models at the ClusterIP, in the scenario's order; started
     /// one at a time, the lock holders first, each once the one before has worked (a lock tester
     /// once the holders have their locks); once they have run a while.
@@ -944,6 +1002,8 @@ async fn agent_on(env: &TestEnv, path: &DataPath, index: usize) -> super::proces
         "true",
         "--nfs-probe-interval",
         "1s",
+        "--node-drain-policy",
+        "evacuate",
     ];
     env.start_agent(&path.nodes[index], &args).await
 }

@@ -21,6 +21,7 @@ use std::time::Instant;
 use super::action::Action;
 use super::view::{Observed, Timers};
 
+pub use evacuation::promoter_hand_overs;
 pub use fail_over::guard_allows;
 pub use publication::republish;
 pub use server_gate::{
