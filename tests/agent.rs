@@ -552,6 +552,15 @@ async fn the_evacuate_policy_moves_the_primary_off_a_drained_node() {
     teardown(env, vec![a, b]).await;
 }
 
+/// `pv`'s resource Primary here, connected to `peers` whose disks are still syncing.
+fn primary_with_peers_syncing(pv: &str, peers: &[(&str, &str, &str)]) -> serde_json::Value {
+    let mut syncing = resource(pv, "Primary", true, peers);
+    for connection in syncing["connections"].as_array_mut().unwrap() {
+        connection["peer_devices"][0]["peer-disk-state"] = json!("Inconsistent");
+    }
+    syncing
+}
+
 /// A drain does not evict the NFS server while no connected peer has all of the data (here both
 /// replicas are still syncing): the agent says so on the PV, and evicts once one is UpToDate.
 #[tokio::test]
@@ -562,11 +571,7 @@ async fn a_drain_waits_for_a_replica_that_can_take_over() {
         (nodes[1].name.as_str(), "Connected", "Secondary"),
         (nodes[2].name.as_str(), "Connected", "Secondary"),
     ];
-    let mut syncing = resource(&pv, "Primary", true, &peers);
-    for connection in syncing["connections"].as_array_mut().unwrap() {
-        connection["peer_devices"][0]["peer-disk-state"] = json!("Inconsistent");
-    }
-    nodes[0].set(&[syncing]);
+    nodes[0].set(&[primary_with_peers_syncing(&pv, &peers)]);
     env.running_pod("server", &nodes[0].name, "data", json!({}), no_labels())
         .await;
     let a = env.start_agent(&nodes[0], &["--node-drain-policy", "evacuate"]).await;
@@ -593,11 +598,7 @@ async fn a_drain_asks_drbd_reactor_to_hand_the_primary_over_once_a_replica_can_t
         (nodes[1].name.as_str(), "Connected", "Secondary"),
         (nodes[2].name.as_str(), "Connected", "Secondary"),
     ];
-    let mut syncing = resource(&pv, "Primary", true, &peers);
-    for connection in syncing["connections"].as_array_mut().unwrap() {
-        connection["peer_devices"][0]["peer-disk-state"] = json!("Inconsistent");
-    }
-    nodes[0].set(&[syncing]);
+    nodes[0].set(&[primary_with_peers_syncing(&pv, &peers)]);
     let snippets = nodes[0].dir.join("drbd-reactor.d");
     std::fs::create_dir_all(&snippets).unwrap();
     let dir = snippets.display().to_string();

@@ -28,6 +28,15 @@ const GRACE_ON: NfsGrace = NfsGrace::On {
 /// within this long of the loss (its last success before it to its first after).
 const FOLLOWS_WITHIN: Duration = Duration::from_secs(5);
 
+/// Two lock holders (one writing, one idle), a client asking for conflicting locks, one opening
+/// new files: what a move must keep, and what it makes wait.
+const HOLDERS_AND_OPENERS: [ClientModel; 4] = [
+    ClientModel::Stateful,
+    ClientModel::IdleHolder,
+    ClientModel::LockTester,
+    ClientModel::NewOpen,
+];
+
 /// One data path at a time: they share the host's routes, rules and conntrack table.
 static DATA_PATH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -282,12 +291,7 @@ async fn what_stateful_clients_hold_survives_a_run_of_moves_of_each_kind() {
     let env = common::setup("datapath-moves").await;
     let scenario = Scenario {
         grace: GRACE_ON,
-        clients: &[
-            ClientModel::Stateful,
-            ClientModel::IdleHolder,
-            ClientModel::LockTester,
-            ClientModel::NewOpen,
-        ],
+        clients: &HOLDERS_AND_OPENERS,
         ..Scenario::repaired(ProxyMode::Iptables)
     };
     let say = |line: String| eprintln!("{line}");
@@ -328,12 +332,7 @@ async fn a_drain_hands_the_volume_over_through_drbd_reactor() {
     let scenario = Scenario {
         grace: GRACE_ON,
         own_port: Some(20490),
-        clients: &[
-            ClientModel::Stateful,
-            ClientModel::IdleHolder,
-            ClientModel::LockTester,
-            ClientModel::NewOpen,
-        ],
+        clients: &HOLDERS_AND_OPENERS,
         ..Scenario::repaired(ProxyMode::Iptables)
     };
     let say = |line: String| eprintln!("{line}");

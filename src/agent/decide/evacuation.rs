@@ -99,10 +99,7 @@ mod tests {
         observed.drbd.resources[0] = resource("Primary", true, &[("node-c", "Connected", "Secondary")]);
         let volume = observed.volumes.get_mut("pvc-1").unwrap();
         volume.pods = vec![pod("server", "node-b"), pod("elsewhere", "node-c")];
-        let evacuate = DecisionSettings {
-            evacuate_taint: Some("piraeus.io/evacuate".into()),
-            ..settings()
-        };
+        let evacuate = evacuate();
         let cordoned = NodeView {
             unschedulable: true,
             ..node("node-b", true, &[]).1
@@ -122,10 +119,7 @@ mod tests {
 
     #[test]
     fn a_drain_waits_for_a_peer_with_all_the_data() {
-        let evacuate = DecisionSettings {
-            evacuate_taint: Some("piraeus.io/evacuate".into()),
-            ..settings()
-        };
+        let evacuate = evacuate();
         let mut observed = served_from_here("Primary");
         observed.volumes.get_mut("pvc-1").unwrap().pods = vec![pod("server", "node-b")];
         observed.nodes.insert(
@@ -166,10 +160,7 @@ mod tests {
     /// it so that this node does not take it back; once the drain ends, nothing is asked.
     #[test]
     fn a_draining_node_asks_drbd_reactor_to_hand_its_primaries_over() {
-        let evacuate = DecisionSettings {
-            evacuate_taint: Some("piraeus.io/evacuate".into()),
-            ..settings()
-        };
+        let evacuate = evacuate();
         let mut observed = served_from_here("Primary");
         let cordoned = NodeView {
             unschedulable: true,
@@ -247,10 +238,7 @@ mod tests {
 
     #[test]
     fn a_volume_not_shared_is_never_handed_over_through_drbd_reactor() {
-        let evacuate = DecisionSettings {
-            evacuate_taint: Some("piraeus.io/evacuate".into()),
-            ..settings()
-        };
+        let evacuate = evacuate();
         let mut observed = served_from_here("Primary");
         observed.volumes.get_mut("pvc-1").unwrap().shared_claim = None;
         observed
@@ -258,5 +246,13 @@ mod tests {
             .insert("node-b".into(), node("node-b", true, &["piraeus.io/evacuate"]).1);
         observed.drbd.resources[0] = resource("Primary", true, &[("node-c", "Connected", "Secondary")]);
         assert_eq!(promoter_hand_overs(&observed, &evacuate), BTreeSet::new());
+    }
+
+    /// The chart's drain policy: `evacuate`, with Piraeus's taint.
+    fn evacuate() -> DecisionSettings {
+        DecisionSettings {
+            evacuate_taint: Some("piraeus.io/evacuate".into()),
+            ..settings()
+        }
     }
 }
