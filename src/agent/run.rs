@@ -11,7 +11,7 @@ use anyhow::Result;
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt};
 use kube::Client;
-use prometheus::Registry;
+use prometheus::{IntGauge, Registry};
 
 use super::act::{Executor, ExecutorSettings, Scope};
 use super::action::Action;
@@ -455,32 +455,29 @@ impl Rounds {
     /// Brings drbd-reactor's snippets up to date with the cached view (`--promoter-snippets-dir`).
     async fn sync_promoter_snippets(&mut self, observed: &Observed) {
         let Some(promoter) = self.promoter.as_mut() else { return };
-        match promoter.sync(&observed.volumes, &observed.drbd, Instant::now()).await {
-            Ok(held) => self
-                .metrics
-                .node
-                .promoter_snippets
-                .set(i64::try_from(held).unwrap_or(i64::MAX)),
-            Err(error) => {
-                self.metrics.node.promoter_snippet_failures.inc();
-                tracing::warn!(%error, "could not bring drbd-reactor's promoter snippets up to date; tried again next round (is the snippets directory mounted and writable?)");
-            }
-        }
+        let held = promoter.sync(&observed.volumes, &observed.drbd, Instant::now()).await;
+        let node = &self.metrics.node;
+        self.record_sync(held, &node.promoter_snippets, "drbd-reactor's promoter snippets");
         let Some(hand_overs) = self.hand_overs.as_ref() else {
             return;
         };
-        match hand_overs
-            .sync(&decide::promoter_hand_overs(observed, &self.settings))
-            .await
-        {
-            Ok(asked) => self
-                .metrics
-                .node
-                .promoter_hand_overs
-                .set(i64::try_from(asked).unwrap_or(i64::MAX)),
+        let wanted = decide::promoter_hand_overs(observed, &self.settings);
+        let asked = hand_overs.sync(&wanted).await;
+        self.record_sync(
+            asked,
+            &node.promoter_hand_overs,
+            "the hand-over requests to drbd-reactor",
+        );
+    }
+
+    /// Sets `gauge` to how many files of `what` a sync of the snippets directory left there, or
+    /// counts and says its failure.
+    fn record_sync(&self, synced: std::io::Result<usize>, gauge: &IntGauge, what: &str) {
+        match synced {
+            Ok(files) => gauge.set(i64::try_from(files).unwrap_or(i64::MAX)),
             Err(error) => {
                 self.metrics.node.promoter_snippet_failures.inc();
-                tracing::warn!(%error, "could not bring the hand-over requests to drbd-reactor up to date; tried again next round (is the snippets directory mounted and writable?)");
+                tracing::warn!(%error, "could not bring {what} up to date; tried again next round (is the snippets directory mounted and writable?)");
             }
         }
     }

@@ -360,26 +360,20 @@ impl TestEnv {
             .map(|k| json!({"key": k, "effect": "NoSchedule"}))
             .collect();
         taints.push(json!({"key": key, "effect": "NoSchedule"}));
-        Api::<Node>::all(self.client.clone())
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"taints": taints}})),
-            )
-            .await
-            .expect("taint Node");
+        self.patch_node_spec(node, json!({"taints": taints})).await;
     }
 
     /// Cordons `node` (`kubectl cordon`, the first step of `kubectl drain`), or uncordons it.
     pub async fn cordon(&self, node: &str, cordoned: bool) {
+        self.patch_node_spec(node, json!({"unschedulable": cordoned})).await;
+    }
+
+    /// Merges `spec` into `node`'s spec.
+    async fn patch_node_spec(&self, node: &str, spec: Value) {
         Api::<Node>::all(self.client.clone())
-            .patch(
-                node,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"unschedulable": cordoned}})),
-            )
+            .patch(node, &PatchParams::default(), &Patch::Merge(json!({"spec": spec})))
             .await
-            .expect("cordon Node");
+            .unwrap_or_else(|error| panic!("patch Node {node}'s spec: {error}"));
     }
 
     /// A Running pod on `node` that mounts `claim`, owned by a ConfigMap (so it counts as managed
