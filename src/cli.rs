@@ -467,8 +467,7 @@ pub struct AgentArgs {
     )]
     pub promoter_start: Vec<String>,
     /// How each unit of a promoter snippet depends on the one before (drbd-reactor's
-    /// `dependencies-as`): with `BindsTo`, an NFS server that dies stops the units after it and
-    /// the promoter's target, and drbd-reactor demotes the resource so that a peer takes over.
+    /// `dependencies-as`): with `BindsTo`, a unit that dies stops the units after it.
     #[arg(
         long,
         env = "PROMOTER_DEPENDENCIES_AS",
@@ -476,6 +475,18 @@ pub struct AgentArgs {
         value_parser = ["Wants", "Requires", "Requisite", "BindsTo"]
     )]
     pub promoter_dependencies_as: String,
+    /// How the promoter's target depends on each unit of a snippet (drbd-reactor's `target-as`):
+    /// with `BindsTo`, a unit that dies for good (the NFS server past its restarts) stops the
+    /// target and so every unit of it, and drbd-reactor demotes the resource so that a peer
+    /// takes over. drbd-reactor's own default, `Requires`, keeps the resource Primary behind a
+    /// dead server.
+    #[arg(
+        long,
+        env = "PROMOTER_TARGET_AS",
+        default_value = "BindsTo",
+        value_parser = ["Wants", "Requires", "Requisite", "BindsTo"]
+    )]
+    pub promoter_target_as: String,
     /// What systemd does when drbd-reactor cannot demote the resource (its
     /// `on-drbd-demote-failure`): a node that keeps a Primary it cannot give up blocks every peer.
     #[arg(

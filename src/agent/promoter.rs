@@ -36,6 +36,8 @@ pub struct PromoterSettings {
     pub nfs_port: u16,
     /// drbd-reactor's `dependencies-as`: how each unit depends on the one before.
     pub dependencies_as: String,
+    /// drbd-reactor's `target-as`: how the resource's target depends on each unit.
+    pub target_as: String,
     /// drbd-reactor's `on-drbd-demote-failure`: what systemd does when a demotion fails.
     pub demote_failure: String,
     /// drbd-reactor's `adjust-resource-on-start`.
@@ -62,11 +64,13 @@ pub fn snippet(resource: &str, port: u16, pv: &str, settings: &PromoterSettings)
          [promoter.resources.{}]\n\
          start = [{}]\n\
          dependencies-as = {}\n\
+         target-as = {}\n\
          on-drbd-demote-failure = {}\n\
          adjust-resource-on-start = {}\n",
         toml_string(resource),
         units.join(", "),
         toml_string(&settings.dependencies_as),
+        toml_string(&settings.target_as),
         toml_string(&settings.demote_failure),
         settings.adjust_on_start,
     )
@@ -300,6 +304,7 @@ mod tests {
             start: vec!["fs@{resource}.service".into(), "nfs@{resource}:{port}.service".into()],
             nfs_port: 2049,
             dependencies_as: "BindsTo".into(),
+            target_as: "BindsTo".into(),
             demote_failure: "reboot-immediate".into(),
             adjust_on_start: false,
         }
@@ -351,15 +356,18 @@ mod tests {
     }
 
     /// drbd-reactor's promoter options as its example configuration names them
-    /// (`example/drbd-reactor.toml`, v1.11): a unit that dies stops the chain and so demotes the
-    /// resource (`dependencies-as`, `BindsTo` as LINSTOR CSI sets it), and drbd-reactor leaves
-    /// `drbdadm adjust` to LINSTOR, whose satellite keeps the resource files the host does not have.
+    /// (`example/drbd-reactor.toml`, v1.11): a unit that dies stops the units after it
+    /// (`dependencies-as`) and the resource's target (`target-as`), which stops every unit of the
+    /// target and demotes the resource (`BindsTo` for both, as LINSTOR CSI and linstor-gateway
+    /// set them for NFS), and drbd-reactor leaves `drbdadm adjust` to LINSTOR, whose satellite
+    /// keeps the resource files the host does not have.
     #[test]
     fn a_snippet_binds_its_units_and_leaves_the_adjust_to_linstor() {
         let text = snippet("pvc-1", 20491, "pvc-1", &settings());
         let parsed: toml::Value = toml::from_str(&text).expect("valid TOML");
         let resource = &parsed["promoter"][0]["resources"]["pvc-1"];
         assert_eq!(resource["dependencies-as"].as_str(), Some("BindsTo"));
+        assert_eq!(resource["target-as"].as_str(), Some("BindsTo"));
         assert_eq!(resource["adjust-resource-on-start"].as_bool(), Some(false));
     }
 

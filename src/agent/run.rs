@@ -264,6 +264,7 @@ impl Rounds {
                     start: args.promoter_start.clone(),
                     nfs_port: args.nfs_port,
                     dependencies_as: args.promoter_dependencies_as.clone(),
+                    target_as: args.promoter_target_as.clone(),
                     demote_failure: args.promoter_demote_failure.clone(),
                     adjust_on_start: args.promoter_adjust_on_start,
                 })
