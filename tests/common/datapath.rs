@@ -10,7 +10,7 @@
 //! those ranges that would still leave through another interface. Dropping the [`DataPath`] removes every process,
 //! namespace, link, route and rule it added, whatever happened.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,6 +21,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::drbd::SimNode;
+pub use super::nfs_server::NfsGrace;
+use super::nfs_server::{
+    NfsServer, ServerUnit, answers, ganesha_template, stop_within, target_stops_when_a_unit_fails,
+};
 use super::{TestEnv, tool};
 
 /// `hack/cluster.sh`'s `--service-cluster-ip-range`.
@@ -33,7 +37,6 @@ const NODE_RANGE: &str = "10.211.0.0/16";
 const PREFIX: &str = "svcdp";
 /// Where the volume is exported on every node's NFS server.
 pub const EXPORT: &str = "/export";
-const INSTALL_GUIDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/how-to/install.md");
 /// Comment on the rules that keep the traffic of the data path on this machine.
 const FENCE: &str = "svcdp-fence";
 /// The fence: packets to the service or node ranges, or forwarded from the nodes, that would
@@ -48,68 +51,9 @@ struct NodeLink {
     netns: String,
     host_link: String,
     ip: String,
-    server: Option<Child>,
+    server: Option<ServerUnit>,
     /// Where a promoter sends the NFS server it started.
-    promoter: Option<std::sync::mpsc::Receiver<Child>>,
-}
-
-/// One node's NFS server, ready to start: in the node's network namespace, with its configuration.
-struct NfsServer {
-    netns: String,
-    /// The node's hostname, in a UTS namespace of the server's own (with the node's own
-    /// /etc/hosts): ganesha derives its default server scope from it.
-    hostname: String,
-    config: PathBuf,
-    state: PathBuf,
-    address: SocketAddr,
-}
-
-impl NfsServer {
-    /// Starts nfs-ganesha and waits until it accepts connections.
-    fn start(self) -> Child {
-        // A node names itself in its own /etc/hosts: ganesha's ID mapper looks its hostname up
-        // at start (an unresolvable one costs it a 10 s DNS timeout).
-        let hosts = self.state.join("hosts");
-        let ip = self.address.ip();
-        std::fs::write(&hosts, format!("127.0.0.1 localhost\n{ip} {}\n", self.hostname)).unwrap();
-        let on_the_node = "hostname \"$0\" && mount --bind \"$1\" /etc/hosts && shift && exec ganesha.nfsd \"$@\"";
-        let server = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.netns,
-                "unshare",
-                "--uts",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-            ])
-            .args(["sh", "-c", on_the_node, &self.hostname])
-            .arg(&hosts)
-            .args(["-F", "-N", "NIV_EVENT"])
-            .arg("-f")
-            .arg(&self.config)
-            .arg("-L")
-            .arg(self.state.join("ganesha.log"))
-            .arg("-p")
-            .arg(self.state.join("ganesha.pid"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start ganesha.nfsd (Debian package nfs-ganesha)");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect_timeout(&self.address, Duration::from_millis(200)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "NFS server of {} not listening after 20 s; see {}",
-                self.netns,
-                self.state.join("ganesha.log").display()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
+    promoter: Option<std::sync::mpsc::Receiver<ServerUnit>>,
 }
 
 /// The role of `resource` in a fake drbdsetup's status file, if it is there.
@@ -118,84 +62,6 @@ fn role_of(status: &Path, resource: &str) -> Option<String> {
     let resources: Vec<serde_json::Value> = serde_json::from_str(&text).ok()?;
     let found = resources.iter().find(|r| r["name"] == resource)?;
     Some(found["role"].as_str()?.to_owned())
-}
-
-/// How the NFS servers treat a restart: NFSv4's grace period, in which a new server lets clients
-/// reclaim the state they held and refuses new state (a client's OPEN: `NFS4ERR_GRACE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum NfsGrace {
-    /// `Graceless = true`: no grace period; clients' locks and open state are not protected
-    /// across a server move. The lease is 10 s.
-    Off,
-    /// Grace on, with its recovery records on the replicated volume (they move with it).
-    On { lease_seconds: u32, grace_seconds: u32 },
-}
-
-impl NfsGrace {
-    /// The servers' lease.
-    pub fn lease(self) -> Duration {
-        match self {
-            Self::Off => Duration::from_secs(10),
-            Self::On { lease_seconds, .. } => Duration::from_secs(lease_seconds.into()),
-        }
-    }
-
-    /// The install guide's template with this grace setting in its `NFSv4` block.
-    fn applied_to(self, template: &str) -> String {
-        match self {
-            Self::Off => set_param(&set_param(template, "Graceless", "true"), "Lease_Lifetime", "10"),
-            Self::On {
-                lease_seconds,
-                grace_seconds,
-            } => {
-                let template = set_param(template, "Graceless", "false");
-                let template = set_param(&template, "Lease_Lifetime", &lease_seconds.to_string());
-                set_param(&template, "Grace_Period", &grace_seconds.to_string())
-            }
-        }
-    }
-}
-
-/// `template` with the value of its one `key = …;` parameter replaced by `value`.
-fn set_param(template: &str, key: &str, value: &str) -> String {
-    let start = template
-        .find(&format!("{key} = "))
-        .unwrap_or_else(|| panic!("the install guide's ganesha template sets {key}"))
-        + key.len()
-        + 3;
-    let end = start + template[start..].find(';').expect("a parameter ends with ;");
-    format!("{}{value}{}", &template[..start], &template[end..])
-}
-
-/// The install guide's `/etc/shared-volume/ganesha.conf.in`: the tests' servers run what users
-/// run. Read once per test process.
-fn ganesha_template() -> &'static str {
-    static TEMPLATE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    TEMPLATE.get_or_init(|| {
-        let guide = std::fs::read_to_string(INSTALL_GUIDE).expect("the install guide");
-        guide
-            .split("`/etc/shared-volume/ganesha.conf.in`")
-            .nth(1)
-            .and_then(|after| after.split("```").nth(1))
-            .expect("the install guide gives /etc/shared-volume/ganesha.conf.in in a code block")
-            .trim()
-            .to_owned()
-    })
-}
-
-impl std::fmt::Display for NfsGrace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Off => write!(f, "nfs-ganesha with grace off (Graceless = true, lease 10 s)"),
-            Self::On {
-                lease_seconds,
-                grace_seconds,
-            } => write!(
-                f,
-                "nfs-ganesha with grace on (lease {lease_seconds} s, grace {grace_seconds} s, recovery records on the replicated volume)"
-            ),
-        }
-    }
 }
 
 pub struct DataPath {
@@ -249,21 +115,6 @@ fn stop(child: &mut Child) {
     stop_within(child, Duration::from_secs(2));
 }
 
-/// Sends SIGTERM, and SIGKILL after `patience`; whether it had ended by itself.
-fn stop_within(child: &mut Child, patience: Duration) -> bool {
-    quietly("kill", &["-TERM", &child.id().to_string()]);
-    let deadline = Instant::now() + patience;
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    false
-}
-
 /// Where `ip netns exec` finds a namespace's own `/etc` files.
 fn resolver_dir(netns: &str) -> PathBuf {
     Path::new("/etc/netns").join(netns)
@@ -314,8 +165,8 @@ impl NodeLink {
     }
 
     fn remove(&mut self) {
-        if let Some(mut server) = self.server.take() {
-            stop(&mut server);
+        if let Some(server) = self.server.take() {
+            server.stop_within(Duration::from_secs(2));
         }
         quietly("ip", &["link", "del", &self.host_link]);
         quietly("ip", &["netns", "del", &self.netns]);
@@ -542,6 +393,7 @@ impl DataPath {
             config,
             state,
             address: format!("{}:{}", link.ip, self.nfs_port).parse().unwrap(),
+            under_serve: self.from_snippets,
         }
     }
 
@@ -616,9 +468,8 @@ impl DataPath {
         }
         // Killed, not stopped: a powered-off node's server runs no shutdown, which would remove
         // its clients' recovery records from the replicated volume.
-        if let Some(mut server) = link.server.take() {
-            let _ = server.kill();
-            let _ = server.wait();
+        if let Some(server) = link.server.take() {
+            server.kill();
         }
     }
 
@@ -628,21 +479,51 @@ impl DataPath {
         self.links[index].server = Some(server);
     }
 
-    /// Node `index`'s NFS server dies (SIGKILL) while the node stays up, as a crashed server.
+    /// Node `index`'s NFS server dies (SIGKILL) while the node stays up, as a crashed server,
+    /// and nothing starts it again.
     pub fn kill_server(&mut self, index: usize) {
         let link = &mut self.links[index];
-        let mut server = link.server.take().expect("an NFS server on that node");
-        let _ = server.kill();
-        let _ = server.wait();
+        link.server.take().expect("an NFS server on that node").kill();
+    }
+
+    /// Node `index`'s nfs-ganesha crashes (SIGKILL); its unit's process is left to do what it
+    /// does (under `shared-volume-serve`: start it again, or give up past its restarts).
+    pub fn crash_server(&mut self, index: usize) {
+        let link = &self.links[index];
+        let server = link.server.as_ref().expect("an NFS server unit on that node");
+        assert!(server.crash(), "no nfs-ganesha ran on {} to crash", link.netns);
+    }
+
+    /// Whether node `index`'s NFS server accepts connections.
+    pub fn answers(&self, index: usize) -> bool {
+        answers(format!("{}:{}", self.links[index].ip, self.nfs_port).parse().unwrap())
+    }
+
+    /// How node `index`'s NFS server unit ended, once it has (it is then no longer kept).
+    pub fn server_unit_ended(&mut self, index: usize) -> Option<std::process::ExitStatus> {
+        let link = &mut self.links[index];
+        let ended = link.server.as_mut()?.ended();
+        if ended.is_some() {
+            link.server = None;
+        }
+        ended
+    }
+
+    /// Whether drbd-reactor on node `index` stops the target of `resource`, and so demotes it
+    /// there, when a unit of it fails: as the agent's snippet there says
+    /// ([`target_stops_when_a_unit_fails`]).
+    pub fn gives_up_on_a_failed_unit(&self, index: usize, resource: &str) -> bool {
+        let snippet = self.snippets_dir(index).join(format!("shared-volume-{resource}.toml"));
+        std::fs::read_to_string(snippet).is_ok_and(|text| target_stops_when_a_unit_fails(&text))
     }
 
     /// Node `index`'s NFS server stops as systemd stops its unit when drbd-reactor demotes the
     /// resource there (SIGTERM: ganesha shuts down in order, keeping its clients' records).
     pub fn stop_server(&mut self, index: usize) {
         let link = &mut self.links[index];
-        let mut server = link.server.take().expect("an NFS server on that node");
+        let server = link.server.take().expect("an NFS server on that node");
         assert!(
-            stop_within(&mut server, Duration::from_secs(20)),
+            server.stop_within(Duration::from_secs(20)),
             "the NFS server of {} did not shut down within 20 s of SIGTERM",
             link.netns
         );

@@ -15,6 +15,7 @@ pub mod helm;
 pub mod kubelet;
 pub mod linstor_nfs;
 pub mod nfs41;
+pub mod nfs_server;
 pub mod node_loss;
 pub mod outage;
 pub mod partition;

@@ -17,6 +17,8 @@ use super::prometheus::{Panels, Prometheus};
 use super::stateful::{IDLE_FILE, IdleHolder, LockTester, LockedWriter, NewFiles, Tally, WRITER_FILE};
 use super::{MOUNT_ENDPOINT, TestEnv, serving};
 
+mod crash;
+
 const WAIT: Duration = Duration::from_secs(60);
 /// The client's pace, and its bounds (the network rule: client loops are bounded).
 const CLIENT_PERIOD: Duration = Duration::from_millis(100);
@@ -485,12 +487,22 @@ pub async fn client_through_a_fail_over(
 pub struct Move {
     pub from: usize,
     pub to: usize,
-    /// Planned: the old primary's NFS server stops as systemd stops it, DRBD demotes it and
-    /// promotes `to`. Otherwise the node `from` is lost silently and the agents fail it over.
-    pub planned: bool,
+    pub how: How,
+}
+
+/// What moves the primary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum How {
+    /// Node `from` is lost silently and the agents fail it over.
+    Loss,
+    /// The old primary's NFS server stops as systemd stops it, DRBD demotes it and promotes `to`.
+    Planned,
     /// Planned by a drain: node `from` is cordoned, and the move waits for its agent to ask
     /// drbd-reactor for it (the request the host's path unit turns into `drbd-reactorctl evict`).
-    pub drained: bool,
+    Drain,
+    /// Node `from`'s NFS server crashes, is started again in place, and crashes until its unit
+    /// gives up; drbd-reactor then demotes the resource and a peer promotes it.
+    Crash,
 }
 
 impl Move {
@@ -498,16 +510,16 @@ impl Move {
         Self {
             from,
             to,
-            planned: true,
-            drained: false,
+            how: How::Planned,
         }
     }
 
     /// A planned move that a drain of node `from` starts.
     pub const fn drain(from: usize, to: usize) -> Self {
         Self {
-            drained: true,
-            ..Self::planned(from, to)
+            from,
+            to,
+            how: How::Drain,
         }
     }
 
@@ -515,18 +527,27 @@ impl Move {
         Self {
             from,
             to,
-            planned: false,
-            drained: false,
+            how: How::Loss,
+        }
+    }
+
+    /// A move that node `from`'s NFS server forces by dying for good.
+    pub const fn crash(from: usize, to: usize) -> Self {
+        Self {
+            from,
+            to,
+            how: How::Crash,
         }
     }
 }
 
 impl std::fmt::Display for Move {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let how = match (self.planned, self.drained) {
-            (_, true) => "drain",
-            (true, false) => "planned move",
-            (false, false) => "node lost",
+        let how = match self.how {
+            How::Drain => "drain",
+            How::Planned => "planned move",
+            How::Loss => "node lost",
+            How::Crash => "server crashed",
         };
         write!(f, "{how} {} → {}", self.from, self.to)
     }
@@ -561,18 +582,17 @@ pub async fn clients_through_fail_overs(
         if !stage.path.promoter_waiting(step.to) {
             stage.path.start_promoter(step.to, &stage.pv);
         }
-        if i > 0 && !step.planned {
+        if i > 0 && step.how == How::Loss {
             // What the agents move: a consumer of the volume on the node to lose, as node a has.
             let node = &stage.path.nodes[step.from].name;
             env.running_pod(&format!("nfs-server-{i}"), node, "data", json!({}), no_labels())
                 .await;
         }
-        let at = if step.drained {
-            stage.drain(step.from, step.to, say).await
-        } else if step.planned {
-            stage.hand_over(step.from, step.to, say).await
-        } else {
-            stage.lose(step.from, step.to, say).await
+        let at = match step.how {
+            How::Drain => stage.drain(step.from, step.to, say).await,
+            How::Planned => stage.hand_over(step.from, step.to, say).await,
+            How::Loss => stage.lose(step.from, step.to, say).await,
+            How::Crash => stage.crash(step.from, step.to, say).await,
         };
         let last = i + 1 == moves.len();
         let waited_for = if last { &clients[..] } else { &clients[..1] };
@@ -589,7 +609,7 @@ pub async fn clients_through_fail_overs(
             moves.len(),
             per_client(&outages[i].1, &none)
         ));
-        if !last && !step.planned {
+        if !last && step.how == How::Loss {
             stage.bring_back(step.from, step.to).await;
         }
     }
@@ -808,19 +828,29 @@ impl<'a> Stage<'a> {
     }
 
     /// A planned move from node `from` to node `to`, as a drain makes drbd-reactor do it: the
-    /// promoter stops the NFS server (SIGTERM) and DRBD demotes `from`; DRBD promotes `to`, whose
-    /// promoter starts its server; the agents move the slice, kube-proxy its rule.
+    /// promoter stops the NFS server (SIGTERM) and DRBD demotes `from`; then
+    /// [`Stage::promoted_elsewhere`].
     async fn hand_over(&mut self, from: usize, to: usize, say: &dyn Fn(String)) -> Timeline {
-        let (env, pv) = (self.env, self.pv.clone());
-        let new_ip = self.path.nodes[to].ip.clone();
         self.path.stop_server(from);
         let failed = Instant::now();
+        let how = format!(
+            "planned move: node {}'s NFS server stopped and DRBD demoted there",
+            self.path.nodes[from].name
+        );
+        self.promoted_elsewhere(to, failed, &how, say).await
+    }
+
+    /// Once the old primary has given the volume up (`how`, at `failed`): DRBD promotes `to`,
+    /// whose promoter starts its server; the agents move the slice, kube-proxy its rule.
+    async fn promoted_elsewhere(&mut self, to: usize, failed: Instant, how: &str, say: &dyn Fn(String)) -> Timeline {
+        let (env, pv) = (self.env, self.pv.clone());
+        let new_ip = self.path.nodes[to].ip.clone();
         healthy(&self.path.nodes, &[&pv], to);
         self.path.promoted(to);
         let promoted = Instant::now();
         say(format!(
-            "planned move: node {}'s NFS server stopped and DRBD demoted there; DRBD promoted node {} and its promoter started the NFS server",
-            self.path.nodes[from].name, self.path.nodes[to].name
+            "{how}; DRBD promoted node {} and its promoter started the NFS server",
+            self.path.nodes[to].name
         ));
         until("the EndpointSlice at the new primary", || async {
             slice_addresses(env, &pv).await == [new_ip.clone()]
