@@ -22,6 +22,8 @@ mod mass;
 mod nfs;
 #[path = "scale/nfs41.rs"]
 mod nfs41;
+#[path = "scale/planned.rs"]
+mod planned;
 #[path = "scale/proxy.rs"]
 mod proxy;
 #[path = "scale/publish.rs"]
@@ -70,6 +72,8 @@ struct Sizes {
     nfs_fail_overs: usize,
     /// Moves in P8c's run (`SVC_BENCH_NFS41_MOVES` overrides).
     nfs41_moves: usize,
+    /// Runs of P8m per kind of move (worst of them).
+    planned_moves: usize,
     cold: usize,
     pods: usize,
     /// PVs of DRBD resources on other nodes around the agent of P6 (`SVC_BENCH_FOREIGN_PVS`
@@ -97,6 +101,7 @@ const SMOKE: Sizes = Sizes {
     stateful_crashes: 1,
     nfs_fail_overs: 1,
     nfs41_moves: 6,
+    planned_moves: 1,
     cold: 20,
     pods: 200,
     foreign_pvs: 100,
@@ -116,6 +121,7 @@ const FULL: Sizes = Sizes {
     stateful_crashes: 5,
     nfs_fail_overs: 10,
     nfs41_moves: 12,
+    planned_moves: 3,
     cold: 2000,
     pods: 20000,
     foreign_pvs: 10000,
@@ -168,7 +174,8 @@ async fn main() {
     let sizes = sizes(full);
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
     // nfs, mass, tenant, proxy, conntrack; stateful: P3s alone, which failover includes; nfs41: P8s and P8c
-    // alone, which a full run's or a chosen nfs part includes; p8c: P8c alone).
+    // alone, which a full run's or a chosen nfs part includes; p8c: P8c alone; p8m: P8m alone, which
+    // a full run's or a chosen nfs part includes too).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -204,6 +211,9 @@ async fn main() {
         figures.extend(nfs41::what_a_run_of_moves_takes(sizes.nfs41_moves).await);
     } else if !only.is_empty() && part("p8c") {
         figures.extend(nfs41::what_a_run_of_moves_takes(sizes.nfs41_moves).await);
+    }
+    if (part("nfs") && (full || !only.is_empty())) || (!only.is_empty() && part("p8m")) {
+        figures.extend(planned::planned_moves(sizes.planned_moves).await);
     }
     if part("mass") {
         let pairs = std::env::var("SVC_BENCH_MASS_PAIRS")

@@ -364,12 +364,7 @@ async fn a_crashed_server_restarts_in_place_and_one_that_stays_dead_moves_to_a_p
 async fn holders_through_a_move_on_the_drbd_reactor_path(name: &str, step: Move) -> Vec<ClientOutage> {
     let _alone = DATA_PATH.lock().await;
     let env = common::setup(name).await;
-    let scenario = Scenario {
-        grace: GRACE_ON,
-        own_port: Some(20490),
-        clients: &HOLDERS_AND_OPENERS,
-        ..Scenario::repaired(ProxyMode::Iptables)
-    };
+    let scenario = Scenario::shared_on_linstor(GRACE_ON, &HOLDERS_AND_OPENERS);
     let say = |line: String| eprintln!("{line}");
     let moves = clients_through_fail_overs(&env, scenario, &[step], &say).await;
     eprintln!("the {step}: {}", moves.tally);

@@ -341,6 +341,18 @@ impl Scenario {
         }
     }
 
+    /// A volume shared as `share` makes it on LINSTOR (an NFS port of its own, 20490; each
+    /// node's server started as its agent's drbd-reactor snippet says), `grace`, these `clients`,
+    /// kube-proxy in iptables mode, the repair on.
+    pub fn shared_on_linstor(grace: NfsGrace, clients: &'static [ClientModel]) -> Self {
+        Self {
+            grace,
+            own_port: Some(20490),
+            clients,
+            ..Self::repaired(ProxyMode::Iptables)
+        }
+    }
+
     /// Whether libnfs (NFSv4.0) clients run: they are new clients at every call.
     fn has_nfs40_clients(&self) -> bool {
         self.clients.contains(&ClientModel::NewConnection)
