@@ -595,4 +595,14 @@ mod tests {
         assert!(parsed("[node-a]:9820").unwrap_err().contains("[IP]:PORT"));
         assert!(parsed("10.0.0.7").is_err());
     }
+
+    /// `status` assumes the agents' default write bound where their pods set none.
+    #[test]
+    fn the_agents_operations_timeout_defaults_to_the_bound_status_assumes() {
+        let cli = Cli::try_parse_from(["shared-volume-controller", "agent", "--node-name", "n"]).unwrap();
+        let Command::Agent(args) = cli.command else {
+            panic!("the agent subcommand");
+        };
+        assert_eq!(*args.operations_timeout, crate::names::DEFAULT_OPERATIONS_TIMEOUT);
+    }
 }

@@ -123,6 +123,10 @@ pub const FAIL_OVER_GUARD_LEASE: &str = "shared-volume-agent-fail-over-guard";
 /// Its annotation: the nodes reserved, with when each reservation expires (JSON).
 pub const FAIL_OVER_RESERVATIONS_ANNOTATION: &str = "storageos.com/fail-over-reservations";
 
+/// The agents' `--operations-timeout` in their environment, and its default: the bound of one of
+/// their writes, which the fail-over guard's rule and `status` both use.
+pub const OPERATIONS_TIMEOUT_ENV: &str = "OPERATIONS_TIMEOUT";
+pub const DEFAULT_OPERATIONS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Taint of a node whose DRBD resources lost quorum (Piraeus's key). Its value says who put it:
 /// [`TAINT_BY_OWN_AGENT`] or [`TAINT_BY_FAIL_OVER`], and so who may remove it.
 pub const LOST_QUORUM_TAINT: &str = "drbd.linbit.com/lost-quorum";

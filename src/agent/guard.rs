@@ -15,8 +15,8 @@ use kube::{Api, Client, ResourceExt};
 
 mod reservations;
 
-pub use reservations::reservations;
-use reservations::{RESERVATION_TTL, live_reservations};
+use reservations::RESERVATION_TTL;
+pub use reservations::{live_reservations, reservations};
 
 use super::decide::guard_allows;
 use super::error::AgentError;

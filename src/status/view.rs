@@ -1,8 +1,9 @@
 //! What `status` shows, built from the objects it read (pure): the leader, each agent, the
 //! fail-over guard's reservations and each claim the controller states a condition on; as a table
-//! for people or as JSON for scripts.
+//! for people ([`table`]) or as JSON for scripts.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -11,14 +12,21 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use serde::Serialize;
 
+use crate::agent::guard::live_reservations;
+use crate::agent::observe::node_view;
 use crate::agent::report::Report;
+use crate::names::{
+    DEFAULT_OPERATIONS_TIMEOUT, LOST_QUORUM_TAINT, OPERATIONS_TIMEOUT_ENV, lease_name, report_lease_name,
+};
 use crate::names::{FAIL_OVER_GUARD_LEASE, MOUNT_ENDPOINT_ANNOTATION, SERVICE_ENDPOINT_ANNOTATION};
-use crate::names::{lease_name, report_lease_name};
 use crate::sharedvolume::claim::{ready_condition, served_elsewhere};
 use crate::sharedvolume::linstor;
 use crate::sharedvolume::silence::SilentServer;
 use crate::sharedvolume::stamp::MoveStamp;
 use crate::volume::csi_resource_name;
+
+mod table;
+pub use table::table;
 
 /// Everything `status` reads, as the API returned it.
 #[derive(Debug, Default)]
@@ -160,7 +168,7 @@ pub fn build(observed: &Observed, now: Timestamp) -> StatusView {
         repairs: observed.repair_pods.iter().map(repair).collect(),
         reservations: leases
             .get(FAIL_OVER_GUARD_LEASE)
-            .map(|guard| reservations(guard, now))
+            .map(|guard| reservations(guard, observed, now))
             .unwrap_or_default(),
         claims: observed
             .claims
@@ -259,17 +267,40 @@ fn repair(pod: &Pod) -> Repair {
     }
 }
 
-fn reservations(guard: &Lease, now: Timestamp) -> Vec<Reservation> {
-    crate::agent::guard::reservations(guard)
+/// The reservations the guard still counts, by its own rule ([`live_reservations`]): unexpired,
+/// and of a node carrying the fail-over taint or made recently enough for its taint to be on its
+/// way (within twice the agents' write bound).
+fn reservations(guard: &Lease, observed: &Observed, now: Timestamp) -> Vec<Reservation> {
+    let tainted: BTreeSet<String> = observed
+        .nodes
+        .iter()
+        .map(node_view)
+        .filter(|node| node.has_taint(LOST_QUORUM_TAINT))
+        .map(|node| node.name)
+        .collect();
+    let held = crate::agent::guard::reservations(guard);
+    live_reservations(held, &tainted, now, agents_write_within(&observed.agent_pods))
         .into_iter()
-        .filter_map(|(node, expiry)| {
-            let left = expiry.duration_since(now).as_secs();
-            (left > 0).then_some(Reservation {
-                node,
-                expires_in_seconds: left,
-            })
+        .map(|(node, expiry)| Reservation {
+            node,
+            expires_in_seconds: expiry.duration_since(now).as_secs(),
         })
         .collect()
+}
+
+/// The bound of the agents' writes the guard applies: their `--operations-timeout`, read from
+/// the `OPERATIONS_TIMEOUT` the chart sets in their pods (the longest, should they differ), its
+/// default where none says.
+fn agents_write_within(agent_pods: &[Pod]) -> Duration {
+    agent_pods
+        .iter()
+        .filter_map(|pod| pod.spec.as_ref())
+        .flat_map(|spec| &spec.containers)
+        .flat_map(|container| container.env.iter().flatten())
+        .filter(|var| var.name == OPERATIONS_TIMEOUT_ENV)
+        .filter_map(|var| humantime::parse_duration(var.value.as_deref()?).ok())
+        .max()
+        .unwrap_or(DEFAULT_OPERATIONS_TIMEOUT)
 }
 
 /// A claim the controller states a condition on, but for LINSTOR CSI's own (listed apart).
@@ -338,150 +369,6 @@ fn linstor_claim(
         primary_node: primary_node(Some(pv), &volume, reports),
         volume,
     })
-}
-
-/// The view as aligned text for a terminal.
-pub fn table(view: &StatusView) -> String {
-    let mut out = String::new();
-    let leader = &view.leader;
-    let lead = match (&leader.holder, leader.renewed_seconds_ago) {
-        (Some(holder), Some(age)) if leader.fresh => format!("held by {holder}, renewed {age}s ago"),
-        (Some(holder), Some(age)) => format!("STALE: held by {holder}, last renewed {age}s ago"),
-        _ => "NONE: no replica leads".to_owned(),
-    };
-    out.push_str(&format!("Leader ({}/{}): {lead}\n\n", view.namespace, leader.lease));
-    let ago = |s: Option<i64>| s.map_or("-".to_owned(), |s| format!("{s}s ago"));
-    let dash = |list: &[String]| {
-        if list.is_empty() {
-            "-".to_owned()
-        } else {
-            list.join(",")
-        }
-    };
-    let agents: Vec<Vec<String>> = view
-        .agents
-        .iter()
-        .map(|a| {
-            vec![
-                a.node.clone(),
-                a.pod.clone(),
-                yes(a.ready).to_owned(),
-                ago(a.heartbeat_seconds_ago),
-                ago(a.drbd_reported_seconds_ago),
-                a.primaries.to_string(),
-                dash(&a.taints),
-            ]
-        })
-        .collect();
-    out.push_str(&format!("Agents ({})\n", view.agents.len()));
-    out.push_str(&columns(
-        &[
-            "NODE",
-            "POD",
-            "READY",
-            "HEARTBEAT",
-            "DRBD REPORTED",
-            "PRIMARIES",
-            "TAINTS",
-        ],
-        &agents,
-    ));
-    out.push_str(&repair_table(&view.repairs));
-    let reserved: Vec<String> = view
-        .reservations
-        .iter()
-        .map(|r| format!("{} (expires in {}s)", r.node, r.expires_in_seconds))
-        .collect();
-    out.push_str(&format!("\nFail-over guard reservations: {}\n\n", dash(&reserved)));
-    out.push_str(&claims_table(&view.claims));
-    out.push_str(&linstor_table(&view.served_by_linstor));
-    out
-}
-
-fn claims_table(claims: &[Claim]) -> String {
-    let rows: Vec<Vec<String>> = claims
-        .iter()
-        .map(|c| {
-            let moved = c.last_move.as_ref().map_or("-".to_owned(), |m| {
-                format!(
-                    "to {} at {}",
-                    m.node.as_deref().unwrap_or("?"),
-                    m.at.as_deref().unwrap_or("?")
-                )
-            });
-            vec![
-                format!("{}/{}", c.namespace, c.name),
-                c.ready.clone(),
-                c.reason.clone(),
-                c.mount_endpoint.clone().unwrap_or_else(|| "-".into()),
-                c.primary_node.clone().unwrap_or_else(|| "-".into()),
-                moved,
-            ]
-        })
-        .collect();
-    let header = format!("Claims ({})\n", claims.len());
-    header
-        + &columns(
-            &["CLAIM", "READY", "REASON", "MOUNT ENDPOINT", "PRIMARY", "LAST MOVE"],
-            &rows,
-        )
-}
-
-fn linstor_table(claims: &[LinstorClaim]) -> String {
-    let rows: Vec<Vec<String>> = claims
-        .iter()
-        .map(|c| {
-            let dash = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".into());
-            vec![
-                format!("{}/{}", c.namespace, c.name),
-                c.export.clone(),
-                c.server.clone().unwrap_or_else(|| "NONE ADVERTISED".into()),
-                dash(&c.since),
-                dash(&c.primary_node),
-            ]
-        })
-        .collect();
-    let header = format!("\nServed by LINSTOR CSI ({})\n", claims.len());
-    header + &columns(&["CLAIM", "EXPORT", "SERVER", "SINCE", "PRIMARY"], &rows)
-}
-
-fn repair_table(repairs: &[Repair]) -> String {
-    let rows: Vec<Vec<String>> = repairs
-        .iter()
-        .map(|r| {
-            let why = r.not_running.clone().unwrap_or_else(|| "-".into());
-            vec![r.node.clone(), r.pod.clone(), yes(r.ready).to_owned(), why]
-        })
-        .collect();
-    let header = format!("\nConntrack repair ({})\n", repairs.len());
-    header + &columns(&["NODE", "POD", "READY", "NOT RUNNING"], &rows)
-}
-
-fn yes(b: bool) -> &'static str {
-    if b { "yes" } else { "NO" }
-}
-
-/// Rows under a header, each column as wide as its widest cell, indented by two.
-fn columns(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let padded: Vec<String> = cells
-            .iter()
-            .zip(&widths)
-            .map(|(cell, width)| format!("{cell:<width$}"))
-            .collect();
-        format!("  {}\n", padded.join("  ").trim_end())
-    };
-    let mut out = line(header.to_vec());
-    for row in rows {
-        out.push_str(&line(row.iter().map(String::as_str).collect()));
-    }
-    out
 }
 
 #[cfg(test)]
@@ -569,6 +456,35 @@ mod tests {
                     "labels": {"endpointslice.kubernetes.io/managed-by": "nfs-helper.linstor.csi.linbit.com"}},
                 "addressType": "IPv4", "endpoints": [{"addresses": ["10.244.1.7"]}], "ports": [{"name": "pvc-1", "port": 2051}]}))],
         }
+    }
+
+    /// `status` lists the reservations the guard counts, by its own rule: one whose node is not
+    /// tainted, made longer ago than twice the agents' `--operations-timeout` (their
+    /// `OPERATIONS_TIMEOUT`, as the chart sets it), no longer counts though it has not expired;
+    /// one of a tainted node counts until it expires, and so does a fresh one.
+    #[test]
+    fn the_view_lists_the_reservations_the_guard_counts() {
+        let mut observed = observed();
+        observed.leases.push(parse(json!({"metadata": {"name": "shared-volume-agent-fail-over-guard",
+            "annotations": {"storageos.com/fail-over-reservations":
+                r#"{"node-b":"2026-11-26T12:01:10Z","given-back":"2026-11-26T12:01:10Z","fresh":"2026-11-26T12:02:25Z"}"#}}})));
+        observed.leases.swap_remove(2);
+        let env = json!([{"name": "OPERATIONS_TIMEOUT", "value": "10s"}]);
+        observed.agent_pods[0] = parse(json!({"metadata": {"name": "agent-a"},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "agent", "env": env}]}}));
+        let view = build(&observed, NOW.parse().unwrap());
+        let listed: Vec<&str> = view.reservations.iter().map(|r| r.node.as_str()).collect();
+        assert_eq!(listed, ["fresh", "node-b"], "reserved 80 s ago, untainted: not counted");
+
+        observed.agent_pods[0] = parse(json!({"metadata": {"name": "agent-a"},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "agent"}]}}));
+        let view = build(&observed, NOW.parse().unwrap());
+        let listed: Vec<&str> = view.reservations.iter().map(|r| r.node.as_str()).collect();
+        assert_eq!(
+            listed,
+            ["fresh", "given-back", "node-b"],
+            "the default timeout (1 min) counts them for two minutes, as long as they last"
+        );
     }
 
     #[test]
