@@ -217,3 +217,26 @@ fn a_long_function_is_measured_from_its_fn_to_its_closing_brace() {
     let fits = format!("fn fits() {{\n{}}}\n", "    x();\n".repeat(MOST_LINES - 2));
     assert!(long_functions(&fits).is_empty());
 }
+
+/// The most lines a test or benchmark file may hold: past that it has rooms worth their own files.
+const MOST_TEST_FILE_LINES: usize = 800;
+
+#[test]
+fn no_test_or_benchmark_file_is_over_800_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut large = Vec::new();
+    for dir in ["tests", "benches"] {
+        for file in rust_files(&root.join(dir)) {
+            let lines = std::fs::read_to_string(&file).unwrap().lines().count();
+            if lines > MOST_TEST_FILE_LINES {
+                let file = file.strip_prefix(root).unwrap_or(&file).display().to_string();
+                large.push(format!("{file}: {lines} lines"));
+            }
+        }
+    }
+    assert!(
+        large.is_empty(),
+        "test files over {MOST_TEST_FILE_LINES} lines (split them where they have seams):\n{}",
+        large.join("\n")
+    );
+}
