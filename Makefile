@@ -1,4 +1,4 @@
-.PHONY: test test-matrix demo bench soak images tools cluster-up cluster-down release-check
+.PHONY: test test-matrix demo bench soak images tools cluster-up cluster-down release-check help
 
 # Every test: tools, fmt, clippy, unit tests and end-to-end tests on a local control plane.
 test:
@@ -23,6 +23,7 @@ SOAK_SECONDS ?= 300
 soak:
 	SOAK_SECONDS=$(SOAK_SECONDS) hack/with-cluster.sh cargo test --locked --test soak -- --include-ignored --nocapture
 
+# The pinned Kubernetes parts, etcd, helm and helm-docs, built once into the tools cache.
 tools:
 	hack/tools.sh
 
@@ -31,9 +32,11 @@ tools:
 release-check:
 	PATH="$$(hack/tools.sh --release):$$PATH" hack/release-check.sh $(VERSION)
 
+# A local control plane to try things by hand (KUBECONFIG is printed), and its removal.
 cluster-up:
 	hack/cluster.sh up
 
+# Stops the control plane cluster-up started and removes what it wrote.
 cluster-down:
 	hack/cluster.sh down
 
@@ -56,3 +59,7 @@ images:
 	    --label org.opencontainers.image.revision=$(REVISION) --label org.opencontainers.image.source=$(SOURCE) \
 	    -t $(REGISTRY)/$${image#*:}:$(VERSION) $(PUSH) . || exit 1; \
 	done
+
+# Each target with the first sentence of the comment above it: this list.
+help:
+	@awk '/^# /{said = said " " substr($$0, 3); next} /^$$/{said = ""} /^[a-z][a-z-]*:/{sub(/:.*/, ""); line = said; sub(/^ /, "", line); sub(/\. .*/, ".", line); printf "  make %-14s %s\n", $$0, line; said = ""}' $(MAKEFILE_LIST)

@@ -335,6 +335,7 @@ fn command(program: &str, args: &[&str]) -> bool {
 }
 
 /// This process's and its finished children's CPU time so far.
+#[allow(unsafe_code)]
 fn cpu_now() -> Duration {
     let of = |who| {
         // SAFETY: getrusage fills the struct it is given.

@@ -90,6 +90,7 @@ impl Call {
             Some(path) => std::thread::spawn(move || {
                 let namespace = std::fs::File::open(&path)?;
                 // SAFETY: setns on this short-lived thread alone; the fd is open for the call.
+                #[allow(unsafe_code)]
                 if unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                     return Err(io::Error::last_os_error());
                 }
