@@ -389,6 +389,9 @@ pub struct ConntrackArgs {
     pub linstor_nfs_service: String,
 }
 
+/// The systemd dependency kinds drbd-reactor's promoter takes for `dependencies-as` and `target-as`.
+const SYSTEMD_DEPENDENCIES: [&str; 4] = ["Wants", "Requires", "Requisite", "BindsTo"];
+
 #[derive(Debug, Args)]
 pub struct AgentArgs {
     /// The Kubernetes node this agent runs on (env: NODE_NAME, from the downward API).
@@ -472,7 +475,7 @@ pub struct AgentArgs {
         long,
         env = "PROMOTER_DEPENDENCIES_AS",
         default_value = "BindsTo",
-        value_parser = ["Wants", "Requires", "Requisite", "BindsTo"]
+        value_parser = SYSTEMD_DEPENDENCIES
     )]
     pub promoter_dependencies_as: String,
     /// How the promoter's target depends on each unit of a snippet (drbd-reactor's `target-as`):
@@ -484,7 +487,7 @@ pub struct AgentArgs {
         long,
         env = "PROMOTER_TARGET_AS",
         default_value = "BindsTo",
-        value_parser = ["Wants", "Requires", "Requisite", "BindsTo"]
+        value_parser = SYSTEMD_DEPENDENCIES
     )]
     pub promoter_target_as: String,
     /// What systemd does when drbd-reactor cannot demote the resource (its
