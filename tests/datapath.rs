@@ -471,8 +471,8 @@ fn started(pids: &std::path::Path) -> Vec<String> {
 }
 
 fn signal(which: &str, pid: &str) {
-    let sent = std::process::Command::new("kill").args([which, pid]).status().unwrap();
-    assert!(sent.success(), "kill {which} {pid}");
+    let pid = pid.parse().expect("a pid");
+    assert!(common::nfs_server::signal(which, pid), "kill {which} {pid}");
 }
 
 fn until_within_5s(what: &str, mut done: impl FnMut() -> bool) {

@@ -407,7 +407,7 @@ impl DataPath {
         let server = self.nfs_server(index, resource);
         let status = self.nodes[index].dir.join("status.json");
         let snippet = self.from_snippets.then(|| {
-            let file = self.snippets_dir(index).join(format!("shared-volume-{resource}.toml"));
+            let file = self.snippet_file(index, resource);
             (
                 file,
                 format!("\"shared-volume-nfs@{resource}:{}.service\"", self.nfs_port),
@@ -443,6 +443,11 @@ impl DataPath {
         let dir = self.nodes[index].dir.join("drbd-reactor.d");
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    /// The snippet node `index`'s agent writes for `resource`.
+    fn snippet_file(&self, index: usize, resource: &str) -> PathBuf {
+        self.snippets_dir(index).join(format!("shared-volume-{resource}.toml"))
     }
 
     /// Waits until node `index`'s promoter started its NFS server, and keeps it.
@@ -513,8 +518,8 @@ impl DataPath {
     /// there, when a unit of it fails: as the agent's snippet there says
     /// ([`target_stops_when_a_unit_fails`]).
     pub fn gives_up_on_a_failed_unit(&self, index: usize, resource: &str) -> bool {
-        let snippet = self.snippets_dir(index).join(format!("shared-volume-{resource}.toml"));
-        std::fs::read_to_string(snippet).is_ok_and(|text| target_stops_when_a_unit_fails(&text))
+        std::fs::read_to_string(self.snippet_file(index, resource))
+            .is_ok_and(|text| target_stops_when_a_unit_fails(&text))
     }
 
     /// Node `index`'s NFS server stops as systemd stops its unit when drbd-reactor demotes the

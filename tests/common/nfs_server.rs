@@ -184,7 +184,8 @@ fn running_ganesha(pid_file: &Path) -> Option<u32> {
     (comm.ends_with("(ganesha.nfsd") && !rest.starts_with('Z')).then_some(pid)
 }
 
-fn signal(which: &str, pid: u32) -> bool {
+/// Sends `kill <which> <pid>`; whether it was delivered.
+pub fn signal(which: &str, pid: u32) -> bool {
     Command::new("kill")
         .args([which, &pid.to_string()])
         .stderr(Stdio::null())
