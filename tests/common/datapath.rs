@@ -21,9 +21,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::drbd::SimNode;
+pub use super::libnfs::{nfs_read, nfs_write};
 pub use super::nfs_server::NfsGrace;
 use super::nfs_server::{
-    NfsServer, ServerUnit, answers, ganesha_template, stop_within, target_stops_when_a_unit_fails,
+    NfsServer, ServerUnit, answers, ganesha_template, stop_within, target_stops_when_a_unit_fails, without_param,
 };
 use super::{TestEnv, tool};
 
@@ -43,9 +44,6 @@ const FENCE: &str = "svcdp-fence";
 /// leave through any interface but the data path's own are dropped and counted.
 const FENCE_RULES: [[&str; 2]; 3] = [["OUTPUT", "-d"], ["OUTPUT", "-d"], ["FORWARD", "-s"]];
 const FENCED_RANGES: [&str; 3] = [NODE_RANGE, SERVICE_CIDR, NODE_RANGE];
-
-/// The longest one client operation may take.
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 
 struct NodeLink {
     netns: String,
@@ -72,6 +70,8 @@ pub struct DataPath {
     recovery_dir: PathBuf,
     /// How the NFS servers started from now on treat a restart.
     pub grace: NfsGrace,
+    /// Servers started from now on run the template without its `Server_Scope`.
+    pub without_server_scope: bool,
     pub nodes: Vec<SimNode>,
     links: Vec<NodeLink>,
     sink: NodeLink,
@@ -332,6 +332,7 @@ impl DataPath {
             export_dir,
             recovery_dir,
             grace: NfsGrace::Off,
+            without_server_scope: false,
             nodes,
             links,
             sink,
@@ -345,6 +346,15 @@ impl DataPath {
         };
         path.proxy = Some(path.start_proxy());
         path
+    }
+
+    /// Boots the Linux kernel's NFS client as a pod behind the kube-proxy node (the host): a
+    /// tap of the data path's own, forwarding on it and on every node's host link.
+    pub fn boot_kernel_client(&self) -> super::kernel_client::KernelGuest {
+        let tap = format!("{}k", self.sink.host_link.trim_end_matches('s'));
+        let mut forwarding: Vec<&str> = self.links.iter().map(|l| l.host_link.as_str()).collect();
+        forwarding.push(&self.sink.host_link);
+        tokio::task::block_in_place(|| super::kernel_client::KernelGuest::boot(&tap, &forwarding, &self.dir))
     }
 
     fn start_proxy(&self) -> Child {
@@ -372,9 +382,17 @@ impl DataPath {
         let state = self.dir.join(&link.netns);
         std::fs::create_dir_all(&state).unwrap();
         let config = state.join("ganesha.conf");
+        // `make kernel-client` checks an adopter's own template the same way.
+        let mut template = match std::env::var("SVC_GANESHA_TEMPLATE") {
+            Ok(file) => std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("SVC_GANESHA_TEMPLATE={file}: {e}")),
+            Err(_) => ganesha_template().to_owned(),
+        };
+        if self.without_server_scope {
+            template = without_param(&template, "Server_Scope");
+        }
         let text = self
             .grace
-            .applied_to(ganesha_template())
+            .applied_to(&template)
             .replace("/srv/@RESOURCE@/export", &self.export_dir.display().to_string())
             .replace(
                 "/srv/@RESOURCE@/.nfs/recovery",
@@ -634,50 +652,6 @@ impl Drop for DataPath {
             .stderr(Stdio::null())
             .status();
     }
-}
-
-/// Runs a libnfs command, killed after [`CLIENT_TIMEOUT`].
-fn client(command: &mut Command) -> Result<String, String> {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|err| format!("cannot start the NFS client (Debian package libnfs-utils): {err}"))?;
-    let deadline = Instant::now() + CLIENT_TIMEOUT;
-    loop {
-        if let Some(status) = child.try_wait().map_err(|err| err.to_string())? {
-            let output = child.wait_with_output().map_err(|err| err.to_string())?;
-            return if status.success() {
-                Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-            } else {
-                Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
-            };
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(format!("no answer within {CLIENT_TIMEOUT:?}"));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-fn url(server: &str, file: &str) -> String {
-    format!("nfs://{server}{EXPORT}/{file}?version=4")
-}
-
-/// Writes `contents` to `file` on the NFS server at `server` (an IPv4 address, here a ClusterIP).
-pub fn nfs_write(server: &str, file: &str, contents: &str, scratch: &Path) -> Result<(), String> {
-    let local = scratch.join(format!("nfs-write-{file}"));
-    std::fs::write(&local, contents).map_err(|err| err.to_string())?;
-    let result = client(Command::new("nfs-cp").arg(&local).arg(url(server, file)));
-    let _ = std::fs::remove_file(local);
-    result.map(drop)
-}
-
-/// Reads `file` from the NFS server at `server`.
-pub fn nfs_read(server: &str, file: &str) -> Result<String, String> {
-    client(Command::new("nfs-cat").arg(url(server, file)))
 }
 
 /// What a data path would have left behind on this machine: namespaces, links, routes, NAT and

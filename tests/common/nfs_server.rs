@@ -284,6 +284,15 @@ impl NfsGrace {
     }
 }
 
+/// `template` without its one `key = …;` parameter.
+pub fn without_param(template: &str, key: &str) -> String {
+    let start = template
+        .find(&format!(" {key} = "))
+        .unwrap_or_else(|| panic!("the install guide's ganesha template sets {key}"));
+    let end = start + template[start..].find(';').expect("a parameter ends with ;") + 1;
+    format!("{}{}", &template[..start], &template[end..])
+}
+
 /// `template` with the value of its one `key = …;` parameter replaced by `value`.
 fn set_param(template: &str, key: &str, value: &str) -> String {
     let start = template

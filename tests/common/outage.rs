@@ -16,12 +16,17 @@ use super::{MOUNT_ENDPOINT, TestEnv, serving};
 
 mod clients;
 mod crash;
+mod kernel_clients;
+mod moves;
 mod planned;
 
-use clients::{CLIENT_PERIOD, Client, Finished, Operation};
+use clients::{CLIENT_PERIOD, Client, Finished, Operation, Reach};
 pub use clients::{ClientModel, ClientOutage};
+pub use moves::{How, Move};
 
 const WAIT: Duration = Duration::from_secs(60);
+/// How the kernel client mounts the claim: as users do (`hard`, the default `timeo`).
+pub const KERNEL_MOUNT_OPTIONS: &str = "vers=4.1,hard";
 /// The world one fail-over runs in.
 #[derive(Clone, Copy, Debug)]
 pub struct Scenario {
@@ -45,6 +50,9 @@ pub struct Scenario {
     /// A [`ClientModel::Stateful`] one's acknowledged writes must read back, its lock must still
     /// be held, its file never lost.
     pub clients: &'static [ClientModel],
+    /// The install guide's template without its `Server_Scope`: ganesha's default scope, the
+    /// node's hostname, which changes with every move (what clients lose then).
+    pub without_server_scope: bool,
 }
 
 impl Scenario {
@@ -71,6 +79,7 @@ impl Scenario {
             linger: Duration::from_secs(1),
             own_port: None,
             clients: &ClientModel::ALL,
+            without_server_scope: false,
         }
     }
 
@@ -84,6 +93,16 @@ impl Scenario {
             clients,
             ..Self::repaired(ProxyMode::Iptables)
         }
+    }
+
+    /// Whether the Linux kernel's client serves some of the clients.
+    fn has_kernel_clients(&self) -> bool {
+        self.clients.iter().any(|c| {
+            matches!(
+                c,
+                ClientModel::KernelPosixWriter | ClientModel::KernelFlockWriter | ClientModel::KernelNewOpen
+            )
+        })
     }
 
     /// Whether libnfs (NFSv4.0) clients run: they are new clients at every call.
@@ -108,6 +127,9 @@ impl std::fmt::Display for Scenario {
         if self.clients != ClientModel::ALL {
             let clients: Vec<String> = self.clients.iter().map(ToString::to_string).collect();
             write!(f, ", clients: {}", clients.join("; "))?;
+        }
+        if self.without_server_scope {
+            write!(f, ", the template without Server_Scope")?;
         }
         if let Some(late) = self.proxy_late {
             write!(
@@ -227,77 +249,6 @@ pub async fn client_through_a_fail_over(
     outage
 }
 
-/// One move of the volume's primary between nodes (indexes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Move {
-    pub from: usize,
-    pub to: usize,
-    pub how: How,
-}
-
-/// What moves the primary.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum How {
-    /// Node `from` is lost silently and the agents fail it over.
-    Loss,
-    /// The old primary's NFS server stops as systemd stops it, DRBD demotes it and promotes `to`.
-    Planned,
-    /// Planned by a drain: node `from` is cordoned, and the move waits for its agent to ask
-    /// drbd-reactor for it (the request the host's path unit turns into `drbd-reactorctl evict`).
-    Drain,
-    /// Node `from`'s NFS server crashes, is started again in place, and crashes until its unit
-    /// gives up; drbd-reactor then demotes the resource and a peer promotes it.
-    Crash,
-}
-
-impl Move {
-    pub const fn planned(from: usize, to: usize) -> Self {
-        Self {
-            from,
-            to,
-            how: How::Planned,
-        }
-    }
-
-    /// A planned move that a drain of node `from` starts.
-    pub const fn drain(from: usize, to: usize) -> Self {
-        Self {
-            from,
-            to,
-            how: How::Drain,
-        }
-    }
-
-    pub const fn loss(from: usize, to: usize) -> Self {
-        Self {
-            from,
-            to,
-            how: How::Loss,
-        }
-    }
-
-    /// A move that node `from`'s NFS server forces by dying for good.
-    pub const fn crash(from: usize, to: usize) -> Self {
-        Self {
-            from,
-            to,
-            how: How::Crash,
-        }
-    }
-}
-
-impl std::fmt::Display for Move {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let how = match self.how {
-            How::Drain => "drain",
-            How::Planned => "planned move",
-            How::Loss => "node lost",
-            How::Crash => "server crashed",
-        };
-        write!(f, "{how} {} → {}", self.from, self.to)
-    }
-}
-
 /// What the clients saw of a run of moves: each move's outage per client model (`None` for a
 /// client not through before the next move), and what the moves took from the stateful clients.
 pub struct Moves {
@@ -386,6 +337,8 @@ struct Stage<'a> {
     mount: String,
     cluster_ip: String,
     scratch: std::path::PathBuf,
+    /// The kernel's NFS client, booted when the scenario has its models.
+    kernel: Option<std::sync::Arc<super::kernel_client::KernelGuest>>,
 }
 
 /// When each part of a fail-over was seen done.
@@ -405,6 +358,7 @@ impl<'a> Stage<'a> {
     async fn set(env: &'a TestEnv, scenario: Scenario, say: &dyn Fn(String), prometheus: Option<&Prometheus>) -> Self {
         let mut path = DataPath::up(env, &["a", "b", "c"], scenario.mode).await;
         path.grace = scenario.grace;
+        path.without_server_scope = scenario.without_server_scope;
         let (a, b) = (path.nodes[0].ip.clone(), path.nodes[1].ip.clone());
         let mut annotations = serving(&format!("{a}:{}", scenario.own_port.unwrap_or(2049)));
         if let Some(port) = scenario.own_port {
@@ -458,6 +412,7 @@ impl<'a> Stage<'a> {
             mount,
             cluster_ip,
             scratch,
+            kernel: None,
         }
     }
 
@@ -571,13 +526,30 @@ impl<'a> Stage<'a> {
     /// A client of each of the scenario's models at the ClusterIP, in the scenario's order; started
     /// one at a time, the lock holders first, each once the one before has worked (a lock tester
     /// once the holders have their locks); once they have run a while.
-    async fn start_clients(&self) -> Vec<Client> {
+    async fn start_clients(&mut self) -> Vec<Client> {
+        if self.scenario.has_kernel_clients() {
+            let guest = self.path.boot_kernel_client();
+            let port = self.scenario.own_port.unwrap_or(2049);
+            let mounted = tokio::task::block_in_place(|| guest.mount(&self.cluster_ip, port, KERNEL_MOUNT_OPTIONS));
+            mounted.unwrap_or_else(|e| {
+                panic!(
+                    "the kernel client mounts the ClusterIP: {e}; see {}",
+                    guest.console().display()
+                )
+            });
+            self.kernel = Some(std::sync::Arc::new(guest));
+        }
+        let reach = Reach {
+            cluster_ip: self.cluster_ip.clone(),
+            scratch: self.scratch.clone(),
+            kernel: self.kernel.clone(),
+        };
         let models = self.scenario.clients;
         let mut order: Vec<usize> = (0..models.len()).collect();
         order.sort_by_key(|&i| !matches!(models[i], ClientModel::Stateful | ClientModel::IdleHolder));
         let mut started: Vec<Option<Client>> = models.iter().map(|_| None).collect();
         for i in order {
-            let client = Client::start(models[i], self.scenario, self.cluster_ip.clone(), self.scratch.clone());
+            let client = Client::start(models[i], self.scenario, reach.clone());
             let what = format!("the {} client's first success", models[i]);
             super::eventually_every(&what, WAIT, Duration::from_millis(20), || {
                 ready(client.log.lock().unwrap().iter().any(|op| op.ok).then_some(()))
@@ -667,6 +639,7 @@ impl<'a> Stage<'a> {
     /// The processes stopped, the data path removed; no packet of it tried to leave the machine.
     async fn tear_down(self) {
         let fenced = fenced_packets();
+        drop(self.kernel);
         for process in self
             .agents
             .into_iter()

@@ -8,8 +8,19 @@ use std::time::{Duration, Instant};
 
 use super::super::datapath::nfs_write;
 use super::super::held::{Close, HeldClient};
+use super::super::kernel_client::KernelGuest;
 use super::super::stateful::{IdleHolder, LockTester, LockedWriter, NewFiles, Tally};
 use super::Scenario;
+use super::kernel_clients::{KernelNewOpen, KernelWriter};
+
+/// Where the clients reach the volume: its ClusterIP, a scratch folder, the kernel client's guest
+/// if one was booted.
+#[derive(Clone)]
+pub(super) struct Reach {
+    pub(super) cluster_ip: String,
+    pub(super) scratch: std::path::PathBuf,
+    pub(super) kernel: Option<Arc<KernelGuest>>,
+}
 
 /// The client's pace, and its bounds (the network rule: client loops are bounded).
 pub(super) const CLIENT_PERIOD: Duration = Duration::from_millis(100);
@@ -48,6 +59,13 @@ pub enum ClientModel {
     /// An NFSv4.1 client asking at each operation for a lock conflicting with the holders'
     /// (LOCKT): what a new LOCK waits for, and the proof that no holder's lock was lost.
     LockTester,
+    /// The Linux kernel's NFS client ([`super::super::kernel_client`]): a process holding a file
+    /// open with a POSIX lock, writing numbered records with fsync.
+    KernelPosixWriter,
+    /// The same with a flock lock.
+    KernelFlockWriter,
+    /// The kernel's client creating a new file at each operation.
+    KernelNewOpen,
 }
 
 impl ClientModel {
@@ -63,6 +81,8 @@ impl ClientModel {
             Self::NewOpen => 703,
             Self::IdleHolder => 704,
             Self::LockTester => 705,
+            // The kernel picks its own reserved port.
+            Self::KernelPosixWriter | Self::KernelFlockWriter | Self::KernelNewOpen => 0,
         }
     }
 }
@@ -77,6 +97,9 @@ impl std::fmt::Display for ClientModel {
             Self::NewOpen => "NFSv4.1 opening a new file each time, kernel-style recovery",
             Self::IdleHolder => "NFSv4.1 with an open file and a lock, idle, renewing its lease at the kernel's pace",
             Self::LockTester => "NFSv4.1 asking for a lock conflicting with the holders' each time",
+            Self::KernelPosixWriter => "Linux kernel client, a POSIX-locked file, fsync'd records",
+            Self::KernelFlockWriter => "Linux kernel client, a flock-locked file, fsync'd records",
+            Self::KernelNewOpen => "Linux kernel client creating a new file each time",
         })
     }
 }
@@ -92,7 +115,7 @@ pub(super) struct Client {
 }
 
 /// How one client model does its operations, and what it checks once stopped.
-trait Operating: Send {
+pub(super) trait Operating: Send {
     fn operate(&mut self, tick: usize) -> bool;
     /// How long until the next operation.
     fn pause(&self) -> Duration {
@@ -166,12 +189,13 @@ impl Operating for LockTester {
     }
 }
 
-fn operating(
-    model: ClientModel,
-    scenario: &Scenario,
-    cluster_ip: String,
-    scratch: std::path::PathBuf,
-) -> Box<dyn Operating> {
+fn operating(model: ClientModel, scenario: &Scenario, reach: Reach) -> Box<dyn Operating> {
+    let Reach {
+        cluster_ip,
+        scratch,
+        kernel,
+    } = reach;
+    let kernel = || kernel.clone().expect("a kernel client booted for the kernel's models");
     let server = format!("{cluster_ip}:2049").parse().unwrap();
     match model {
         ClientModel::NewConnection => Box::new(NewConnections { cluster_ip, scratch }),
@@ -181,22 +205,20 @@ fn operating(
         ClientModel::NewOpen => Box::new(NewFiles::start(server, model.port())),
         ClientModel::IdleHolder => Box::new(IdleHolder::start(server, model.port(), scenario.grace.lease())),
         ClientModel::LockTester => Box::new(LockTester::start(server, model.port(), scenario.held_files())),
+        ClientModel::KernelPosixWriter => Box::new(KernelWriter::start(kernel(), "p", "posix", true)),
+        ClientModel::KernelFlockWriter => Box::new(KernelWriter::start(kernel(), "f", "flock", false)),
+        ClientModel::KernelNewOpen => Box::new(KernelNewOpen::start(kernel())),
     }
 }
 
 impl Client {
-    pub(super) fn start(
-        model: ClientModel,
-        scenario: Scenario,
-        cluster_ip: String,
-        scratch: std::path::PathBuf,
-    ) -> Self {
+    pub(super) fn start(model: ClientModel, scenario: Scenario, reach: Reach) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(Vec::new()));
         let thread = {
             let (stop, log) = (stop.clone(), log.clone());
             std::thread::spawn(move || {
-                let mut client = operating(model, &scenario, cluster_ip, scratch);
+                let mut client = operating(model, &scenario, reach);
                 let started = Instant::now();
                 let stopped = || stop.load(Ordering::Relaxed) || started.elapsed() > CLIENT_MAX_TIME;
                 for tick in 0..CLIENT_MAX_OPERATIONS {
