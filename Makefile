@@ -1,4 +1,4 @@
-.PHONY: test test-matrix demo bench soak images tools cluster-up cluster-down release-check help
+.PHONY: test test-matrix demo bench soak kernel-client images tools cluster-up cluster-down release-check help
 
 # Every test: tools, fmt, clippy, unit tests and end-to-end tests on a local control plane.
 test:
@@ -22,6 +22,14 @@ bench:
 SOAK_SECONDS ?= 300
 soak:
 	SOAK_SECONDS=$(SOAK_SECONDS) hack/with-cluster.sh cargo test --locked --test soak -- --include-ignored --nocapture
+
+# The Linux kernel's NFS client (Debian's cloud kernel under qemu) through a planned move and a
+# node loss, printing what it saw: KERNEL_PACKAGE=linux-image-<version> picks the kernel (default:
+# linux-image-cloud-amd64's), SVC_GANESHA_TEMPLATE=FILE a ganesha template of your own (the install
+# guide's placeholders; default: the guide's).
+kernel-client:
+	SVC_NODE_MONITOR_GRACE_PERIOD=8s SVC_NODE_MONITOR_PERIOD=1s hack/with-cluster.sh cargo test --locked --test datapath -- \
+	  --include-ignored --nocapture --exact the_kernels_nfs_client_keeps_its_locks_and_writes_across_moves
 
 # The pinned Kubernetes parts, etcd, helm and helm-docs, built once into the tools cache.
 tools:
