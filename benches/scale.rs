@@ -16,6 +16,8 @@ mod conntrack;
 mod failover;
 #[path = "scale/follow.rs"]
 mod follow;
+#[path = "scale/kernel.rs"]
+mod kernel;
 #[path = "scale/mass.rs"]
 mod mass;
 #[path = "scale/nfs.rs"]
@@ -72,6 +74,8 @@ struct Sizes {
     nfs_fail_overs: usize,
     /// Moves in P8c's run (`SVC_BENCH_NFS41_MOVES` overrides).
     nfs41_moves: usize,
+    /// Node losses per kernel-client setting (P8 and P8s with the kernel's client).
+    kernel_runs: usize,
     /// Runs of P8m per kind of move (worst of them).
     planned_moves: usize,
     cold: usize,
@@ -101,6 +105,7 @@ const SMOKE: Sizes = Sizes {
     stateful_crashes: 1,
     nfs_fail_overs: 1,
     nfs41_moves: 6,
+    kernel_runs: 1,
     planned_moves: 1,
     cold: 20,
     pods: 200,
@@ -121,6 +126,7 @@ const FULL: Sizes = Sizes {
     stateful_crashes: 5,
     nfs_fail_overs: 10,
     nfs41_moves: 12,
+    kernel_runs: 3,
     planned_moves: 3,
     cold: 2000,
     pods: 20000,
@@ -154,6 +160,7 @@ fn sizes(full: bool) -> Sizes {
     for (name, size) in [
         ("SVC_BENCH_COLD", &mut sizes.cold),
         ("SVC_BENCH_NFS41_MOVES", &mut sizes.nfs41_moves),
+        ("SVC_BENCH_KERNEL_RUNS", &mut sizes.kernel_runs),
         ("SVC_BENCH_MASS", &mut sizes.mass),
         ("SVC_BENCH_PROXY_SERVICES", &mut sizes.proxy_services),
     ] {
@@ -175,7 +182,7 @@ async fn main() {
     // `SVC_BENCH_ONLY=agent,cold` runs only those parts (agent, publish, cold, follow, failover,
     // nfs, mass, tenant, proxy, conntrack; stateful: P3s alone, which failover includes; nfs41: P8s and P8c
     // alone, which a full run's or a chosen nfs part includes; p8c: P8c alone; p8m: P8m alone, which
-    // a full run's or a chosen nfs part includes too).
+    // a full run's or a chosen nfs part includes too; kernel: P8 and P8s with the kernel's client).
     let only = std::env::var("SVC_BENCH_ONLY").unwrap_or_default();
     let part = |name: &str| only.is_empty() || only.split(',').any(|p| p.trim() == name);
     let mut figures = Vec::new();
@@ -214,6 +221,10 @@ async fn main() {
     }
     if (part("nfs") && (full || !only.is_empty())) || (!only.is_empty() && part("p8m")) {
         figures.extend(planned::planned_moves(sizes.planned_moves).await);
+    }
+    // The kernel's NFS client: only when chosen (`SVC_BENCH_ONLY=kernel`) or in a full run.
+    if (only.is_empty() && full) || (!only.is_empty() && part("kernel")) {
+        figures.extend(kernel::kernel_client_outages(sizes.kernel_runs).await);
     }
     if part("mass") {
         let pairs = std::env::var("SVC_BENCH_MASS_PAIRS")
