@@ -13,7 +13,7 @@ use std::time::Duration;
 use common::datapath::{NfsGrace, ProxyMode, leftovers, service_chain_reaches};
 use common::linstor_nfs::a_held_client_through_a_linstor_move;
 use common::outage::{
-    ClientModel, ClientOutage, Move, Outage, Scenario, client_through_a_fail_over, clients_through_fail_overs,
+    ClientModel, ClientOutage, Move, Moves, Outage, Scenario, client_through_a_fail_over, clients_through_fail_overs,
 };
 use common::quiet_move::a_move_no_client_here_mounts;
 use common::server_probe::a_server_that_starts_late_then_dies;
@@ -45,6 +45,30 @@ const KERNEL_CLIENTS: [ClientModel; 3] = [
     ClientModel::KernelFlockWriter,
     ClientModel::KernelNewOpen,
 ];
+
+/// What every stateful run of moves must show: nothing taken (2 locks held, none lost, no stale
+/// handle, acknowledged writes all read back), the headline client through each move, every
+/// client through the last.
+fn everything_held_survived(moves: &Moves, who: &str) {
+    eprintln!("{who} {} moves: {}", moves.outages.len(), moves.tally);
+    assert_eq!(
+        moves.lost,
+        Vec::<(ClientModel, Tally)>::new(),
+        "what the clients held survives every move"
+    );
+    assert_eq!(
+        (moves.tally.locks, moves.tally.lost_locks, moves.tally.stale_handles),
+        (2, 0, 0)
+    );
+    assert!(moves.tally.acknowledged > 0, "{}", moves.tally);
+    for (step, outages) in &moves.outages {
+        assert!(outages[0].total.is_some(), "{step}: {} carried on", outages[0].model);
+    }
+    let (last, outages) = moves.outages.last().unwrap();
+    for outage in outages {
+        assert!(outage.total.is_some(), "{last}: {} carried on", outage.model);
+    }
+}
 
 /// One data path at a time: they share the host's routes, rules and conntrack table.
 static DATA_PATH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -306,24 +330,7 @@ async fn what_stateful_clients_hold_survives_a_run_of_moves_of_each_kind() {
     let say = |line: String| eprintln!("{line}");
     let moves = [Move::planned(0, 1), Move::loss(1, 2), Move::loss(2, 0)];
     let moves = clients_through_fail_overs(&env, scenario, &moves, &say).await;
-    eprintln!("over {} moves: {}", moves.outages.len(), moves.tally);
-    assert_eq!(
-        moves.lost,
-        Vec::<(ClientModel, Tally)>::new(),
-        "what the clients held survives every move"
-    );
-    assert_eq!(
-        (moves.tally.locks, moves.tally.lost_locks, moves.tally.stale_handles),
-        (2, 0, 0)
-    );
-    assert!(moves.tally.acknowledged > 0, "{}", moves.tally);
-    for (step, outages) in &moves.outages {
-        assert!(outages[0].total.is_some(), "{step}: the writer carried on");
-    }
-    let (last, outages) = moves.outages.last().unwrap();
-    for outage in outages {
-        assert!(outage.total.is_some(), "{last}: {} carried on", outage.model);
-    }
+    everything_held_survived(&moves, "over");
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;
 }
@@ -348,24 +355,7 @@ async fn the_kernels_nfs_client_keeps_its_locks_and_writes_across_moves() {
     let say = |line: String| eprintln!("{line}");
     let moves = [Move::planned(0, 1), Move::loss(1, 2)];
     let moves = clients_through_fail_overs(&env, scenario, &moves, &say).await;
-    eprintln!("kernel client over {} moves: {}", moves.outages.len(), moves.tally);
-    assert_eq!(
-        moves.lost,
-        Vec::<(ClientModel, Tally)>::new(),
-        "what the kernel client held survives every move"
-    );
-    assert_eq!(
-        (moves.tally.locks, moves.tally.lost_locks, moves.tally.stale_handles),
-        (2, 0, 0)
-    );
-    assert!(moves.tally.acknowledged > 0, "{}", moves.tally);
-    for (step, outages) in &moves.outages {
-        assert!(outages[0].total.is_some(), "{step}: the POSIX lock holder carried on");
-    }
-    let (last, outages) = moves.outages.last().unwrap();
-    for outage in outages {
-        assert!(outage.total.is_some(), "{last}: {} carried on", outage.model);
-    }
+    everything_held_survived(&moves, "kernel client over");
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
     env.cleanup().await;
 }
