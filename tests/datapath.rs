@@ -70,6 +70,16 @@ fn everything_held_survived(moves: &Moves, who: &str) {
     }
 }
 
+/// `moves` with `scenario`'s clients on a data path of its own (one at a time), narrated.
+async fn through_moves(name: &str, scenario: Scenario, moves: &[Move]) -> Moves {
+    let _alone = DATA_PATH.lock().await;
+    let env = common::setup(name).await;
+    let say = |line: String| eprintln!("{line}");
+    let moves = clients_through_fail_overs(&env, scenario, moves, &say).await;
+    env.cleanup().await;
+    moves
+}
+
 /// One data path at a time: they share the host's routes, rules and conntrack table.
 static DATA_PATH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
@@ -320,19 +330,15 @@ async fn a_stateful_clients_lock_and_acknowledged_writes_survive_the_move() {
 #[tokio::test]
 #[ignore = "needs a control plane and root: run `make test`"]
 async fn what_stateful_clients_hold_survives_a_run_of_moves_of_each_kind() {
-    let _alone = DATA_PATH.lock().await;
-    let env = common::setup("datapath-moves").await;
     let scenario = Scenario {
         grace: GRACE_ON,
         clients: &HOLDERS_AND_OPENERS,
         ..Scenario::repaired(ProxyMode::Iptables)
     };
-    let say = |line: String| eprintln!("{line}");
     let moves = [Move::planned(0, 1), Move::loss(1, 2), Move::loss(2, 0)];
-    let moves = clients_through_fail_overs(&env, scenario, &moves, &say).await;
+    let moves = through_moves("datapath-moves", scenario, &moves).await;
     everything_held_survived(&moves, "over");
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
-    env.cleanup().await;
 }
 
 /// The Linux kernel's own NFS client (Debian's cloud kernel under qemu, a pod behind the
@@ -345,19 +351,15 @@ async fn what_stateful_clients_hold_survives_a_run_of_moves_of_each_kind() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs a control plane and root: run `make test`"]
 async fn the_kernels_nfs_client_keeps_its_locks_and_writes_across_moves() {
-    let _alone = DATA_PATH.lock().await;
-    let env = common::setup("datapath-kernel").await;
     let scenario = Scenario {
         grace: GRACE_ON,
         clients: &KERNEL_CLIENTS,
         ..Scenario::repaired(ProxyMode::Iptables)
     };
-    let say = |line: String| eprintln!("{line}");
     let moves = [Move::planned(0, 1), Move::loss(1, 2)];
-    let moves = clients_through_fail_overs(&env, scenario, &moves, &say).await;
+    let moves = through_moves("datapath-kernel", scenario, &moves).await;
     everything_held_survived(&moves, "kernel client over");
     assert_eq!(leftovers(), Vec::<String>::new(), "the data path leaves nothing behind");
-    env.cleanup().await;
 }
 
 /// The check above can fail: with the install guide's template less its `Server_Scope`, each
@@ -367,8 +369,6 @@ async fn the_kernels_nfs_client_keeps_its_locks_and_writes_across_moves() {
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs a control plane and root: run `make test`"]
 async fn without_a_server_scope_of_its_own_the_kernels_client_loses_its_lock() {
-    let _alone = DATA_PATH.lock().await;
-    let env = common::setup("datapath-kernel-scope").await;
     let scenario = Scenario {
         grace: GRACE_ON,
         clients: &[ClientModel::KernelPosixWriter],
@@ -376,8 +376,7 @@ async fn without_a_server_scope_of_its_own_the_kernels_client_loses_its_lock() {
         patience: Duration::from_secs(20),
         ..Scenario::repaired(ProxyMode::Iptables)
     };
-    let say = |line: String| eprintln!("{line}");
-    let moves = clients_through_fail_overs(&env, scenario, &[Move::planned(0, 1)], &say).await;
+    let moves = through_moves("datapath-kernel-scope", scenario, &[Move::planned(0, 1)]).await;
     eprintln!(
         "kernel client without Server_Scope: {}: {:?}",
         moves.tally, moves.tally.wrong
@@ -389,7 +388,6 @@ async fn without_a_server_scope_of_its_own_the_kernels_client_loses_its_lock() {
         moves.tally,
         moves.tally.wrong
     );
-    env.cleanup().await;
 }
 
 /// A drain on the drbd-reactor path (the volume on its own port, servers started as the agents'

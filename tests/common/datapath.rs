@@ -88,7 +88,7 @@ pub struct DataPath {
 }
 
 /// Runs a command that must succeed.
-fn must(program: &str, args: &[&str]) {
+pub(super) fn must(program: &str, args: &[&str]) {
     let output = Command::new(program)
         .args(args)
         .output()

@@ -18,6 +18,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::datapath::must;
+
 /// The guest's address and its tap's on the host: inside the fenced node range, on a link whose
 /// name the fence lets through.
 pub const GUEST_IP: &str = "10.211.250.2";
@@ -27,22 +29,16 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// What the kernel prints when it gives up state across a server change: any of these on the
 /// console is a loss.
-const KERNEL_COMPLAINTS: [&str; 5] = [
-    "lost",
-    "Lock reclaim failed",
-    "server scope",
-    "unhandled error",
-    "reclaim failed",
-];
+const KERNEL_COMPLAINTS: [&str; 4] = ["lost", "server scope", "unhandled error", "reclaim failed"];
 
-/// Answers received, per tag, in order, each with when it arrived.
+/// Answers received, per tag, in order.
 #[derive(Default)]
 struct Answers {
-    by_tag: HashMap<String, Vec<(Instant, String)>>,
+    by_tag: HashMap<String, Vec<String>>,
 }
 
 pub struct KernelGuest {
-    qemu: Mutex<Child>,
+    qemu: Child,
     input: Mutex<ChildStdin>,
     answers: Arc<(Mutex<Answers>, Condvar)>,
     console: PathBuf,
@@ -102,7 +98,7 @@ impl KernelGuest {
         let answers = Arc::new((Mutex::new(Answers::default()), Condvar::new()));
         read_answers(qemu.stdout.take().unwrap(), answers.clone());
         let guest = Self {
-            qemu: Mutex::new(qemu),
+            qemu,
             input: Mutex::new(input),
             answers,
             console,
@@ -160,7 +156,7 @@ impl KernelGuest {
         let deadline = Instant::now() + within;
         let mut answers = lock.lock().unwrap();
         loop {
-            if let Some((_, line)) = answers.by_tag.get(tag).and_then(|all| all.get(index)) {
+            if let Some(line) = answers.by_tag.get(tag).and_then(|all| all.get(index)) {
                 return Some(match line.strip_prefix("ok ") {
                     Some(rest) => Ok(rest.to_owned()),
                     None => Err(line.clone()),
@@ -189,9 +185,8 @@ impl KernelGuest {
 
 impl Drop for KernelGuest {
     fn drop(&mut self) {
-        let mut qemu = self.qemu.lock().unwrap();
-        let _ = qemu.kill();
-        let _ = qemu.wait();
+        let _ = self.qemu.kill();
+        let _ = self.qemu.wait();
         let _ = Command::new("ip").args(["link", "del", &self.tap]).status();
     }
 }
@@ -207,10 +202,7 @@ fn read_answers(output: std::process::ChildStdout, answers: Arc<(Mutex<Answers>,
             };
             let (lock, arrived) = &*answers;
             let mut all = lock.lock().unwrap();
-            all.by_tag
-                .entry(tag.to_owned())
-                .or_default()
-                .push((Instant::now(), rest.to_owned()));
+            all.by_tag.entry(tag.to_owned()).or_default().push(rest.to_owned());
             arrived.notify_all();
         }
     });
@@ -219,9 +211,4 @@ fn read_answers(output: std::process::ChildStdout, answers: Arc<(Mutex<Answers>,
 fn image_dir() -> PathBuf {
     let bin = std::env::var("SVC_TOOLS_BIN").expect("SVC_TOOLS_BIN (hack/with-cluster.sh sets it)");
     Path::new(&bin).join("kernel-client")
-}
-
-fn must(program: &str, args: &[&str]) {
-    let status = Command::new(program).args(args).status().unwrap();
-    assert!(status.success(), "{program} {args:?} failed");
 }

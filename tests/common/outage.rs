@@ -97,12 +97,7 @@ impl Scenario {
 
     /// Whether the Linux kernel's client serves some of the clients.
     fn has_kernel_clients(&self) -> bool {
-        self.clients.iter().any(|c| {
-            matches!(
-                c,
-                ClientModel::KernelPosixWriter | ClientModel::KernelFlockWriter | ClientModel::KernelNewOpen
-            )
-        })
+        self.clients.iter().any(|c| c.is_kernel())
     }
 
     /// Whether libnfs (NFSv4.0) clients run: they are new clients at every call.

@@ -71,6 +71,14 @@ pub enum ClientModel {
 impl ClientModel {
     pub const ALL: [Self; 3] = [Self::NewConnection, Self::HeldNormalClose, Self::HeldAbortiveClose];
 
+    /// Whether the Linux kernel's client serves it ([`super::super::kernel_client`]).
+    pub fn is_kernel(self) -> bool {
+        matches!(
+            self,
+            Self::KernelPosixWriter | Self::KernelFlockWriter | Self::KernelNewOpen
+        )
+    }
+
     /// The reserved source port a held client keeps.
     fn port(self) -> u16 {
         match self {
